@@ -1,0 +1,1 @@
+//! vmsight-blockdev (skeleton; filled in by its owner).

@@ -1,0 +1,1 @@
+//! vmsight-image (skeleton; filled in by its owner).

@@ -1,0 +1,1 @@
+//! vmsight-introspect (skeleton; filled in by its owner).

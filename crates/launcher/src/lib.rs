@@ -1,0 +1,1 @@
+//! vmsight-launcher (skeleton; filled in by its owner).

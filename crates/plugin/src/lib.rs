@@ -1,0 +1,1 @@
+//! vmsight TCG plugin (skeleton).

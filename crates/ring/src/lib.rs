@@ -1,0 +1,1 @@
+//! vmsight-ring (skeleton; filled in by its owner).

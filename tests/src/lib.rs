@@ -1,0 +1,1 @@
+//! Helpers for real-guest integration tests.
