@@ -1,1 +1,115 @@
-//! Helpers for real-guest integration tests.
+//! Helpers for the real-guest integration tests: locate the built `vmsight`, run it, and make
+//! disk images on the host. A missing binary or guest image is a test failure, never a skip.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+/// The `vmsight` binary under test: `$VMSIGHT_BIN`, else the workspace's release build.
+pub fn vmsight_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("VMSIGHT_BIN") {
+        return PathBuf::from(p);
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    let p = target.join("release").join("vmsight");
+    assert!(
+        p.is_file(),
+        "vmsight binary not found at {} — run `make test` (it builds it first) or set VMSIGHT_BIN",
+        p.display()
+    );
+    p
+}
+
+/// A `vmsight` command with a quiet log.
+pub fn vmsight() -> Command {
+    let mut c = Command::new(vmsight_bin());
+    c.env_remove("RUST_LOG").stdin(Stdio::null());
+    c
+}
+
+/// The result of one run, with helpers for assertions.
+#[derive(Debug)]
+pub struct Run {
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl From<Output> for Run {
+    fn from(o: Output) -> Self {
+        Run {
+            code: o.status.code(),
+            stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+        }
+    }
+}
+
+/// Runs `vmsight` with `args` to completion.
+pub fn run(args: &[&str]) -> Run {
+    let out = vmsight()
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", vmsight_bin().display()));
+    Run::from(out)
+}
+
+/// Runs a shell command line in a fresh default guest with `extra` vmsight options.
+pub fn guest_sh(extra: &[&str], script: &str) -> Run {
+    let mut args = vec!["run"];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--", "sh", "-c", script]);
+    let r = run(&args);
+    assert!(
+        !r.stderr.contains("guest image not built"),
+        "the guest image is missing: run `vmsight image build` (make test does): {}",
+        r.stderr
+    );
+    r
+}
+
+/// Makes a raw ext4 image of `mib` MiB on the host.
+pub fn make_ext4(path: &Path, mib: u64) {
+    let f = std::fs::File::create(path).expect("create image");
+    f.set_len(mib << 20).expect("size image");
+    let st = Command::new("mkfs.ext4")
+        .args(["-q", "-F", "-L", "vmtest"])
+        .arg(path)
+        .status()
+        .expect("mkfs.ext4 must be installed");
+    assert!(st.success(), "mkfs.ext4 failed");
+}
+
+/// `debugfs -R CMD IMAGE` stdout.
+pub fn debugfs(image: &Path, cmd: &str) -> String {
+    let o = Command::new("debugfs")
+        .args(["-R", cmd])
+        .arg(image)
+        .output()
+        .expect("debugfs must be installed");
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Whether `e2fsck -fn` finds the image clean.
+pub fn fsck_clean(image: &Path) -> (bool, String) {
+    let o = Command::new("e2fsck")
+        .arg("-fn")
+        .arg(image)
+        .output()
+        .expect("e2fsck must be installed");
+    (
+        o.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        ),
+    )
+}
+
+/// A unique VM name for a test.
+pub fn vm_name(test: &str) -> String {
+    format!("t-{test}-{}", std::process::id())
+}

@@ -1,1 +1,17 @@
-//! vmsight-launcher (skeleton; filled in by its owner).
+//! vmsight-launcher: starts QEMU 10 with vmsight's TCG plugin and vhost-user backends, talks
+//! QMP, and supervises the VM from start to clean-up.
+
+pub mod accel;
+pub mod config;
+pub mod error;
+pub mod guestio;
+pub mod qemu;
+pub mod qmp;
+pub mod runtime;
+pub mod stats;
+pub mod term;
+pub mod vm;
+
+pub use config::{DiskSpec, VmConfig};
+pub use error::LaunchError;
+pub use vm::{run, Artifacts, EndReason, RunOutcome};

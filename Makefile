@@ -1,0 +1,44 @@
+# vmsight — `make run` shows it at work, `make test` runs every test.
+# Both start from a fresh Debian bookworm machine: they install what is missing first.
+
+SHELL := /bin/bash
+CARGO ?= $(shell command -v cargo || echo $(HOME)/.cargo/bin/cargo)
+export PATH := $(HOME)/.cargo/bin:$(PATH)
+VMSIGHT := target/release/vmsight
+# Guest-booting tests are CPU-heavy under TCG on 2 cores; two at a time keeps both cores busy.
+TEST_THREADS ?= 2
+
+.PHONY: all setup build image run test unit-test guest-test lint bench clean
+
+all: build
+
+setup:
+	bash scripts/setup-host.sh
+
+build: setup
+	$(CARGO) build --release --workspace
+
+image: build
+	$(VMSIGHT) image build
+
+run: image
+	bash scripts/demo.sh
+
+unit-test: build
+	$(CARGO) test --release --workspace --exclude vmsight-tests
+
+guest-test: image
+	$(CARGO) test --release -p vmsight-tests -- --test-threads=$(TEST_THREADS)
+
+test: image
+	$(CARGO) test --release --workspace -- --test-threads=$(TEST_THREADS)
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets --release -- -D warnings
+
+bench: image
+	bash bench/run-all.sh
+
+clean:
+	$(CARGO) clean

@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""Foundation benchmarks (issue 2): vmsight vs plain QEMU virtio-blk vs qemu-storage-daemon.
+
+Same kernel, initramfs, root image, vCPUs and memory for every configuration, all in this run,
+several repetitions; results are printed as a Markdown table with ratios to plain QEMU.
+
+  bench/foundation.py [--reps N] [--fio-runtime S] [--skip fio,getppid,boot]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
+import peers  # noqa: E402
+
+CONFIGS = ["qemu-virtio", "qsd", "vmsight", "vmsight-noplugin"]
+
+
+def run(config, argv, disks=()):
+    if config in ("qemu-virtio", "qsd"):
+        return peers.run_peer(config, argv, extra_disks=disks)
+    extra = ["--no-plugin"] if config == "vmsight-noplugin" else []
+    return peers.run_vmsight(argv, extra=extra, disks=disks)
+
+
+FIO_JOBS = [("randread", "4k", 1), ("randread", "4k", 32), ("randwrite", "4k", 1),
+            ("randwrite", "4k", 32), ("read", "1M", 4), ("write", "1M", 4)]
+
+
+def fio_script(runtime):
+    lines = ["set -e"]
+    for rw, bs, qd in FIO_JOBS:
+        lines.append(f"fio --name={rw}-{bs}-qd{qd} --filename=/dev/vdb --direct=1 --ioengine=libaio "
+                     f"--rw={rw} --bs={bs} --iodepth={qd} --runtime={runtime} --ramp_time=2 --time_based "
+                     f"--size=1G --group_reporting --output-format=json")
+    return "\n".join(lines)
+
+
+def parse_fio(text):
+    dec = json.JSONDecoder()
+    out, i = [], 0
+    while True:
+        j = text.find("{", i)
+        if j < 0:
+            break
+        try:
+            obj, end = dec.raw_decode(text, j)
+        except json.JSONDecodeError:
+            i = j + 1
+            continue
+        out.append(obj)
+        i = end
+    res = {}
+    for obj in out:
+        job = obj["jobs"][0]
+        name = job["jobname"]
+        side = job["read"] if job["read"]["io_bytes"] > 0 else job["write"]
+        res[name] = {"iops": side["iops"], "mib_s": side["bw"] / 1024}
+    return res
+
+
+def med(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--fio-runtime", type=int, default=8)
+    ap.add_argument("--skip", default="")
+    a = ap.parse_args()
+    skip = set(filter(None, a.skip.split(",")))
+    results = {c: {"t_ready": [], "t_exit": [], "rss": [], "qemu_rss": [], "getppid_ns": [], "fio": []} for c in CONFIGS}
+    with tempfile.TemporaryDirectory(prefix="bench-foundation-") as tmp:
+        disk = os.path.join(tmp, "fio.img")
+        subprocess.run(["dd", "if=/dev/urandom", f"of={disk}", "bs=1M", "count=1024", "status=none"], check=True)
+        for rep in range(a.reps):
+            for c in CONFIGS:
+                if "boot" not in skip:
+                    r = run(c, ["true"])
+                    assert r["status"] == 0, (c, r)
+                    results[c]["t_ready"].append(r["t_ready"])
+                    results[c]["t_exit"].append(r["t_exit"])
+                    results[c]["rss"].append(r["helper_rss_kib"])
+                    results[c]["qemu_rss"].append(r["qemu_rss_kib"])
+                    print(f"[rep {rep}] {c}: boot to init {r['t_ready']:.2f}s, exit {r['t_exit']:.2f}s", file=sys.stderr)
+                if "getppid" not in skip:
+                    r = run(c, ["sh", "-c", "s=$(date +%s%N); getppid_loop 1000000; e=$(date +%s%N); echo $((e-s))"])
+                    ns = int(r["stdout"].strip().splitlines()[-1])
+                    results[c]["getppid_ns"].append(ns / 1e6)
+                    print(f"[rep {rep}] {c}: getppid {ns/1e6:.3f} us/call", file=sys.stderr)
+                if "fio" not in skip:
+                    r = run(c, ["sh", "-c", fio_script(a.fio_runtime)], disks=[disk])
+                    assert r["status"] == 0, (c, r["stderr"][-2000:])
+                    f = parse_fio(r["stdout"])
+                    results[c]["fio"].append(f)
+                    print(f"[rep {rep}] {c}: " + ", ".join(f"{k} {v['iops']:.0f}" for k, v in f.items()), file=sys.stderr)
+    report(results, a)
+
+
+def report(results, a):
+    base = "qemu-virtio"
+    print(f"\n### Foundation benchmarks ({time.strftime('%Y-%m-%d')}, medians of {a.reps} runs)\n")
+    print("| metric | " + " | ".join(CONFIGS) + " | vmsight / qemu-virtio | vmsight / qsd |")
+    print("|---|" + "---|" * (len(CONFIGS) + 2))
+
+    def row(name, vals, fmt, higher_better):
+        cells = [fmt(v) if v is not None else "-" for v in vals]
+        v, q, s = vals[2], vals[0], vals[1]
+        r1 = f"{v / q:.2f}x" if v and q else "-"
+        r2 = f"{v / s:.2f}x" if v and s else "-"
+        print(f"| {name} | " + " | ".join(cells) + f" | {r1} | {r2} |")
+
+    row("boot to guest init (s)", [med(results[c]["t_ready"]) for c in CONFIGS], lambda v: f"{v:.2f}", False)
+    row("boot + poweroff, wall (s)", [med(results[c]["t_exit"]) for c in CONFIGS], lambda v: f"{v:.2f}", False)
+    row("getppid (µs/call)", [med(results[c]["getppid_ns"]) for c in CONFIGS], lambda v: f"{v:.3f}", False)
+    for rw, bs, qd in FIO_JOBS:
+        name = f"{rw}-{bs}-qd{qd}"
+        key = "mib_s" if bs == "1M" else "iops"
+        vals = [med([f[name][key] for f in results[c]["fio"] if name in f]) for c in CONFIGS]
+        row(f"fio {name} ({'MiB/s' if key == 'mib_s' else 'IOPS'})", vals, lambda v: f"{v:.0f}", True)
+    row("peak RSS of vmsight / qsd process (MiB)", [med(results[c]["rss"]) and med(results[c]["rss"]) / 1024 for c in CONFIGS],
+        lambda v: f"{v:.1f}", False)
+    row("peak RSS of QEMU (MiB)", [med(results[c]["qemu_rss"]) and med(results[c]["qemu_rss"]) / 1024 for c in CONFIGS],
+        lambda v: f"{v:.1f}", False)
+    print("\nraw:", json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

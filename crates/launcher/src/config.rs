@@ -1,0 +1,220 @@
+//! What a VM is made of: the validated form of `vmsight run`'s options.
+
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use crate::accel::AccelRequest;
+
+/// One extra disk from `--disk PATH[,ro][,serial=ID][,queues=N]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiskSpec {
+    pub path: PathBuf,
+    pub read_only: bool,
+    /// The virtio-blk serial (GET_ID), at most 20 bytes; defaults to `vmsight-diskN`.
+    pub serial: Option<String>,
+    pub num_queues: Option<u16>,
+}
+
+impl FromStr for DiskSpec {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let mut parts = s.split(',');
+        let path = parts.next().unwrap_or_default();
+        if path.is_empty() {
+            return Err("a disk needs a path: --disk PATH[,ro][,serial=ID][,queues=N]".into());
+        }
+        let mut spec = DiskSpec {
+            path: PathBuf::from(path),
+            read_only: false,
+            serial: None,
+            num_queues: None,
+        };
+        for opt in parts {
+            match opt.split_once('=') {
+                None if opt == "ro" || opt == "readonly" => spec.read_only = true,
+                None if opt == "rw" => spec.read_only = false,
+                Some(("serial", v)) => {
+                    if v.is_empty() || v.len() > 20 || !v.is_ascii() {
+                        return Err(format!(
+                            "disk serial {v:?} must be 1 to 20 ASCII characters"
+                        ));
+                    }
+                    spec.serial = Some(v.to_string());
+                }
+                Some(("queues", v)) => {
+                    let n: u16 = v
+                        .parse()
+                        .map_err(|_| format!("disk queues {v:?} is not a number"))?;
+                    if n == 0 || n > 16 {
+                        return Err(format!("disk queues must be 1..=16, not {n}"));
+                    }
+                    spec.num_queues = Some(n);
+                }
+                _ => {
+                    return Err(format!(
+                        "unknown disk option {opt:?} (known: ro, rw, serial=ID, queues=N)"
+                    ))
+                }
+            }
+        }
+        Ok(spec)
+    }
+}
+
+/// Checks a VM name: it becomes a directory name, a hostname and part of event addresses.
+pub fn validate_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 48
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        && name
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphanumeric());
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "VM name {name:?} must be 1-48 characters of letters, digits, '-' or '_', starting with a letter or digit"
+        ))
+    }
+}
+
+/// A generated name: `vm-` and 6 hex digits from the kernel's random source.
+pub fn generate_name() -> String {
+    let mut buf = [0u8; 3];
+    let got = std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut buf));
+    if got.is_err() {
+        // Fall back to pid and time: unique enough for a name on one host.
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let v = t ^ std::process::id();
+        buf = [(v >> 16) as u8, (v >> 8) as u8, v as u8];
+    }
+    format!("vm-{:02x}{:02x}{:02x}", buf[0], buf[1], buf[2])
+}
+
+/// Everything needed to start one VM.
+#[derive(Debug, Clone)]
+pub struct VmConfig {
+    pub name: String,
+    pub vcpus: u32,
+    pub mem_mib: u64,
+    pub kernel: PathBuf,
+    pub initrd: PathBuf,
+    /// The image the root disk is made from (copied fresh unless `persist`).
+    pub root_image: PathBuf,
+    /// Keep root-disk changes: use `root_image` in place instead of a fresh copy.
+    pub persist: bool,
+    /// Extra kernel command line, appended to the defaults.
+    pub append: Vec<String>,
+    pub disks: Vec<DiskSpec>,
+    /// The command to run in the guest; `None` means an interactive console.
+    pub command: Option<Vec<String>>,
+    pub accel: AccelRequest,
+    /// Load the vmsight TCG plugin (on by default under TCG).
+    pub plugin: bool,
+    /// Let the plugin push one record per syscall into the ring (for tracing and benchmarks).
+    pub plugin_records: bool,
+    /// Print counters at exit.
+    pub stats: bool,
+    /// Copy the guest console to stderr as it arrives.
+    pub show_console: bool,
+    /// Where to keep the console log (always written in the runtime directory too).
+    pub console_log: Option<PathBuf>,
+}
+
+impl VmConfig {
+    /// Checks value ranges; file existence is checked when the VM starts.
+    pub fn validate(&self) -> Result<(), String> {
+        validate_name(&self.name)?;
+        if self.vcpus == 0 || self.vcpus > 64 {
+            return Err(format!(
+                "--vcpus must be between 1 and 64, not {}",
+                self.vcpus
+            ));
+        }
+        if self.mem_mib < 128 {
+            return Err(format!(
+                "--mem must be at least 128 MiB for the Debian guest, not {} MiB",
+                self.mem_mib
+            ));
+        }
+        if self.mem_mib > 1024 * 1024 {
+            return Err(format!("--mem {} MiB is more than 1 TiB", self.mem_mib));
+        }
+        if self.disks.len() > 16 {
+            return Err(format!("at most 16 extra disks, not {}", self.disks.len()));
+        }
+        Ok(())
+    }
+}
+
+/// Parses a memory size such as `1024`, `512M`, `2G` into MiB.
+pub fn parse_mem_mib(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().last() {
+        Some((i, 'G' | 'g')) => (&s[..i], 1024),
+        Some((i, 'M' | 'm')) => (&s[..i], 1),
+        _ => (s, 1),
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("memory size {s:?} is not a number of MiB (e.g. 1024, 512M, 2G)"))?;
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("memory size {s:?} is too large"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn disk_spec_parses_options() {
+        let d: DiskSpec = "/tmp/a.img,ro,serial=data1,queues=2".parse().unwrap();
+        assert_eq!(d.path, PathBuf::from("/tmp/a.img"));
+        assert!(d.read_only);
+        assert_eq!(d.serial.as_deref(), Some("data1"));
+        assert_eq!(d.num_queues, Some(2));
+        let d: DiskSpec = "x.img".parse().unwrap();
+        assert!(!d.read_only && d.serial.is_none());
+    }
+
+    #[test]
+    fn disk_spec_rejects_bad_options() {
+        assert!("".parse::<DiskSpec>().is_err());
+        assert!("a.img,bogus".parse::<DiskSpec>().is_err());
+        assert!("a.img,serial=".parse::<DiskSpec>().is_err());
+        assert!("a.img,serial=012345678901234567890"
+            .parse::<DiskSpec>()
+            .is_err());
+        assert!("a.img,queues=0".parse::<DiskSpec>().is_err());
+        assert!("a.img,queues=x".parse::<DiskSpec>().is_err());
+    }
+
+    #[test]
+    fn names_are_checked() {
+        assert!(validate_name("web1").is_ok());
+        assert!(validate_name("a_b-c").is_ok());
+        assert!(validate_name("").is_err());
+        assert!(validate_name("-x").is_err());
+        assert!(validate_name("a/b").is_err());
+        assert!(validate_name(&"x".repeat(49)).is_err());
+        let g = generate_name();
+        assert!(validate_name(&g).is_ok(), "{g}");
+    }
+
+    #[test]
+    fn memory_sizes_parse() {
+        assert_eq!(parse_mem_mib("1024").unwrap(), 1024);
+        assert_eq!(parse_mem_mib("512M").unwrap(), 512);
+        assert_eq!(parse_mem_mib("2G").unwrap(), 2048);
+        assert!(parse_mem_mib("lots").is_err());
+        assert!(parse_mem_mib("G").is_err());
+    }
+}

@@ -1,0 +1,66 @@
+//! Errors of the launcher, one variant per way a run can fail.
+
+use std::path::PathBuf;
+
+/// Why a VM could not be started or did not end cleanly.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    #[error("QEMU was not found: looked for `{0}` (install QEMU 10 with `make setup`, or set VMSIGHT_QEMU)")]
+    QemuNotFound(String),
+    #[error("QEMU at {path} is version {found}; vmsight needs QEMU 10 or newer")]
+    QemuTooOld { path: PathBuf, found: String },
+    #[error("cannot run {path} --version: {source}")]
+    QemuVersion {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the kernel {0} does not exist or is not readable")]
+    KernelMissing(PathBuf),
+    #[error("the initrd {0} does not exist or is not readable")]
+    InitrdMissing(PathBuf),
+    #[error("the disk image {path} cannot be opened: {reason}")]
+    DiskUnusable { path: PathBuf, reason: String },
+    #[error("the vmsight plugin was not found at {0} (build it with `cargo build --release -p vmsight-plugin`, or set VMSIGHT_PLUGIN)")]
+    PluginMissing(PathBuf),
+    #[error("invalid VM configuration: {0}")]
+    Config(String),
+    #[error("a VM named {0:?} is already running (its runtime directory {1} is in use)")]
+    NameInUse(String, PathBuf),
+    #[error("cannot prepare the runtime directory {path}: {source}")]
+    RuntimeDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot copy the root disk {from} to {to}: {source}")]
+    RootCopy {
+        from: PathBuf,
+        to: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot listen on {path}: {source}")]
+    Listen {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot start QEMU: {0}")]
+    Spawn(#[source] std::io::Error),
+    #[error("disk {index} ({path}): {source}")]
+    Backend {
+        index: usize,
+        path: PathBuf,
+        #[source]
+        source: vmsight_blockdev::BlockError,
+    },
+    #[error("cannot set up the plugin channel: {0}")]
+    Channel(String),
+    #[error("QMP: {0}")]
+    Qmp(String),
+    #[error("guest image: {0}")]
+    Image(#[from] vmsight_image::ImageError),
+    #[error("I/O error: {0}")]
+    Io(#[from] std::io::Error),
+}

@@ -1,0 +1,282 @@
+//! The host ends of the guest's channels: console, control port, stdout/stderr/stdin ports.
+//!
+//! vmsight binds every socket before QEMU starts and QEMU connects as a client, so nothing the
+//! guest writes early is lost. Each socket gets one thread: accept the single connection, pump.
+
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::error::LaunchError;
+use crate::vm::Event;
+
+/// Binds a listener, replacing a stale socket file.
+pub fn listen(path: &Path) -> Result<UnixListener, LaunchError> {
+    let _ = std::fs::remove_file(path);
+    UnixListener::bind(path).map_err(|source| LaunchError::Listen {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Waits for QEMU's connection, giving up when `stop` is set (QEMU died before connecting).
+pub fn accept_until(listener: &UnixListener, stop: &AtomicBool) -> Option<UnixStream> {
+    if listener.set_nonblocking(true).is_err() {
+        return listener.accept().ok().map(|(s, _)| s);
+    }
+    loop {
+        match listener.accept() {
+            Ok((s, _)) => {
+                // Blocking I/O from here on; failure only means a busy-loop we avoid by bailing.
+                return s.set_nonblocking(false).ok().map(|_| s);
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                if stop.load(Ordering::Relaxed) {
+                    return None;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(_) => return None,
+        }
+    }
+}
+
+fn spawn_named<F: FnOnce() + Send + 'static>(
+    name: &str,
+    f: F,
+) -> Result<JoinHandle<()>, LaunchError> {
+    std::thread::Builder::new()
+        .name(name.to_string())
+        .spawn(f)
+        .map_err(LaunchError::Io)
+}
+
+/// Copies a guest output port to a host writer until EOF; returns the bytes copied.
+pub fn spawn_output_pump(
+    name: &str,
+    listener: UnixListener,
+    stop: Arc<AtomicBool>,
+    mut sink: Box<dyn Write + Send>,
+) -> Result<JoinHandle<()>, LaunchError> {
+    spawn_named(name, move || {
+        let Some(mut s) = accept_until(&listener, &stop) else {
+            return;
+        };
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    // A closed host stdout (e.g. `| head`) must not stop the guest: keep draining.
+                    let _ = sink.write_all(&buf[..n]);
+                    let _ = sink.flush();
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            }
+        }
+    })
+}
+
+/// Reads the control port's lines (`ready <uptime>`, `exit <status>`) into events.
+pub fn spawn_ctl_reader(
+    listener: UnixListener,
+    stop: Arc<AtomicBool>,
+    events: Sender<Event>,
+) -> Result<JoinHandle<()>, LaunchError> {
+    spawn_named("vmsight-ctl", move || {
+        let Some(s) = accept_until(&listener, &stop) else {
+            return;
+        };
+        let mut r = BufReader::new(s);
+        let mut line = String::new();
+        loop {
+            line.clear();
+            match r.read_line(&mut line) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+            if let Some(ev) = parse_ctl_line(&line) {
+                if events.send(ev).is_err() {
+                    break;
+                }
+            } else if !line.trim().is_empty() {
+                tracing::warn!("ignoring unknown control message {:?}", line.trim());
+            }
+        }
+    })
+}
+
+/// Parses one control-port line; the guest is not trusted, so anything odd is ignored.
+pub fn parse_ctl_line(line: &str) -> Option<Event> {
+    let mut it = line.split_whitespace();
+    match (it.next()?, it.next()) {
+        ("ready", Some(up)) => Some(Event::Ready(
+            up.parse::<f64>().ok().filter(|v| v.is_finite())?,
+        )),
+        ("ready", None) => Some(Event::Ready(f64::NAN)),
+        ("exit", Some(code)) => {
+            let c: i32 = code.parse().ok()?;
+            (0..=255).contains(&c).then_some(Event::GuestExit(c))
+        }
+        _ => None,
+    }
+}
+
+/// Feeds the host's stdin to the guest command, then closes the port so the guest sees EOF.
+/// With a terminal on stdin (or `feed` false) the port is closed at once: stdin is empty.
+pub fn spawn_stdin_feeder(
+    listener: UnixListener,
+    stop: Arc<AtomicBool>,
+    feed: bool,
+) -> Result<JoinHandle<()>, LaunchError> {
+    spawn_named("vmsight-stdin", move || {
+        let Some(mut s) = accept_until(&listener, &stop) else {
+            return;
+        };
+        if feed {
+            let mut stdin = io::stdin().lock();
+            let _ = io::copy(&mut stdin, &mut s);
+        }
+        let _ = s.shutdown(std::net::Shutdown::Both);
+    })
+}
+
+/// Keeps the end of the console output for error reports.
+#[derive(Debug, Default)]
+pub struct ConsoleTail {
+    buf: Vec<u8>,
+}
+
+const TAIL_BYTES: usize = 64 * 1024;
+
+impl ConsoleTail {
+    pub fn push(&mut self, data: &[u8]) {
+        self.buf.extend_from_slice(data);
+        if self.buf.len() > TAIL_BYTES * 2 {
+            let cut = self.buf.len() - TAIL_BYTES;
+            self.buf.drain(..cut);
+        }
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.buf).replace('\r', "")
+    }
+
+    /// The panic report: from the "Kernel panic" line (and the oops before it) to the end.
+    pub fn panic_text(&self) -> Option<String> {
+        let text = self.text();
+        let lines: Vec<&str> = text.lines().collect();
+        let at = lines
+            .iter()
+            .position(|l| l.contains("Kernel panic - not syncing"))?;
+        // Include the preceding oops/BUG header if it is close: it says what went wrong.
+        let start = lines[..at]
+            .iter()
+            .rposition(|l| {
+                l.contains("------------[ cut here ]")
+                    || l.contains("BUG:")
+                    || l.contains("sysrq: Trigger a crash")
+            })
+            .filter(|&s| at - s <= 60)
+            .unwrap_or(at);
+        let end = (at + 3).min(lines.len());
+        Some(lines[start..end].join("\n"))
+    }
+}
+
+/// Reads the serial console: log file, tail buffer, optional live copy, panic detection.
+pub fn spawn_console_reader(
+    listener: UnixListener,
+    stop: Arc<AtomicBool>,
+    tail: Arc<Mutex<ConsoleTail>>,
+    mut log: Option<std::fs::File>,
+    mut live: Option<Box<dyn Write + Send>>,
+    stream_out: Arc<Mutex<Option<UnixStream>>>,
+    events: Sender<Event>,
+) -> Result<JoinHandle<()>, LaunchError> {
+    spawn_named("vmsight-console", move || {
+        let Some(mut s) = accept_until(&listener, &stop) else {
+            return;
+        };
+        if let (Ok(mut slot), Ok(w)) = (stream_out.lock(), s.try_clone()) {
+            *slot = Some(w);
+        }
+        let mut buf = vec![0u8; 16 * 1024];
+        let mut panic_seen = false;
+        loop {
+            let n = match s.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            };
+            let chunk = &buf[..n];
+            if let Some(f) = log.as_mut() {
+                let _ = f.write_all(chunk);
+            }
+            if let Some(w) = live.as_mut() {
+                let _ = w.write_all(chunk);
+                let _ = w.flush();
+            }
+            if let Ok(mut t) = tail.lock() {
+                t.push(chunk);
+                if !panic_seen && t.text().contains("Kernel panic - not syncing") {
+                    panic_seen = true;
+                    let _ = events.send(Event::ConsolePanic);
+                }
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ctl_lines_parse_and_garbage_is_ignored() {
+        assert!(matches!(parse_ctl_line("ready 1.25\n"), Some(Event::Ready(v)) if v == 1.25));
+        assert!(matches!(
+            parse_ctl_line("exit 3\n"),
+            Some(Event::GuestExit(3))
+        ));
+        assert!(matches!(
+            parse_ctl_line("exit 255"),
+            Some(Event::GuestExit(255))
+        ));
+        assert!(parse_ctl_line("exit 256").is_none());
+        assert!(parse_ctl_line("exit -1").is_none());
+        assert!(parse_ctl_line("exit x").is_none());
+        assert!(parse_ctl_line("ready NaN").is_none());
+        assert!(parse_ctl_line("").is_none());
+        assert!(parse_ctl_line("\u{0}\u{1}garbage").is_none());
+    }
+
+    #[test]
+    fn panic_text_is_extracted_from_the_console_tail() {
+        let mut t = ConsoleTail::default();
+        t.push(b"[    1.0] booting\r\n[    5.1] sysrq: Trigger a crash\r\n[    5.2] Kernel panic - not syncing: sysrq triggered crash\r\n[    5.3] CPU: 0 PID: 1\r\n");
+        let p = t.panic_text().unwrap();
+        assert!(p.starts_with("[    5.1] sysrq: Trigger a crash"), "{p}");
+        assert!(p.contains("Kernel panic - not syncing: sysrq triggered crash"));
+        assert!(!p.contains("booting"));
+        let mut none = ConsoleTail::default();
+        none.push(b"all fine\n");
+        assert!(none.panic_text().is_none());
+    }
+
+    #[test]
+    fn console_tail_is_bounded() {
+        let mut t = ConsoleTail::default();
+        for _ in 0..100 {
+            t.push(&[b'x'; 10_000]);
+        }
+        assert!(t.buf.len() <= TAIL_BYTES * 2);
+    }
+}

@@ -1,0 +1,300 @@
+//! The per-VM runtime directory (sockets, shared memory, state) and its cleanup.
+//!
+//! Every running VM owns `<runtime>/<name>/`, which is also how other vmsight commands find
+//! running VMs (`vm.json`). The directory and everything in it is removed when the VM ends,
+//! whatever the reason, by the [`RuntimeDir`] guard.
+
+use std::fs;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::LaunchError;
+
+/// Base directory under which each running VM gets a directory.
+pub fn runtime_base() -> PathBuf {
+    if let Some(p) = std::env::var_os("VMSIGHT_RUNTIME") {
+        return PathBuf::from(p);
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::geteuid() };
+    if uid == 0 {
+        return PathBuf::from("/run/vmsight");
+    }
+    if let Some(x) = std::env::var_os("XDG_RUNTIME_DIR") {
+        return PathBuf::from(x).join("vmsight");
+    }
+    PathBuf::from(format!("/tmp/vmsight-{uid}"))
+}
+
+/// What `vm.json` records about a running VM, for discovery by other vmsight commands.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct VmRecord {
+    pub name: String,
+    pub pid: u32,
+    pub qemu_pid: Option<u32>,
+    pub started_unix: u64,
+    pub disks: Vec<PathBuf>,
+    pub accel: String,
+}
+
+/// Owns a VM's runtime directory; removes it on drop.
+#[derive(Debug)]
+pub struct RuntimeDir {
+    dir: PathBuf,
+}
+
+fn pid_alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+impl RuntimeDir {
+    /// Creates `<base>/<name>`, refusing if a live VM already uses the name.
+    pub fn create(base: &Path, name: &str) -> Result<RuntimeDir, LaunchError> {
+        let dir = base.join(name);
+        let err = |source: io::Error| LaunchError::RuntimeDir {
+            path: dir.clone(),
+            source,
+        };
+        fs::create_dir_all(base).map_err(err)?;
+        if dir.exists() {
+            match read_record(&dir) {
+                Some(r) if pid_alive(r.pid) && r.pid != std::process::id() => {
+                    return Err(LaunchError::NameInUse(name.to_string(), dir));
+                }
+                _ => {
+                    tracing::info!("removing stale runtime directory {}", dir.display());
+                    fs::remove_dir_all(&dir).map_err(err)?;
+                }
+            }
+        }
+        fs::create_dir(&dir).map_err(err)?;
+        Ok(RuntimeDir { dir })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn join(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    /// Writes `vm.json` atomically.
+    pub fn write_record(&self, rec: &VmRecord) -> Result<(), LaunchError> {
+        let tmp = self.join("vm.json.tmp");
+        let data = serde_json::to_vec_pretty(rec).map_err(io::Error::other)?;
+        fs::write(&tmp, data)?;
+        fs::rename(&tmp, self.join("vm.json"))?;
+        Ok(())
+    }
+}
+
+impl Drop for RuntimeDir {
+    fn drop(&mut self) {
+        if let Err(e) = fs::remove_dir_all(&self.dir) {
+            if e.kind() != io::ErrorKind::NotFound {
+                tracing::warn!("cannot remove {}: {e}", self.dir.display());
+            }
+        }
+    }
+}
+
+fn read_record(dir: &Path) -> Option<VmRecord> {
+    let data = fs::read(dir.join("vm.json")).ok()?;
+    serde_json::from_slice(&data).ok()
+}
+
+/// Lists the VMs running on this host (live owner process), skipping stale directories.
+pub fn list_running(base: &Path) -> Vec<VmRecord> {
+    let Ok(rd) = fs::read_dir(base) else {
+        return Vec::new();
+    };
+    let mut out: Vec<VmRecord> = rd
+        .filter_map(Result::ok)
+        .filter_map(|e| read_record(&e.path()))
+        .filter(|r| pid_alive(r.pid))
+        .collect();
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out
+}
+
+/// A working copy of a disk image that is deleted on drop unless kept.
+#[derive(Debug)]
+pub struct WorkingCopy {
+    pub path: PathBuf,
+    keep: bool,
+}
+
+impl WorkingCopy {
+    /// Copies `from` to `to` sharing blocks where the file system can (reflink), else sparsely.
+    pub fn create(from: &Path, to: &Path) -> Result<WorkingCopy, LaunchError> {
+        let err = |source: io::Error| LaunchError::RootCopy {
+            from: from.to_path_buf(),
+            to: to.to_path_buf(),
+            source,
+        };
+        if let Some(parent) = to.parent() {
+            fs::create_dir_all(parent).map_err(err)?;
+        }
+        sparse_copy(from, to).map_err(err)?;
+        Ok(WorkingCopy {
+            path: to.to_path_buf(),
+            keep: false,
+        })
+    }
+
+    /// Uses an existing image in place (`--persist`): never deleted.
+    pub fn in_place(path: &Path) -> WorkingCopy {
+        WorkingCopy {
+            path: path.to_path_buf(),
+            keep: true,
+        }
+    }
+}
+
+impl Drop for WorkingCopy {
+    fn drop(&mut self) {
+        if !self.keep {
+            let _ = fs::remove_file(&self.path);
+            if let Some(parent) = self.path.parent() {
+                // Only removes the per-VM directory if it is now empty.
+                let _ = fs::remove_dir(parent);
+            }
+        }
+    }
+}
+
+/// Reflink if possible, else copy only the data extents (SEEK_DATA/SEEK_HOLE), so a 4 GiB image
+/// with 700 MiB of data costs 700 MiB of I/O or nothing at all.
+pub fn sparse_copy(from: &Path, to: &Path) -> io::Result<()> {
+    let src = fs::File::open(from)?;
+    let len = src.metadata()?.len();
+    let dst = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(to)?;
+    // SAFETY: FICLONE takes the source fd as its argument; both fds are open for the call.
+    let rc = unsafe { libc::ioctl(dst.as_raw_fd(), libc::FICLONE, src.as_raw_fd()) };
+    if rc == 0 {
+        return Ok(());
+    }
+    dst.set_len(len)?;
+    let mut off: i64 = 0;
+    let end = i64::try_from(len).map_err(io::Error::other)?;
+    while off < end {
+        // SAFETY: lseek on a valid fd with no memory arguments.
+        let data = unsafe { libc::lseek(src.as_raw_fd(), off, libc::SEEK_DATA) };
+        if data < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::ENXIO) {
+                break; // no more data: the rest is a hole
+            }
+            return Err(e);
+        }
+        // SAFETY: as above.
+        let hole = unsafe { libc::lseek(src.as_raw_fd(), data, libc::SEEK_HOLE) };
+        if hole < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut pos_in = data;
+        let mut pos_out = data;
+        while pos_in < hole {
+            let want = usize::try_from(hole - pos_in)
+                .unwrap_or(usize::MAX)
+                .min(1 << 30);
+            // SAFETY: the offsets point to valid i64s owned by this frame; fds are open.
+            let n = unsafe {
+                libc::copy_file_range(
+                    src.as_raw_fd(),
+                    &mut pos_in,
+                    dst.as_raw_fd(),
+                    &mut pos_out,
+                    want,
+                    0,
+                )
+            };
+            if n < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if n == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "source shrank while copying",
+                ));
+            }
+        }
+        off = hole;
+    }
+    dst.sync_all()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Seek, SeekFrom, Write};
+
+    #[test]
+    fn sparse_copy_preserves_content_and_holes() {
+        let d = tempfile::tempdir().unwrap();
+        let a = d.path().join("a.img");
+        let mut f = fs::File::create(&a).unwrap();
+        f.set_len(64 << 20).unwrap();
+        f.seek(SeekFrom::Start(1 << 20)).unwrap();
+        f.write_all(&[7u8; 8192]).unwrap();
+        f.seek(SeekFrom::Start(40 << 20)).unwrap();
+        f.write_all(b"tail data").unwrap();
+        drop(f);
+        let b = d.path().join("b.img");
+        sparse_copy(&a, &b).unwrap();
+        assert_eq!(fs::read(&a).unwrap(), fs::read(&b).unwrap());
+        use std::os::unix::fs::MetadataExt;
+        let blocks = fs::metadata(&b).unwrap().blocks();
+        assert!(
+            blocks * 512 < 4 << 20,
+            "copy is not sparse: {blocks} blocks"
+        );
+    }
+
+    #[test]
+    fn runtime_dir_is_exclusive_and_removed() {
+        let d = tempfile::tempdir().unwrap();
+        let r = RuntimeDir::create(d.path(), "vm1").unwrap();
+        r.write_record(&VmRecord {
+            name: "vm1".into(),
+            pid: 1, // init is always alive
+            qemu_pid: None,
+            started_unix: 0,
+            disks: vec![],
+            accel: "tcg".into(),
+        })
+        .unwrap();
+        assert!(matches!(
+            RuntimeDir::create(d.path(), "vm1"),
+            Err(LaunchError::NameInUse(..))
+        ));
+        assert_eq!(list_running(d.path()).len(), 1);
+        let p = r.path().to_path_buf();
+        drop(r);
+        assert!(!p.exists());
+    }
+
+    #[test]
+    fn stale_runtime_dir_is_replaced() {
+        let d = tempfile::tempdir().unwrap();
+        let stale = d.path().join("vm2");
+        fs::create_dir(&stale).unwrap();
+        fs::write(
+            stale.join("vm.json"),
+            r#"{"name":"vm2","pid":4000000000,"qemu_pid":null,"started_unix":0,"disks":[],"accel":"tcg"}"#,
+        )
+        .unwrap();
+        let r = RuntimeDir::create(d.path(), "vm2").unwrap();
+        assert!(r.path().exists());
+        assert!(list_running(d.path()).is_empty());
+    }
+}

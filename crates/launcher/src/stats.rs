@@ -1,0 +1,164 @@
+//! Counters gathered at the end of a run: plugin (per vCPU), disks, timings.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Serialize;
+use vmsight_blockdev::{BlockMetrics, MetricsSnapshot};
+use vmsight_ring::ChannelHost;
+
+use crate::accel::Accel;
+
+/// One vCPU's plugin counters.
+#[derive(Debug, Clone, Serialize)]
+pub struct VcpuStats {
+    pub vcpu: u32,
+    pub syscalls: u64,
+    pub callbacks: u64,
+    pub records: u64,
+    pub dropped: u64,
+}
+
+/// One disk's backend counters.
+#[derive(Debug, Clone, Serialize)]
+pub struct DiskStats {
+    pub path: PathBuf,
+    pub metrics: MetricsSnapshot,
+}
+
+impl DiskStats {
+    pub fn from_metrics(path: PathBuf, m: &BlockMetrics) -> DiskStats {
+        DiskStats {
+            path,
+            metrics: m.snapshot(),
+        }
+    }
+}
+
+/// Everything `vmsight run --stats` prints.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunStats {
+    pub name: String,
+    pub accel: Accel,
+    pub accel_reason: String,
+    pub qemu_version: String,
+    /// From `vmsight run` to the guest init reporting `ready`.
+    pub boot_seconds: Option<f64>,
+    /// The guest kernel's own uptime at `ready`.
+    pub guest_uptime_at_ready: Option<f64>,
+    pub run_seconds: f64,
+    /// `None` when the plugin was not loaded (KVM, or `--no-plugin`).
+    pub plugin_attached: Option<bool>,
+    pub vcpus: Vec<VcpuStats>,
+    /// Records drained from the ring at exit.
+    pub records_drained: u64,
+    pub disks: Vec<DiskStats>,
+}
+
+impl RunStats {
+    #[allow(clippy::too_many_arguments)]
+    pub fn collect(
+        name: &str,
+        accel: Accel,
+        accel_reason: &str,
+        qemu_version: &str,
+        boot: Option<Duration>,
+        guest_uptime: Option<f64>,
+        run: Duration,
+        channel: Option<&ChannelHost>,
+        disks: Vec<DiskStats>,
+    ) -> RunStats {
+        let vcpus = channel
+            .map(|c| {
+                let n = c.plugin_status().vcpus as usize;
+                c.counters()
+                    .into_iter()
+                    .enumerate()
+                    .take(n.max(1))
+                    .map(|(i, v)| VcpuStats {
+                        vcpu: i as u32,
+                        syscalls: v.syscalls,
+                        callbacks: v.callbacks,
+                        records: v.records_written,
+                        dropped: v.records_dropped,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        RunStats {
+            name: name.to_string(),
+            accel,
+            accel_reason: accel_reason.to_string(),
+            qemu_version: qemu_version.to_string(),
+            boot_seconds: boot.map(|d| d.as_secs_f64()),
+            guest_uptime_at_ready: guest_uptime,
+            run_seconds: run.as_secs_f64(),
+            plugin_attached: channel.map(|c| c.plugin_attached()),
+            vcpus,
+            records_drained: 0,
+            disks,
+        }
+    }
+
+    pub fn total_syscalls(&self) -> u64 {
+        self.vcpus.iter().map(|v| v.syscalls).sum()
+    }
+}
+
+impl fmt::Display for RunStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "vmsight stats for VM {}", self.name)?;
+        writeln!(
+            f,
+            "  qemu {} accel {} ({})",
+            self.qemu_version, self.accel, self.accel_reason
+        )?;
+        match self.boot_seconds {
+            Some(b) => writeln!(
+                f,
+                "  boot to guest init: {b:.2}s (guest uptime {}), total run: {:.2}s",
+                self.guest_uptime_at_ready
+                    .map(|u| format!("{u:.2}s"))
+                    .unwrap_or_else(|| "unknown".into()),
+                self.run_seconds
+            )?,
+            None => writeln!(
+                f,
+                "  guest never reported ready; total run: {:.2}s",
+                self.run_seconds
+            )?,
+        }
+        match self.plugin_attached {
+            None => writeln!(f, "  plugin: not loaded")?,
+            Some(false) => writeln!(f, "  plugin: loaded but never attached to the channel")?,
+            Some(true) => {
+                writeln!(f, "  plugin: user-mode syscall instructions per vCPU")?;
+                for v in &self.vcpus {
+                    writeln!(
+                        f,
+                        "    vcpu{}: syscalls={} callbacks={} records={} dropped={}",
+                        v.vcpu, v.syscalls, v.callbacks, v.records, v.dropped
+                    )?;
+                }
+                writeln!(f, "    total: syscalls={}", self.total_syscalls())?;
+            }
+        }
+        for (i, d) in self.disks.iter().enumerate() {
+            let m = &d.metrics;
+            writeln!(
+                f,
+                "  disk{i} {}: reads={} ({} KiB) writes={} ({} KiB) flushes={} discards={} errors={}",
+                d.path.display(),
+                m.reads,
+                m.bytes_read / 1024,
+                m.writes,
+                m.bytes_written / 1024,
+                m.flushes,
+                m.discards,
+                m.errors.total()
+            )?;
+        }
+        Ok(())
+    }
+}

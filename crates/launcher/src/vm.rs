@@ -1,0 +1,587 @@
+//! One VM's whole life: prepare, start backends and QEMU, supervise, shut down, clean up.
+//!
+//! Ordering matters and is the point of this module:
+//! 1. everything QEMU will connect to (disk backends, channel sockets) is listening first;
+//! 2. QEMU starts in its own process group and dies with vmsight (PR_SET_PDEATHSIG);
+//! 3. one event loop decides how the run ended (command exit, poweroff, panic, QEMU failure,
+//!    backend failure, signal);
+//! 4. QEMU is gone before the backends are joined, and the runtime directory and working copies
+//!    are removed by their guards whatever happened.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use vmsight_blockdev::{spawn_backend, BackendHandle, DiskConfig};
+
+use crate::accel::{self, Accel, AccelChoice};
+use crate::config::VmConfig;
+use crate::error::LaunchError;
+use crate::guestio::{self, ConsoleTail};
+use crate::qemu::{self, PlannedDisk, QemuPlan};
+use crate::qmp::{self, Qmp, QmpEvent};
+use crate::runtime::{self, RuntimeDir, VmRecord, WorkingCopy};
+use crate::stats::{DiskStats, RunStats};
+
+/// Something that happened during the run, delivered to the supervising loop.
+#[derive(Debug)]
+pub enum Event {
+    /// The guest init is about to run the command (guest uptime in seconds).
+    Ready(f64),
+    /// The command exited with this status.
+    GuestExit(i32),
+    /// "Kernel panic" appeared on the console.
+    ConsolePanic,
+    Qmp(QmpEvent),
+    QemuExited(std::io::Result<ExitStatus>),
+    Signal(i32),
+    /// The user typed the console escape (Ctrl-]).
+    ConsoleQuit,
+}
+
+/// How the run ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EndReason {
+    /// The command ran and exited with this status.
+    CommandExited(i32),
+    /// The guest powered off by itself (interactive shell exit, or a command running `poweroff`).
+    GuestPoweroff,
+    /// The guest kernel panicked; the panic text from the console.
+    GuestPanic(String),
+    /// QEMU exited on its own without a guest shutdown.
+    QemuFailed(String),
+    /// A disk backend failed.
+    BackendFailed(String),
+    /// vmsight was told to stop (SIGINT/SIGTERM/SIGHUP or the console escape).
+    Interrupted(i32),
+}
+
+impl EndReason {
+    /// The exit status `vmsight run` returns: the command's own status, 0 for a guest poweroff,
+    /// 128+signal when interrupted, and 125 when the VM itself failed.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            EndReason::CommandExited(c) => *c,
+            EndReason::GuestPoweroff => 0,
+            EndReason::Interrupted(sig) => 128 + sig,
+            EndReason::GuestPanic(_) | EndReason::QemuFailed(_) | EndReason::BackendFailed(_) => {
+                125
+            }
+        }
+    }
+
+    /// A one-line description for errors; `None` for a normal end.
+    pub fn error_message(&self) -> Option<String> {
+        match self {
+            EndReason::CommandExited(_) | EndReason::GuestPoweroff => None,
+            EndReason::GuestPanic(t) => Some(format!("guest kernel panic:\n{t}")),
+            EndReason::QemuFailed(t) => Some(format!("QEMU failed: {t}")),
+            EndReason::BackendFailed(t) => Some(format!("disk backend failed: {t}")),
+            EndReason::Interrupted(sig) => Some(format!("interrupted by signal {sig}; VM stopped")),
+        }
+    }
+}
+
+/// The result of a run.
+#[derive(Debug)]
+pub struct RunOutcome {
+    pub reason: EndReason,
+    pub stats: RunStats,
+}
+
+/// Paths of vmsight's own artefacts the launcher needs.
+#[derive(Debug, Clone)]
+pub struct Artifacts {
+    pub plugin: PathBuf,
+}
+
+/// Finds `libvmsight_plugin.so`: `$VMSIGHT_PLUGIN`, else next to the running executable.
+pub fn find_plugin() -> PathBuf {
+    if let Some(p) = std::env::var_os("VMSIGHT_PLUGIN") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().unwrap_or_default();
+    let dir = exe.parent().map(PathBuf::from).unwrap_or_default();
+    dir.join("libvmsight_plugin.so")
+}
+
+fn check_readable(path: &std::path::Path) -> bool {
+    std::fs::File::open(path).is_ok() && path.is_file()
+}
+
+/// QEMU's stderr, kept for error reports and written to `qemu.log`.
+fn spawn_stderr_collector(
+    stderr: std::process::ChildStderr,
+    log: Option<std::fs::File>,
+) -> (Arc<Mutex<Vec<String>>>, JoinHandle<()>) {
+    let lines: Arc<Mutex<Vec<String>>> = Arc::default();
+    let l2 = lines.clone();
+    let h = std::thread::spawn(move || {
+        let mut log = log;
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if let Some(f) = log.as_mut() {
+                let _ = writeln!(f, "{line}");
+            }
+            if let Ok(mut v) = l2.lock() {
+                v.push(line);
+                if v.len() > 200 {
+                    v.remove(0);
+                }
+            }
+        }
+    });
+    (lines, h)
+}
+
+/// Runs a VM to completion.
+pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> {
+    let t0 = Instant::now();
+    cfg.validate().map_err(LaunchError::Config)?;
+    let AccelChoice {
+        accel,
+        reason: accel_reason,
+    } = accel::choose(cfg.accel).map_err(LaunchError::Config)?;
+    tracing::info!("accelerator: {accel} ({accel_reason})");
+    let (qemu_bin, qemu_version) = qemu::find_qemu()?;
+    if !check_readable(&cfg.kernel) {
+        return Err(LaunchError::KernelMissing(cfg.kernel.clone()));
+    }
+    if !check_readable(&cfg.initrd) {
+        return Err(LaunchError::InitrdMissing(cfg.initrd.clone()));
+    }
+    if !check_readable(&cfg.root_image) {
+        return Err(LaunchError::DiskUnusable {
+            path: cfg.root_image.clone(),
+            reason: "the root image does not exist or is not readable".into(),
+        });
+    }
+    for d in &cfg.disks {
+        if let Err(e) = std::fs::OpenOptions::new()
+            .read(true)
+            .write(!d.read_only)
+            .open(&d.path)
+        {
+            return Err(LaunchError::DiskUnusable {
+                path: d.path.clone(),
+                reason: e.to_string(),
+            });
+        }
+    }
+    let use_plugin = cfg.plugin && accel == Accel::Tcg;
+    if use_plugin && !arts.plugin.is_file() {
+        return Err(LaunchError::PluginMissing(arts.plugin.clone()));
+    }
+
+    let rt = RuntimeDir::create(&runtime::runtime_base(), &cfg.name)?;
+    let root = if cfg.persist {
+        WorkingCopy::in_place(&cfg.root_image)
+    } else {
+        let to = vmsight_image::cache_dir()?
+            .join("vms")
+            .join(&cfg.name)
+            .join("root.img");
+        WorkingCopy::create(&cfg.root_image, &to)?
+    };
+
+    // Disk backends listen before QEMU exists, so its connection cannot race them.
+    let mut disk_paths = vec![(root.path.clone(), false, "vmsight-root".to_string(), 2u16)];
+    for (i, d) in cfg.disks.iter().enumerate() {
+        disk_paths.push((
+            d.path.clone(),
+            d.read_only,
+            d.serial
+                .clone()
+                .unwrap_or_else(|| format!("vmsight-disk{}", i + 1)),
+            d.num_queues.unwrap_or(1),
+        ));
+    }
+    let mut backends: Vec<(PathBuf, BackendHandle)> = Vec::new();
+    let mut planned = Vec::new();
+    for (i, (path, ro, serial, queues)) in disk_paths.iter().enumerate() {
+        let sock = rt.join(&format!("disk{i}.sock"));
+        let handle = spawn_backend(
+            DiskConfig {
+                path: path.clone(),
+                read_only: *ro,
+                serial: serial.clone(),
+                num_queues: *queues,
+                queue_size: 256,
+                direct_io: false,
+            },
+            &sock,
+        )
+        .map_err(|source| LaunchError::Backend {
+            index: i,
+            path: path.clone(),
+            source,
+        })?;
+        backends.push((path.clone(), handle));
+        planned.push(PlannedDisk {
+            socket: sock,
+            num_queues: *queues,
+        });
+    }
+
+    let channel = if use_plugin {
+        let shm = rt.join("plugin.shm");
+        let host = vmsight_ring::Channel::create(&shm, 64, 1 << 14)
+            .map_err(|e| LaunchError::Channel(e.to_string()))?;
+        Some((shm, host))
+    } else {
+        None
+    };
+
+    let (tx, rx): (Sender<Event>, Receiver<Event>) = mpsc::channel();
+    let stop = Arc::new(AtomicBool::new(false));
+    let tail = Arc::new(Mutex::new(ConsoleTail::default()));
+    let console_writer: Arc<Mutex<Option<std::os::unix::net::UnixStream>>> = Arc::default();
+    let interactive = cfg.command.is_none();
+
+    let console_log = std::fs::File::create(rt.join("console.log")).ok();
+    let user_log = match &cfg.console_log {
+        Some(p) => Some(std::fs::File::create(p)?),
+        None => None,
+    };
+    let log = user_log.or(console_log);
+    let live: Option<Box<dyn Write + Send>> = if interactive {
+        Some(Box::new(std::io::stdout()))
+    } else if cfg.show_console {
+        Some(Box::new(std::io::stderr()))
+    } else {
+        None
+    };
+    let mut pumps = Vec::new();
+    pumps.push(guestio::spawn_console_reader(
+        guestio::listen(&rt.join("console.sock"))?,
+        stop.clone(),
+        tail.clone(),
+        log,
+        live,
+        console_writer.clone(),
+        tx.clone(),
+    )?);
+    pumps.push(guestio::spawn_ctl_reader(
+        guestio::listen(&rt.join("ctl.sock"))?,
+        stop.clone(),
+        tx.clone(),
+    )?);
+    pumps.push(guestio::spawn_output_pump(
+        "vmsight-stdout",
+        guestio::listen(&rt.join("stdout.sock"))?,
+        stop.clone(),
+        Box::new(std::io::stdout()),
+    )?);
+    pumps.push(guestio::spawn_output_pump(
+        "vmsight-stderr",
+        guestio::listen(&rt.join("stderr.sock"))?,
+        stop.clone(),
+        Box::new(std::io::stderr()),
+    )?);
+    let feed_stdin = !interactive && !std::io::IsTerminal::is_terminal(&std::io::stdin());
+    // Not joined: it may sit in a read of the host's stdin, which must not delay the exit.
+    let _stdin = guestio::spawn_stdin_feeder(
+        guestio::listen(&rt.join("stdin.sock"))?,
+        stop.clone(),
+        feed_stdin,
+    )?;
+
+    let command_file = match &cfg.command {
+        Some(argv) => {
+            let p = rt.join("cmd.sh");
+            std::fs::write(&p, qemu::command_script(argv))?;
+            Some(p)
+        }
+        None => None,
+    };
+    let plan = QemuPlan {
+        name: cfg.name.clone(),
+        accel,
+        vcpus: cfg.vcpus,
+        mem_mib: cfg.mem_mib,
+        kernel: cfg.kernel.clone(),
+        initrd: cfg.initrd.clone(),
+        cmdline: qemu::kernel_cmdline(&cfg.name, &cfg.append),
+        qmp_socket: rt.join("qmp.sock"),
+        console_socket: rt.join("console.sock"),
+        ctl_socket: rt.join("ctl.sock"),
+        stdout_socket: rt.join("stdout.sock"),
+        stderr_socket: rt.join("stderr.sock"),
+        stdin_socket: rt.join("stdin.sock"),
+        command_file,
+        disks: planned,
+        plugin: channel
+            .as_ref()
+            .map(|(shm, _)| (arts.plugin.clone(), shm.clone(), cfg.plugin_records)),
+    };
+    let args = qemu::build_args(&plan);
+    tracing::debug!("{} {}", qemu_bin.display(), args.join(" "));
+    std::fs::write(
+        rt.join("qemu.cmdline"),
+        format!("{} {}\n", qemu_bin.display(), args.join(" ")),
+    )?;
+
+    // Signals are routed into the event loop before QEMU exists, so none is missed.
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
+    ])?;
+    let sig_handle = signals.handle();
+    {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for s in signals.forever() {
+                if tx.send(Event::Signal(s)).is_err() {
+                    break;
+                }
+            }
+        });
+    }
+
+    let mut cmd = Command::new(&qemu_bin);
+    cmd.args(&args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    // SAFETY: the closure runs in the forked child before exec and only calls async-signal-safe
+    // functions (setpgid, prctl, getppid, kill).
+    unsafe {
+        cmd.pre_exec(|| {
+            // Own process group: a terminal's Ctrl-C reaches vmsight, which stops QEMU in order.
+            libc::setpgid(0, 0);
+            // If vmsight dies, even by SIGKILL, QEMU goes with it: no orphans.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::getppid() == 1 {
+                libc::kill(libc::getpid(), libc::SIGKILL);
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().map_err(LaunchError::Spawn)?;
+    let qemu_pid = child.id();
+    let qemu_log = std::fs::File::create(rt.join("qemu.log")).ok();
+    let (qemu_stderr, stderr_thread) = match child.stderr.take() {
+        Some(e) => {
+            let (l, h) = spawn_stderr_collector(e, qemu_log);
+            (l, Some(h))
+        }
+        None => (Arc::default(), None),
+    };
+    {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            let st = child.wait();
+            let _ = tx.send(Event::QemuExited(st));
+        });
+    }
+    rt.write_record(&VmRecord {
+        name: cfg.name.clone(),
+        pid: std::process::id(),
+        qemu_pid: Some(qemu_pid),
+        started_unix: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        disks: disk_paths.iter().map(|d| d.0.clone()).collect(),
+        accel: accel.to_string(),
+    })?;
+
+    let (qtx, qrx) = qmp::event_channel();
+    {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for ev in qrx {
+                if tx.send(Event::Qmp(ev)).is_err() {
+                    break;
+                }
+            }
+        });
+    }
+    let qmp = match Qmp::connect(&rt.join("qmp.sock"), Duration::from_secs(20), qtx) {
+        Ok(q) => Some(q),
+        Err(e) => {
+            tracing::warn!("QMP unavailable: {e}");
+            None
+        }
+    };
+
+    let raw_guard = if interactive {
+        crate::term::RawMode::enter(console_writer.clone(), tx.clone())
+    } else {
+        None
+    };
+
+    // The supervising loop.
+    let mut boot_time: Option<Duration> = None;
+    let mut guest_uptime: Option<f64> = None;
+    let mut guest_exit: Option<i32> = None;
+    let mut panicked = false;
+    let mut guest_shutdown = false;
+    let mut interrupted: Option<i32> = None;
+    let mut backend_failed: Option<String> = None;
+    let mut quit_sent_at: Option<Instant> = None;
+    let qemu_status: Option<ExitStatus>;
+    let request_quit = |qmp: &Option<Qmp>| {
+        let ok = qmp
+            .as_ref()
+            .map(|q| q.execute("quit", None, Duration::from_secs(5)).is_ok())
+            .unwrap_or(false);
+        if !ok {
+            // SAFETY: plain kill(2) on QEMU's pid, which this process spawned and has not reaped.
+            unsafe { libc::kill(qemu_pid as i32, libc::SIGTERM) };
+        }
+    };
+    loop {
+        match rx.recv_timeout(Duration::from_millis(200)) {
+            Ok(Event::Ready(up)) => {
+                boot_time = Some(t0.elapsed());
+                guest_uptime = up.is_finite().then_some(up);
+                tracing::info!("guest ready after {:?}", t0.elapsed());
+            }
+            Ok(Event::GuestExit(c)) => guest_exit = Some(c),
+            Ok(Event::ConsolePanic) => panicked = true,
+            Ok(Event::Qmp(ev)) => match ev.name.as_str() {
+                "GUEST_PANICKED" => panicked = true,
+                "SHUTDOWN" => {
+                    guest_shutdown = ev
+                        .data
+                        .get("guest")
+                        .and_then(|g| g.as_bool())
+                        .unwrap_or(false);
+                }
+                _ => {}
+            },
+            Ok(Event::QemuExited(st)) => {
+                qemu_status = st.ok();
+                break;
+            }
+            Ok(Event::Signal(_)) | Ok(Event::ConsoleQuit) if quit_sent_at.is_some() => {
+                // Second request: no more patience.
+                // SAFETY: kill(2) on our own child.
+                unsafe { libc::kill(qemu_pid as i32, libc::SIGKILL) };
+            }
+            Ok(Event::Signal(sig)) => {
+                interrupted = Some(sig);
+                quit_sent_at = Some(Instant::now());
+                request_quit(&qmp);
+            }
+            Ok(Event::ConsoleQuit) => {
+                interrupted = Some(0);
+                quit_sent_at = Some(Instant::now());
+                request_quit(&qmp);
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => {
+                qemu_status = None;
+                break;
+            }
+        }
+        if backend_failed.is_none() {
+            if let Some((p, _)) = backends.iter().find(|(_, b)| b.is_finished()) {
+                // A backend ending while QEMU runs is a failure; QEMU would hang on its disk.
+                backend_failed = Some(format!("the backend of {} stopped", p.display()));
+                quit_sent_at = Some(Instant::now());
+                request_quit(&qmp);
+            }
+        }
+        if let Some(t) = quit_sent_at {
+            if t.elapsed() > Duration::from_secs(10) {
+                // SAFETY: kill(2) on our own child.
+                unsafe { libc::kill(qemu_pid as i32, libc::SIGKILL) };
+            }
+        }
+    }
+    drop(raw_guard);
+    let run_time = t0.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    sig_handle.close();
+
+    // QEMU is gone: its sockets are closed, so the pumps reach EOF and finish.
+    for p in pumps {
+        let _ = p.join();
+    }
+    if let Some(h) = stderr_thread {
+        let _ = h.join();
+    }
+    let mut disk_stats = Vec::new();
+    for (path, b) in backends {
+        let metrics = b.metrics();
+        let res = b.wait();
+        if let Err(e) = res {
+            if backend_failed.is_none() {
+                backend_failed = Some(format!("{}: {e}", path.display()));
+            }
+        }
+        disk_stats.push(DiskStats::from_metrics(path, &metrics));
+    }
+    // Late console lines (the panic message can trail the ctl events) are in `tail` now.
+    let panic_text = tail.lock().ok().and_then(|t| t.panic_text());
+    if panic_text.is_some() {
+        panicked = true;
+    }
+    let stats = RunStats::collect(
+        &cfg.name,
+        accel,
+        &accel_reason,
+        &qemu_version,
+        boot_time,
+        guest_uptime,
+        run_time,
+        channel.as_ref().map(|(_, h)| h),
+        disk_stats,
+    );
+
+    let end = if let Some(sig) = interrupted {
+        EndReason::Interrupted(if sig == 0 { libc::SIGINT } else { sig })
+    } else if panicked {
+        EndReason::GuestPanic(panic_text.unwrap_or_else(|| {
+            "the guest reported a panic (pvpanic) but the console showed no panic text".into()
+        }))
+    } else if let Some(e) = backend_failed {
+        EndReason::BackendFailed(e)
+    } else if let Some(c) = guest_exit {
+        EndReason::CommandExited(c)
+    } else if guest_shutdown {
+        EndReason::GuestPoweroff
+    } else {
+        let qerr: Vec<String> = qemu_stderr
+            .lock()
+            .map(|v| v.iter().rev().take(5).rev().cloned().collect())
+            .unwrap_or_default();
+        let status = qemu_status
+            .map(|s| s.to_string())
+            .unwrap_or_else(|| "unknown status".into());
+        let detail = if qerr.is_empty() {
+            let console = tail_lines(&tail_text(&tail), 5);
+            if console.is_empty() {
+                "no output".to_string()
+            } else {
+                format!("last console lines:\n{console}")
+            }
+        } else {
+            qerr.join("\n")
+        };
+        EndReason::QemuFailed(format!(
+            "QEMU exited ({status}) without a guest shutdown: {detail}"
+        ))
+    };
+    Ok(RunOutcome { reason: end, stats })
+}
+
+fn tail_text(t: &Arc<Mutex<ConsoleTail>>) -> String {
+    t.lock().map(|t| t.text()).unwrap_or_default()
+}
+
+fn tail_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}

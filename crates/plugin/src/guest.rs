@@ -1,0 +1,214 @@
+//! Reading guest state from inside a vCPU callback: registers and guest virtual memory.
+//!
+//! Both go through GLib byte arrays owned by QEMU's GLib. The `qemu-plugin` crate's own
+//! wrappers are not used on these paths: its `qemu_plugin_read_memory_vaddr` passes a
+//! stack-built `GByteArray` header, but QEMU resizes the array with `g_byte_array_set_size`,
+//! which reads and may reallocate GLib's private fields beyond that header (undefined
+//! behaviour); and its `RegisterDescriptor::read` allocates a fresh array and a `Vec` per read.
+//! Here every vCPU owns two real arrays allocated once and reused.
+
+use std::ffi::{c_int, c_uint, CStr};
+
+use qemu_plugin::sys::{
+    qemu_plugin_get_registers, qemu_plugin_read_memory_vaddr, qemu_plugin_read_register,
+    qemu_plugin_reg_descriptor, qemu_plugin_register, GArray, GByteArray,
+};
+
+// GLib is linked into QEMU, which exports it to plugins.
+extern "C" {
+    fn g_byte_array_sized_new(reserved_size: c_uint) -> *mut GByteArray;
+    fn g_byte_array_set_size(array: *mut GByteArray, length: c_uint) -> *mut GByteArray;
+    fn g_array_free(array: *mut GArray, free_segment: c_int) -> *mut u8;
+}
+
+/// Largest single guest memory read the helper accepts (bounds the copy and the time spent in
+/// a vCPU callback).
+pub const MAX_GUEST_READ: usize = 4096;
+const PAGE: u64 = 4096;
+
+/// Errors of `ByteBuf::read_guest` (the plugin's bounded guest memory reader).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum MemError {
+    /// Zero-length reads are rejected by QEMU.
+    #[error("A guest memory read of zero bytes was requested.")]
+    Empty,
+    /// Above [`MAX_GUEST_READ`].
+    #[error("A guest memory read of {0} bytes exceeds the limit of {MAX_GUEST_READ} bytes.")]
+    TooLong(usize),
+    /// `vaddr + len` wraps around the address space.
+    #[error("The guest range {vaddr:#x}+{len} wraps around the address space.")]
+    Wraps {
+        /// Start address.
+        vaddr: u64,
+        /// Length.
+        len: usize,
+    },
+    /// The first page of the range is not readable (not mapped or not present).
+    #[error("The guest address {0:#x} is not mapped.")]
+    Unmapped(u64),
+}
+
+/// A GLib byte array owned by one vCPU. Never freed: a callback of that vCPU may still run
+/// while QEMU runs its exit hooks, and the few hundred bytes per vCPU do not matter.
+pub struct ByteBuf(*mut GByteArray);
+
+impl ByteBuf {
+    /// Allocates an array with room for `reserve` bytes.
+    pub fn new(reserve: u32) -> Option<Self> {
+        // SAFETY: plain GLib allocation; returns a valid array or aborts on OOM (GLib policy).
+        let p = unsafe { g_byte_array_sized_new(reserve) };
+        (!p.is_null()).then_some(Self(p))
+    }
+
+    /// Reads the registers `handles` of the current vCPU into `out` (little-endian, at most 8
+    /// bytes each; wider registers are truncated). Returns a bit mask of the registers whose
+    /// read failed (their value is 0). Only valid inside a callback registered with
+    /// `QEMU_PLUGIN_CB_R_REGS`.
+    pub fn read_registers(&mut self, handles: &[usize], out: &mut [u64]) -> u32 {
+        let mut failed = 0u32;
+        // SAFETY: self.0 is a live GByteArray exclusively owned by this vCPU (&mut self).
+        unsafe { g_byte_array_set_size(self.0, 0) };
+        // (offset, size) of each register in the array: all reads append, one pass parses.
+        let mut spans = [(0usize, 0usize); 16];
+        for (i, &h) in handles.iter().enumerate().take(spans.len()) {
+            // SAFETY: self.0 is live; reading `len` of a GByteArray we own is sound.
+            let before = unsafe { (*self.0).len } as usize;
+            // SAFETY: `h` is a handle QEMU returned from qemu_plugin_get_registers (opaque,
+            // QEMU validates it); the buffer is a real GByteArray QEMU may grow.
+            let n = unsafe { qemu_plugin_read_register(h as *mut qemu_plugin_register, self.0) };
+            // SAFETY: as above.
+            let after = unsafe { (*self.0).len } as usize;
+            if n <= 0 || after != before + n as usize {
+                failed |= 1 << i;
+                continue;
+            }
+            spans[i] = (before, n as usize);
+        }
+        // SAFETY: after the reads `data` points to `len` initialised bytes owned by the array.
+        let bytes = unsafe {
+            let a = &*self.0;
+            if a.data.is_null() {
+                &[][..]
+            } else {
+                std::slice::from_raw_parts(a.data, a.len as usize)
+            }
+        };
+        for (i, slot) in out
+            .iter_mut()
+            .enumerate()
+            .take(handles.len().min(spans.len()))
+        {
+            let (off, n) = spans[i];
+            *slot = 0;
+            if failed & (1 << i) != 0 {
+                continue;
+            }
+            let mut w = [0u8; 8];
+            let take = n.min(8);
+            match bytes.get(off..off + take) {
+                Some(src) => {
+                    w[..take].copy_from_slice(src);
+                    *slot = u64::from_le_bytes(w);
+                }
+                None => failed |= 1 << i,
+            }
+        }
+        failed
+    }
+
+    /// Copies guest virtual memory at `vaddr` into `out` using the current vCPU's page tables.
+    /// Splits the range at page boundaries so a range running into an unmapped page still
+    /// returns the readable prefix: `Ok(n)` with `n < out.len()`. Only valid inside a vCPU
+    /// callback (QEMU asserts a current CPU).
+    pub fn read_guest(&mut self, vaddr: u64, out: &mut [u8]) -> Result<usize, MemError> {
+        let len = out.len();
+        if len == 0 {
+            return Err(MemError::Empty);
+        }
+        if len > MAX_GUEST_READ {
+            return Err(MemError::TooLong(len));
+        }
+        if vaddr.checked_add(len as u64).is_none() {
+            return Err(MemError::Wraps { vaddr, len });
+        }
+        let mut done = 0usize;
+        while done < len {
+            let addr = vaddr + done as u64;
+            let in_page = (PAGE - (addr & (PAGE - 1))) as usize;
+            let chunk = in_page.min(len - done);
+            // SAFETY: self.0 is a real GByteArray this vCPU owns; QEMU resizes it to `chunk`
+            // and fills it; `chunk > 0`; we are in a vCPU callback, as the API requires.
+            let ok = unsafe { qemu_plugin_read_memory_vaddr(addr, self.0, chunk) };
+            // SAFETY: reading the public header fields of our array.
+            let (data, got) = unsafe { ((*self.0).data, (*self.0).len as usize) };
+            if !ok || data.is_null() || got < chunk {
+                break;
+            }
+            // SAFETY: `data` holds `got >= chunk` initialised bytes; `out[done..done+chunk]` is
+            // in bounds because `chunk <= len - done`.
+            unsafe {
+                std::ptr::copy_nonoverlapping(data, out.as_mut_ptr().add(done), chunk);
+            }
+            done += chunk;
+        }
+        if done == 0 {
+            return Err(MemError::Unmapped(vaddr));
+        }
+        Ok(done)
+    }
+}
+
+// SAFETY: the array is only touched by the vCPU that owns it (see VcpuState); moving the
+// pointer between threads is harmless.
+unsafe impl Send for ByteBuf {}
+
+/// Name and opaque handle of one guest register.
+#[derive(Debug, Clone)]
+pub struct RegInfo {
+    /// Register name as QEMU's gdbstub names it (e.g. `rax`, `cr3`).
+    pub name: String,
+    /// Feature (gdb XML) it belongs to.
+    pub feature: String,
+    /// Opaque handle for `qemu_plugin_read_register`.
+    pub handle: usize,
+}
+
+/// Lists the current vCPU's registers. Only valid in a vCPU-init (or later vCPU) callback.
+pub fn list_registers() -> Vec<RegInfo> {
+    // SAFETY: called from a vCPU callback as the API requires; the result is a GArray of
+    // `qemu_plugin_reg_descriptor` that we must free (but not the strings).
+    let arr = unsafe { qemu_plugin_get_registers() };
+    if arr.is_null() {
+        return Vec::new();
+    }
+    // SAFETY: QEMU returned a valid GArray whose elements are reg descriptors; names and
+    // features are static strings owned by QEMU (or NULL for features).
+    let regs = unsafe {
+        let a = &*arr;
+        let descs = if a.data.is_null() {
+            &[][..]
+        } else {
+            std::slice::from_raw_parts(a.data.cast::<qemu_plugin_reg_descriptor>(), a.len as usize)
+        };
+        descs
+            .iter()
+            .map(|d| RegInfo {
+                name: cstr_lossy(d.name),
+                feature: cstr_lossy(d.feature),
+                handle: d.handle as usize,
+            })
+            .collect()
+    };
+    // SAFETY: we own the array (API contract); free the element storage too.
+    unsafe { g_array_free(arr, 1) };
+    regs
+}
+
+/// Converts a possibly-NULL C string (static in QEMU) to a String.
+fn cstr_lossy(p: *const std::ffi::c_char) -> String {
+    if p.is_null() {
+        return String::new();
+    }
+    // SAFETY: non-null, NUL-terminated string owned by QEMU for its lifetime.
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}

@@ -1,0 +1,305 @@
+//! Foundation behaviour, checked on a real Debian guest booted under vmsight (QEMU 10, TCG,
+//! vhost-user-blk disks, the vmsight plugin).
+
+use std::io::Write;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use vmsight_tests::*;
+
+#[test]
+fn command_output_and_exit_status_come_back() {
+    let r = guest_sh(&[], "echo to-stdout; echo to-stderr >&2; exit 7");
+    assert_eq!(r.code, Some(7), "{r:?}");
+    assert_eq!(r.stdout, "to-stdout\n", "{r:?}");
+    assert!(r.stderr.contains("to-stderr"), "{r:?}");
+}
+
+#[test]
+fn arguments_reach_the_guest_unchanged() {
+    let r = run(&[
+        "run", "--", "printf", "[%s]\\n", "a b", "it's", "$HOME", "*",
+    ]);
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert_eq!(r.stdout, "[a b]\n[it's]\n[$HOME]\n[*]\n", "{r:?}");
+}
+
+#[test]
+fn two_vcpus_are_online() {
+    let r = guest_sh(&["--vcpus", "2"], "nproc; uname -r");
+    assert_eq!(r.code, Some(0), "{r:?}");
+    let mut lines = r.stdout.lines();
+    assert_eq!(lines.next(), Some("2"), "{r:?}");
+    assert!(
+        lines.next().unwrap_or("").ends_with("cloud-amd64"),
+        "stock cloud kernel: {r:?}"
+    );
+}
+
+#[test]
+fn stdin_is_forwarded_to_the_command() {
+    let mut child = vmsight()
+        .args(["run", "--", "sh", "-c", "wc -c; cat /proc/cmdline >&2"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start vmsight");
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin.write_all(&[b'x'; 100_000]).expect("feed stdin");
+    drop(stdin);
+    let r = Run::from(child.wait_with_output().expect("wait"));
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert_eq!(r.stdout.trim(), "100000", "{r:?}");
+}
+
+#[test]
+fn synced_data_on_an_extra_disk_reaches_the_host_image() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("data.img");
+    make_ext4(&img, 64);
+    let disk = format!("{},serial=datadisk", img.display());
+    let r = guest_sh(
+        &["--disk", &disk],
+        "set -e; cat /sys/block/vdb/serial; echo; mount /dev/vdb /mnt; \
+         seq 1 20000 > /mnt/numbers.txt; echo hello-from-guest > /mnt/hello; sync; umount /mnt",
+    );
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert!(r.stdout.starts_with("datadisk"), "serial via GET_ID: {r:?}");
+    assert_eq!(debugfs(&img, "cat /hello"), "hello-from-guest\n");
+    let numbers = debugfs(&img, "cat /numbers.txt");
+    let expected: String = (1..=20000).map(|i| format!("{i}\n")).collect();
+    assert!(
+        numbers == expected,
+        "numbers.txt differs ({} bytes)",
+        numbers.len()
+    );
+    let (clean, out) = fsck_clean(&img);
+    assert!(clean, "e2fsck -fn: {out}");
+}
+
+#[test]
+fn a_read_only_disk_refuses_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("ro.img");
+    make_ext4(&img, 16);
+    let before = std::fs::read(&img).unwrap();
+    let disk = format!("{},ro", img.display());
+    let r = guest_sh(
+        &["--disk", &disk],
+        "cat /sys/block/vdb/ro; \
+         if dd if=/dev/zero of=/dev/vdb bs=4096 count=1 oflag=direct 2>/dev/null; then echo WROTE; else echo REFUSED; fi; \
+         mount -o ro /dev/vdb /mnt && ls /mnt && umount /mnt",
+    );
+    assert_eq!(r.code, Some(0), "{r:?}");
+    let mut lines = r.stdout.lines();
+    assert_eq!(lines.next(), Some("1"), "{r:?}");
+    assert_eq!(lines.next(), Some("REFUSED"), "{r:?}");
+    assert!(r.stdout.contains("lost+found"), "{r:?}");
+    assert!(
+        std::fs::read(&img).unwrap() == before,
+        "read-only image changed"
+    );
+}
+
+#[test]
+fn guest_poweroff_exits_zero() {
+    let r = run(&["run", "--", "poweroff"]);
+    assert_eq!(r.code, Some(0), "{r:?}");
+}
+
+#[test]
+fn a_guest_panic_exits_nonzero_with_the_panic_text() {
+    let r = guest_sh(&[], "echo c > /proc/sysrq-trigger; sleep 30");
+    assert_ne!(r.code, Some(0), "{r:?}");
+    assert!(r.stderr.contains("guest kernel panic"), "{r:?}");
+    assert!(r.stderr.contains("Kernel panic - not syncing"), "{r:?}");
+    assert!(r.stderr.contains("sysrq"), "{r:?}");
+}
+
+fn syscalls_for(n: u64, dir: &Path) -> u64 {
+    let stats = dir.join(format!("stats-{n}.json"));
+    let r = run(&[
+        "run",
+        "--vcpus",
+        "2",
+        "--stats-json",
+        stats.to_str().unwrap(),
+        "--",
+        "getppid_loop",
+        &n.to_string(),
+    ]);
+    assert_eq!(r.code, Some(0), "{r:?}");
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
+    assert_eq!(v["plugin_attached"], true, "{v}");
+    v["vcpus"]
+        .as_array()
+        .expect("vcpus")
+        .iter()
+        .map(|c| c["syscalls"].as_u64().unwrap_or(0))
+        .sum()
+}
+
+#[test]
+fn plugin_counts_the_syscalls_of_a_known_program() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = 500_000u64;
+    let base = syscalls_for(0, dir.path());
+    let with = syscalls_for(n, dir.path());
+    assert!(base > 1_000, "boot and init make syscalls too: {base}");
+    let diff = with as i64 - base as i64;
+    let lo = (n as f64 * 0.98) as i64;
+    let hi = (n as f64 * 1.05) as i64;
+    assert!(
+        (lo..=hi).contains(&diff),
+        "getppid_loop {n} added {diff} syscalls (baseline {base}, with {with})"
+    );
+}
+
+#[test]
+fn root_disk_writes_persist_only_with_persist() {
+    let name = vm_name("persist");
+    let r = guest_sh(
+        &["--name", &name, "--persist"],
+        "echo kept > /root/marker; sync",
+    );
+    assert_eq!(r.code, Some(0), "{r:?}");
+    let r = guest_sh(&["--name", &name, "--persist"], "cat /root/marker");
+    assert_eq!(r.stdout, "kept\n", "{r:?}");
+    let r = guest_sh(
+        &["--name", &name],
+        "cat /root/marker 2>/dev/null || echo absent",
+    );
+    assert_eq!(r.stdout, "absent\n", "a fresh copy must not see it: {r:?}");
+    // Clean up the persistent disk.
+    let cache = std::env::var_os("VMSIGHT_CACHE")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| Path::new(&std::env::var("HOME").unwrap()).join(".cache/vmsight"));
+    let _ = std::fs::remove_file(cache.join("persist").join(format!("{name}.img")));
+}
+
+fn runtime_dir(name: &str) -> std::path::PathBuf {
+    let base = std::env::var_os("VMSIGHT_RUNTIME")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| "/run/vmsight".into());
+    base.join(name)
+}
+
+fn wait_for_ready(name: &str, timeout: Duration) -> serde_json::Value {
+    let start = Instant::now();
+    let f = runtime_dir(name).join("vm.json");
+    loop {
+        if let Ok(d) = std::fs::read(&f) {
+            if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&d) {
+                return v;
+            }
+        }
+        assert!(start.elapsed() < timeout, "VM {name} never appeared");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn pid_alive(pid: u64) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .unwrap_or_default()
+            .contains(") Z ")
+}
+
+#[test]
+fn sigterm_leaves_no_orphan_processes_or_sockets() {
+    let name = vm_name("sigterm");
+    let mut child = vmsight()
+        .args(["run", "--name", &name, "--", "sleep", "600"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let rec = wait_for_ready(&name, Duration::from_secs(60));
+    let qemu_pid = rec["qemu_pid"].as_u64().expect("qemu pid");
+    assert!(pid_alive(qemu_pid));
+    // Let the guest boot properly, so the stop happens mid-run.
+    std::thread::sleep(Duration::from_secs(5));
+    // SAFETY: plain kill(2) on our child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(128 + 15), "{out:?}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while pid_alive(qemu_pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!pid_alive(qemu_pid), "QEMU {qemu_pid} outlived vmsight");
+    assert!(!runtime_dir(&name).exists(), "runtime dir left behind");
+}
+
+#[test]
+fn sigkill_of_vmsight_takes_qemu_down() {
+    let name = vm_name("sigkill");
+    let mut child = vmsight()
+        .args(["run", "--name", &name, "--", "sleep", "600"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let rec = wait_for_ready(&name, Duration::from_secs(60));
+    let qemu_pid = rec["qemu_pid"].as_u64().expect("qemu pid");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while pid_alive(qemu_pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        !pid_alive(qemu_pid),
+        "QEMU {qemu_pid} outlived a SIGKILLed vmsight"
+    );
+    // The next VM with the same name cleans up the stale directory and starts.
+    let r = guest_sh(&["--name", &name], "hostname");
+    assert_eq!(r.stdout.trim(), name, "{r:?}");
+}
+
+#[test]
+fn two_vms_cannot_write_one_image() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("shared.img");
+    make_ext4(&img, 16);
+    let name = vm_name("lock-a");
+    let disk = img.display().to_string();
+    let mut a = vmsight()
+        .args([
+            "run", "--name", &name, "--disk", &disk, "--", "sleep", "600",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for_ready(&name, Duration::from_secs(60));
+    let b = run(&["run", "--disk", &disk, "--", "true"]);
+    // SAFETY: kill(2) on our child.
+    unsafe { libc::kill(a.id() as i32, libc::SIGTERM) };
+    let _ = a.wait();
+    assert_eq!(b.code, Some(1), "{b:?}");
+    assert!(
+        b.stderr.contains("lock") || b.stderr.contains("in use"),
+        "{b:?}"
+    );
+    assert_eq!(b.stderr.trim().lines().count(), 1, "one-line error: {b:?}");
+}
+
+#[test]
+fn several_disks_keep_their_order_and_serials() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.img");
+    let b = dir.path().join("b.img");
+    make_ext4(&a, 16);
+    make_ext4(&b, 32);
+    let da = format!("{},serial=first", a.display());
+    let db = format!("{},serial=second,ro", b.display());
+    let r = guest_sh(
+        &["--disk", &da, "--disk", &db],
+        "for d in vdb vdc; do echo $d $(cat /sys/block/$d/serial) $(cat /sys/block/$d/size) $(cat /sys/block/$d/ro); done",
+    );
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert_eq!(r.stdout, "vdb first 32768 0\nvdc second 65536 1\n", "{r:?}");
+}
