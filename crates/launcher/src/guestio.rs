@@ -130,20 +130,31 @@ pub fn parse_ctl_line(line: &str) -> Option<Event> {
 
 /// Feeds the host's stdin to the guest command, then closes the port so the guest sees EOF.
 /// With a terminal on stdin (or `feed` false) the port is closed at once: stdin is empty.
+///
+/// Nothing is sent before `go` fires (the guest's `ready`): the guest's virtio_console driver
+/// discards data that arrives for a port the guest has not opened yet.
 pub fn spawn_stdin_feeder(
     listener: UnixListener,
     stop: Arc<AtomicBool>,
     feed: bool,
+    go: std::sync::mpsc::Receiver<()>,
 ) -> Result<JoinHandle<()>, LaunchError> {
     spawn_named("vmsight-stdin", move || {
         let Some(mut s) = accept_until(&listener, &stop) else {
             return;
         };
+        if go.recv().is_err() {
+            return; // the run ended before the guest was ready
+        }
         if feed {
             let mut stdin = io::stdin().lock();
             let _ = io::copy(&mut stdin, &mut s);
         }
-        let _ = s.shutdown(std::net::Shutdown::Both);
+        // Half-close: QEMU treats a full close as a hang-up and drops stdin bytes it has not
+        // passed to the guest yet; after SHUT_WR it delivers them and then EOF.
+        let _ = s.shutdown(std::net::Shutdown::Write);
+        let mut sink = [0u8; 256];
+        while matches!(s.read(&mut sink), Ok(n) if n > 0) {}
     })
 }
 

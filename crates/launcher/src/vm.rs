@@ -286,10 +286,12 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
     )?);
     let feed_stdin = !interactive && !std::io::IsTerminal::is_terminal(&std::io::stdin());
     // Not joined: it may sit in a read of the host's stdin, which must not delay the exit.
+    let (stdin_go, stdin_go_rx) = mpsc::channel();
     let _stdin = guestio::spawn_stdin_feeder(
         guestio::listen(&rt.join("stdin.sock"))?,
         stop.clone(),
         feed_stdin,
+        stdin_go_rx,
     )?;
 
     let command_file = match &cfg.command {
@@ -429,6 +431,7 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
     let mut interrupted: Option<i32> = None;
     let mut backend_failed: Option<String> = None;
     let mut quit_sent_at: Option<Instant> = None;
+    let mut backend_gone_at: Option<Instant> = None;
     let qemu_status: Option<ExitStatus>;
     let request_quit = |qmp: &Option<Qmp>| {
         let ok = qmp
@@ -443,6 +446,7 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
     loop {
         match rx.recv_timeout(Duration::from_millis(200)) {
             Ok(Event::Ready(up)) => {
+                let _ = stdin_go.send(());
                 boot_time = Some(t0.elapsed());
                 guest_uptime = up.is_finite().then_some(up);
                 tracing::info!("guest ready after {:?}", t0.elapsed());
@@ -485,12 +489,18 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
                 break;
             }
         }
-        if backend_failed.is_none() {
-            if let Some((p, _)) = backends.iter().find(|(_, b)| b.is_finished()) {
-                // A backend ending while QEMU runs is a failure; QEMU would hang on its disk.
-                backend_failed = Some(format!("the backend of {} stopped", p.display()));
-                quit_sent_at = Some(Instant::now());
-                request_quit(&qmp);
+        if backend_failed.is_none() && quit_sent_at.is_none() {
+            match (backends.iter().find(|(_, b)| b.is_finished()), backend_gone_at) {
+                (Some(_), None) => backend_gone_at = Some(Instant::now()),
+                // QEMU closes its vhost-user connections as it exits, so a backend may end a
+                // moment before QEMU's exit is seen; only one that ends while QEMU keeps running
+                // is a failure (QEMU would hang on that disk).
+                (Some((p, _)), Some(t)) if t.elapsed() > Duration::from_secs(3) => {
+                    backend_failed = Some(format!("the backend of {} stopped", p.display()));
+                    quit_sent_at = Some(Instant::now());
+                    request_quit(&qmp);
+                }
+                _ => {}
             }
         }
         if let Some(t) = quit_sent_at {
