@@ -5,5 +5,6 @@
 
 pub mod btf;
 pub mod profile;
+pub mod syscall;
 
 pub use profile::{KernelProfile, ProfileError};

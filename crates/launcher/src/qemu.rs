@@ -75,6 +75,8 @@ pub fn parse_version(text: &str) -> Option<(u32, u32, u32)> {
 pub struct PlannedDisk {
     pub socket: PathBuf,
     pub num_queues: u16,
+    /// Must equal the backend's queue size: the backend derives seg_max from it.
+    pub queue_size: u16,
 }
 
 /// Everything the QEMU command line depends on.
@@ -176,8 +178,8 @@ pub fn build_args(p: &QemuPlan) -> Vec<String> {
         push(&[
             "-device",
             &format!(
-                "vhost-user-blk-pci,id=disk{i},chardev=disk{i},num-queues={}",
-                d.num_queues
+                "vhost-user-blk-pci,id=disk{i},chardev=disk{i},num-queues={},queue-size={}",
+                d.num_queues, d.queue_size
             ),
         ]);
     }
@@ -239,10 +241,12 @@ mod tests {
                 PlannedDisk {
                     socket: "/r/disk0.sock".into(),
                     num_queues: 2,
+                    queue_size: 256,
                 },
                 PlannedDisk {
                     socket: "/r/disk1.sock".into(),
                     num_queues: 1,
+                    queue_size: 256,
                 },
             ],
             plugin: Some(("/p.so".into(), "/r/plugin.shm".into(), false)),

@@ -29,6 +29,9 @@ use crate::qmp::{self, Qmp, QmpEvent};
 use crate::runtime::{self, RuntimeDir, VmRecord, WorkingCopy};
 use crate::stats::{DiskStats, RunStats};
 
+/// Virtqueue size of every disk (QEMU's `queue-size`, the backend's `queue_size`).
+const QUEUE_SIZE: u16 = 256;
+
 /// Something that happened during the run, delivered to the supervising loop.
 #[derive(Debug)]
 pub enum Event {
@@ -212,7 +215,7 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
                 read_only: *ro,
                 serial: serial.clone(),
                 num_queues: *queues,
-                queue_size: 256,
+                queue_size: QUEUE_SIZE,
                 direct_io: false,
             },
             &sock,
@@ -226,6 +229,7 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
         planned.push(PlannedDisk {
             socket: sock,
             num_queues: *queues,
+            queue_size: QUEUE_SIZE,
         });
     }
 

@@ -1,0 +1,562 @@
+//! Raw image files: open + flock, zero-copy `preadv`/`pwritev` between the image and guest
+//! memory (optionally `O_DIRECT`, falling back to buffered I/O when a request is not aligned
+//! or the file system refuses it), `fdatasync`, and discard / write-zeroes with `fallocate`.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Seek, SeekFrom};
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use tracing::{debug, warn};
+use vm_memory::GuestMemoryBackend;
+
+use crate::error::BlockError;
+use crate::pipeline::{StageError, Status, Terminal};
+use crate::request::{Request, RequestKind, SectorRange, SECTOR_SIZE};
+
+/// Largest number of iovecs passed to one `preadv`/`pwritev` (Linux `IOV_MAX`).
+const IOV_MAX: usize = 1024;
+/// Size of the zero buffer used when `fallocate` cannot zero a range.
+const ZERO_CHUNK: usize = 1 << 20;
+
+/// A raw disk image (regular file or block device) opened and locked for one backend.
+#[derive(Debug)]
+pub struct RawFile {
+    file: File,
+    /// Second descriptor opened with `O_DIRECT`, when requested and supported.
+    direct: Option<File>,
+    /// Alignment (offset, length, memory address) required for `O_DIRECT`.
+    direct_align: u64,
+    path: PathBuf,
+    size: u64,
+    read_only: bool,
+    /// `fallocate(PUNCH_HOLE)` works on this file.
+    punch_ok: bool,
+    /// `fallocate(ZERO_RANGE)` works on this file.
+    zero_range_ok: bool,
+}
+
+impl RawFile {
+    /// Opens `path` (read-only or read-write), takes the flock (shared for read-only,
+    /// exclusive for read-write, never waiting), measures it and, if `direct_io`, opens an
+    /// `O_DIRECT` descriptor too (silently skipped where the file system refuses `O_DIRECT`).
+    pub fn open(path: &Path, read_only: bool, direct_io: bool) -> Result<Self, BlockError> {
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(!read_only)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(path)
+            .map_err(|source| BlockError::Open {
+                path: path.to_owned(),
+                read_only,
+                source,
+            })?;
+        let meta = file.metadata().map_err(|source| BlockError::Open {
+            path: path.to_owned(),
+            read_only,
+            source,
+        })?;
+        let ft = meta.file_type();
+        if !(ft.is_file() || ft.is_block_device()) {
+            return Err(BlockError::BadImage {
+                path: path.to_owned(),
+                reason: "it is neither a regular file nor a block device".into(),
+            });
+        }
+        lock(&file, path, read_only)?;
+        let size = file
+            .seek(SeekFrom::End(0))
+            .map_err(|source| BlockError::Open {
+                path: path.to_owned(),
+                read_only,
+                source,
+            })?;
+        if size < SECTOR_SIZE {
+            return Err(BlockError::BadImage {
+                path: path.to_owned(),
+                reason: format!("it is {size} bytes long, smaller than one 512-byte sector"),
+            });
+        }
+        if size % SECTOR_SIZE != 0 {
+            warn!(
+                path = %path.display(),
+                size,
+                "disk image size is not a multiple of 512; the last partial sector is not visible to the guest"
+            );
+        }
+        let direct = if direct_io {
+            match OpenOptions::new()
+                .read(true)
+                .write(!read_only)
+                .custom_flags(libc::O_DIRECT | libc::O_CLOEXEC)
+                .open(path)
+            {
+                Ok(f) => Some(f),
+                Err(e) => {
+                    warn!(path = %path.display(), error = %e, "O_DIRECT not available, using buffered I/O");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        Ok(Self {
+            file,
+            direct,
+            direct_align: SECTOR_SIZE,
+            path: path.to_owned(),
+            size,
+            read_only,
+            punch_ok: true,
+            zero_range_ok: true,
+        })
+    }
+
+    /// Image size in bytes.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Capacity in 512-byte sectors (a trailing partial sector is not exposed).
+    pub fn capacity_sectors(&self) -> u64 {
+        self.size / SECTOR_SIZE
+    }
+
+    /// The image path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether aligned requests currently use `O_DIRECT`.
+    pub fn is_direct(&self) -> bool {
+        self.direct.is_some()
+    }
+
+    /// Reads or writes the data of `req` at its offset, straight between the image and the
+    /// guest buffers.
+    fn transfer(&mut self, req: &Request<'_>, write: bool) -> Result<(), StageError> {
+        let mem = req.memory();
+        let mut guards = Vec::with_capacity(req.segments.len());
+        let mut iovs: Vec<libc::iovec> = Vec::with_capacity(req.segments.len());
+        for seg in &req.segments {
+            for slice in GuestMemoryBackend::get_slices(mem, seg.addr, seg.len as usize) {
+                let slice = slice.map_err(|_| StageError::GuestMemory {
+                    addr: seg.addr.0,
+                    len: u64::from(seg.len),
+                })?;
+                let guard = slice.ptr_guard_mut();
+                iovs.push(libc::iovec {
+                    iov_base: guard.as_ptr().cast(),
+                    iov_len: slice.len(),
+                });
+                guards.push(guard);
+            }
+        }
+        let offset = req.offset();
+        let op = if write { "pwritev" } else { "preadv" };
+
+        if let Some(direct) = &self.direct {
+            let a = self.direct_align;
+            let aligned = offset.is_multiple_of(a)
+                && iovs.iter().all(|v| {
+                    (v.iov_base as u64).is_multiple_of(a) && (v.iov_len as u64).is_multiple_of(a)
+                });
+            if aligned {
+                let mut tmp = iovs.clone();
+                match rw_all(direct.as_raw_fd(), &mut tmp, offset, write) {
+                    Ok(()) => return Ok(()),
+                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                        if a < 4096 {
+                            debug!(path = %self.path.display(), "O_DIRECT refused 512-byte alignment, requiring 4096");
+                            self.direct_align = 4096;
+                        } else {
+                            warn!(path = %self.path.display(), "O_DIRECT refused an aligned request, using buffered I/O from now on");
+                            self.direct = None;
+                        }
+                        // Fall through to buffered I/O from the start of the request.
+                    }
+                    Err(source) => return Err(StageError::Io { op, source }),
+                }
+            }
+        }
+        rw_all(self.file.as_raw_fd(), &mut iovs, offset, write)
+            .map_err(|source| StageError::Io { op, source })?;
+        drop(guards);
+        Ok(())
+    }
+
+    fn fallocate(&self, mode: libc::c_int, r: &SectorRange) -> io::Result<()> {
+        let off =
+            i64::try_from(r.offset()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        let len =
+            i64::try_from(r.bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        loop {
+            // SAFETY: fallocate on a descriptor we own; it touches no memory of ours.
+            let rc = unsafe { libc::fallocate(self.file.as_raw_fd(), mode, off, len) };
+            if rc == 0 {
+                return Ok(());
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+
+    fn discard(&mut self, r: &SectorRange) -> Result<(), StageError> {
+        if !self.punch_ok || r.num_sectors == 0 {
+            return Ok(());
+        }
+        match self.fallocate(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, r) {
+            Ok(()) => Ok(()),
+            Err(e) if unsupported(&e) => {
+                // Discard is a hint; a file system without hole punching just keeps the data.
+                debug!(path = %self.path.display(), "hole punching not supported; discards become no-ops");
+                self.punch_ok = false;
+                Ok(())
+            }
+            Err(source) => Err(StageError::Io {
+                op: "fallocate(PUNCH_HOLE)",
+                source,
+            }),
+        }
+    }
+
+    fn write_zeroes(&mut self, r: &SectorRange) -> Result<(), StageError> {
+        if r.num_sectors == 0 {
+            return Ok(());
+        }
+        // With the unmap flag the range may be deallocated: a punched hole reads as zeroes.
+        if r.unmap && self.punch_ok {
+            match self.fallocate(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, r) {
+                Ok(()) => return Ok(()),
+                Err(e) if unsupported(&e) => self.punch_ok = false,
+                Err(source) => {
+                    return Err(StageError::Io {
+                        op: "fallocate(PUNCH_HOLE)",
+                        source,
+                    })
+                }
+            }
+        }
+        if self.zero_range_ok {
+            match self.fallocate(libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE, r) {
+                Ok(()) => return Ok(()),
+                Err(e) if unsupported(&e) => self.zero_range_ok = false,
+                Err(source) => {
+                    return Err(StageError::Io {
+                        op: "fallocate(ZERO_RANGE)",
+                        source,
+                    })
+                }
+            }
+        }
+        // Last resort: write zeroes.
+        let zeroes = vec![0u8; ZERO_CHUNK.min(r.bytes() as usize)];
+        let mut off = r.offset();
+        let end = r.offset() + r.bytes();
+        while off < end {
+            let n = ((end - off) as usize).min(zeroes.len());
+            let chunk = zeroes.get(..n).unwrap_or(&[]);
+            std::os::unix::fs::FileExt::write_all_at(&self.file, chunk, off).map_err(|source| {
+                StageError::Io {
+                    op: "pwrite(zeroes)",
+                    source,
+                }
+            })?;
+            off += n as u64;
+        }
+        Ok(())
+    }
+}
+
+fn unsupported(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) | Some(libc::ENOTTY)
+    )
+}
+
+impl Terminal for RawFile {
+    fn name(&self) -> &str {
+        "raw-file"
+    }
+
+    fn execute(&mut self, req: &mut Request<'_>) -> Result<Status, StageError> {
+        if self.read_only && req.kind.is_mutating() {
+            // Validation already refuses these; this is a second line of defence.
+            return Ok(Status::IoErr);
+        }
+        match req.kind {
+            RequestKind::Read => self.transfer(req, false)?,
+            RequestKind::Write => self.transfer(req, true)?,
+            RequestKind::Flush => {
+                if !self.read_only {
+                    self.file.sync_data().map_err(|source| StageError::Io {
+                        op: "fdatasync",
+                        source,
+                    })?;
+                }
+            }
+            RequestKind::Discard => {
+                for r in &req.ranges {
+                    self.discard(r)?;
+                }
+            }
+            RequestKind::WriteZeroes => {
+                for r in &req.ranges {
+                    self.write_zeroes(r)?;
+                }
+            }
+            // The device answers GET_ID itself; a terminal has no serial.
+            RequestKind::GetId => return Ok(Status::Unsupp),
+        }
+        Ok(Status::Ok)
+    }
+}
+
+/// Transfers every byte described by `iovs` at `offset`, looping over short transfers and
+/// `IOV_MAX`-sized batches. `iovs` is consumed (advanced) in place.
+fn rw_all(fd: RawFd, iovs: &mut [libc::iovec], mut offset: u64, write: bool) -> io::Result<()> {
+    let mut idx = 0usize;
+    loop {
+        // Skip exhausted entries.
+        while iovs.get(idx).is_some_and(|v| v.iov_len == 0) {
+            idx += 1;
+        }
+        let Some(batch) = iovs.get(idx..) else {
+            return Ok(());
+        };
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let count = batch.len().min(IOV_MAX);
+        let off = libc::off_t::try_from(offset)
+            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        // SAFETY: `batch` points at `count` valid iovecs; each describes a range of guest
+        // memory obtained from `get_slices` on the mapped guest memory, which stays mapped for
+        // the whole call (the caller holds the memory guard and the pointer guards). The kernel
+        // reads or writes only inside those ranges. The guest may touch the same memory
+        // concurrently, which is inherent to virtio and harmless to us (no Rust references to
+        // it exist).
+        let n = unsafe {
+            if write {
+                libc::pwritev(fd, batch.as_ptr(), count as libc::c_int, off)
+            } else {
+                libc::preadv(fd, batch.as_ptr(), count as libc::c_int, off)
+            }
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the image ended early (was it truncated while in use?)",
+            ));
+        }
+        let mut n = n as usize;
+        offset += n as u64;
+        while n > 0 {
+            let Some(v) = iovs.get_mut(idx) else {
+                return Ok(());
+            };
+            if n >= v.iov_len {
+                n -= v.iov_len;
+                v.iov_len = 0;
+                idx += 1;
+            } else {
+                v.iov_base = v.iov_base.cast::<u8>().wrapping_add(n).cast();
+                v.iov_len -= n;
+                n = 0;
+            }
+        }
+    }
+}
+
+/// Takes the image's flock, never waiting; on conflict, says who holds it.
+fn lock(file: &File, path: &Path, read_only: bool) -> Result<(), BlockError> {
+    let op = if read_only {
+        libc::LOCK_SH
+    } else {
+        libc::LOCK_EX
+    };
+    // SAFETY: flock on a descriptor we own; no memory is passed.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), op | libc::LOCK_NB) };
+    if rc == 0 {
+        return Ok(());
+    }
+    let err = io::Error::last_os_error();
+    if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
+        return Err(BlockError::Lock {
+            path: path.to_owned(),
+            source: err,
+        });
+    }
+    // Who holds it, and how? A shared lock succeeding means the holders are readers.
+    let holders_are_readers = !read_only && {
+        // SAFETY: as above.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) };
+        if rc == 0 {
+            // SAFETY: as above; releases the probe lock we just took.
+            unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_UN) };
+        }
+        rc == 0
+    };
+    let how = if holders_are_readers {
+        "another process holds it open read-only (shared lock), so it cannot be opened for writing"
+    } else {
+        "another process holds it for writing"
+    };
+    let pids = file
+        .metadata()
+        .map(|m| lock_holders(&m))
+        .unwrap_or_default();
+    let holder = if pids.is_empty() {
+        how.to_owned()
+    } else {
+        format!("{how} ({})", pids.join(", "))
+    };
+    Err(BlockError::Locked {
+        path: path.to_owned(),
+        holder,
+    })
+}
+
+/// "pid N (comm)" of every process holding a flock on the file, from /proc/locks.
+fn lock_holders(meta: &std::fs::Metadata) -> Vec<String> {
+    let dev = meta.dev();
+    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+    let key = format!("{major:02x}:{minor:02x}:{}", meta.ino());
+    let Ok(locks) = std::fs::read_to_string("/proc/locks") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for line in locks.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        // "1: FLOCK  ADVISORY  WRITE 1234 fd:01:5678 0 EOF"; blocked waiters have "->".
+        if f.get(1) != Some(&"FLOCK") {
+            continue;
+        }
+        if f.get(5) != Some(&key.as_str()) {
+            continue;
+        }
+        if let Some(pid) = f.get(4) {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .map(|s| s.trim().to_owned())
+                .unwrap_or_else(|_| "?".into());
+            let entry = format!("pid {pid} {comm}");
+            if !out.contains(&entry) {
+                out.push(entry);
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn image(len: usize) -> tempfile::NamedTempFile {
+        let mut f = tempfile::NamedTempFile::new().expect("tempfile");
+        f.write_all(&vec![0x11u8; len]).expect("fill");
+        f.flush().expect("flush");
+        f
+    }
+
+    #[test]
+    fn second_writer_is_refused_with_a_clear_message() {
+        let img = image(4096);
+        let _first = RawFile::open(img.path(), false, false).expect("first open");
+        let err = RawFile::open(img.path(), false, false).expect_err("second writer");
+        let msg = err.to_string();
+        assert!(msg.starts_with("cannot lock disk image "), "{msg}");
+        assert!(msg.contains(&img.path().display().to_string()), "{msg}");
+        assert!(
+            msg.contains("another process holds it for writing"),
+            "{msg}"
+        );
+        assert!(
+            msg.contains(&format!("pid {}", std::process::id())),
+            "{msg}"
+        );
+        // A reader is refused too while a writer holds it.
+        let err = RawFile::open(img.path(), true, false).expect_err("reader vs writer");
+        assert!(err.to_string().contains("holds it for writing"), "{err}");
+    }
+
+    #[test]
+    fn readers_share_and_exclude_writers() {
+        let img = image(4096);
+        let _a = RawFile::open(img.path(), true, false).expect("reader a");
+        let _b = RawFile::open(img.path(), true, false).expect("reader b");
+        let err = RawFile::open(img.path(), false, false).expect_err("writer vs readers");
+        assert!(err.to_string().contains("read-only"), "{err}");
+    }
+
+    #[test]
+    fn lock_is_released_on_drop() {
+        let img = image(4096);
+        drop(RawFile::open(img.path(), false, false).expect("first"));
+        RawFile::open(img.path(), false, false).expect("again after drop");
+    }
+
+    #[test]
+    fn tiny_and_odd_images() {
+        let img = image(100);
+        let err = RawFile::open(img.path(), false, false).expect_err("too small");
+        assert!(
+            err.to_string().contains("smaller than one 512-byte sector"),
+            "{err}"
+        );
+        let img = image(1536 + 7);
+        let f = RawFile::open(img.path(), false, false).expect("odd size");
+        assert_eq!(f.capacity_sectors(), 3);
+        let dir = tempfile::tempdir().expect("dir");
+        let err = RawFile::open(dir.path(), true, false).expect_err("directory");
+        assert!(
+            err.to_string()
+                .contains("neither a regular file nor a block device"),
+            "{err}"
+        );
+        let err =
+            RawFile::open(&dir.path().join("missing.img"), false, false).expect_err("missing");
+        assert!(err.to_string().contains("cannot open disk image"), "{err}");
+    }
+
+    #[test]
+    fn direct_io_reads_aligned_and_unaligned_buffers() {
+        use crate::request::tests::{header, limits, mem, r, w, HDR, STATUS};
+        use crate::request::{parse, Parsed};
+        use virtio_bindings::virtio_blk::VIRTIO_BLK_T_IN;
+        use virtio_queue::mock::MockSplitQueue;
+        use vm_memory::{Bytes, GuestAddress};
+
+        let img = image(64 * 1024);
+        let mut f = RawFile::open(img.path(), false, true).expect("open O_DIRECT");
+        let m = mem();
+        header(&m, VIRTIO_BLK_T_IN, 8);
+        for addr in [0x2_0000u64, 0x2_0010] {
+            // 4 KiB aligned buffer (direct path) and a 16-byte aligned one (buffered fallback).
+            let q = MockSplitQueue::new(&m, 16);
+            let chain = q
+                .build_desc_chain(&[r(HDR, 16), w(addr, 4096), w(STATUS, 1)])
+                .expect("chain");
+            let Parsed::Request { mut req, .. } = parse(chain, &m, &limits()) else {
+                panic!("parse");
+            };
+            assert_eq!(f.execute(&mut req).expect("read"), Status::Ok);
+            let mut buf = vec![0u8; 4096];
+            m.read_slice(&mut buf, GuestAddress(addr)).expect("buf");
+            assert!(buf.iter().all(|&b| b == 0x11));
+        }
+    }
+}

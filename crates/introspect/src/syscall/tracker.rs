@@ -1,0 +1,345 @@
+//! Pairs syscall entries with their returns, per task (Sky §4.2, adapted to what a TCG plugin
+//! sees: an entry at the user `syscall` instruction and every return to user mode).
+//!
+//! Identity is the guest `task_struct` pointer, so a call that blocks on one vCPU and returns on
+//! another pairs correctly, and so do threads sharing an address space. Each task has a stack of
+//! pending entries, because a signal handler may make syscalls while an interrupted one waits.
+//! A return to user mode at `rip` means, for the innermost pending entry `E`:
+//! - `rip == E.pc + 2`: `E` returned, `rax` is its value;
+//! - `E` is `rt_sigreturn`: it returned (to wherever the signal frame said), and the frame may
+//!   also complete or restart the entry below it (see [`Tracker::on_return`]);
+//! - `E` is a successful `execve`/`execveat`: the new image starts elsewhere with `rax == 0`;
+//! - `rip == E.pc`: the kernel rewound the instruction to restart `E` (`-ERESTART*`): `E` ended
+//!   without a value and will be entered again;
+//! - anything else: a signal handler starts; `E` stays pending.
+//! `exit`/`exit_group` never return and are completed at entry; `exit_group` also ends the
+//! pending calls of the other threads of its process. A return with nothing pending (an
+//! interrupt return, a new thread's first return after `clone`) is not a syscall exit.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+
+use super::event::{EntryEvent, ReturnEvent};
+use super::nr;
+
+/// How a syscall ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// Returned this raw value (negative errno on failure).
+    Returned(i64),
+    /// Interrupted and restarted by the kernel (`-ERESTART*`, shown as `?` like strace).
+    Restarted,
+    /// Never returns (`exit`, `exit_group`), or its thread was ended by another's `exit_group`.
+    NoReturn,
+}
+
+/// A syscall with its outcome.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Completed {
+    pub entry: EntryEvent,
+    pub outcome: Outcome,
+    pub exit_ts_ns: Option<u64>,
+    pub exit_vcpu: Option<u32>,
+}
+
+impl Completed {
+    /// The raw return value, when there is one.
+    pub fn ret(&self) -> Option<i64> {
+        match self.outcome {
+            Outcome::Returned(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+/// Counters about the pairing itself.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct TrackerStats {
+    pub entries: u64,
+    pub returns: u64,
+    pub completed: u64,
+    pub restarted: u64,
+    /// Returns to user mode with no pending syscall (interrupts, new threads).
+    pub unmatched_returns: u64,
+    /// Signal handler starts observed while a syscall was pending.
+    pub signal_deliveries: u64,
+    /// Pending entries dropped because a task's stack grew past the bound (guest misbehaving).
+    pub overflowed: u64,
+    /// Largest number of tasks with pending syscalls at once.
+    pub peak_pending_tasks: u64,
+}
+
+/// Bound on nested pending syscalls of one task (signal handlers inside handlers).
+const MAX_DEPTH: usize = 64;
+
+/// The pairing state.
+#[derive(Debug, Default)]
+pub struct Tracker {
+    pending: HashMap<u64, Vec<EntryEvent>>,
+    stats: TrackerStats,
+}
+
+impl Tracker {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn stats(&self) -> TrackerStats {
+        self.stats
+    }
+
+    /// Tasks that currently have a pending syscall.
+    pub fn pending_tasks(&self) -> usize {
+        self.pending.len()
+    }
+
+    fn done(&mut self, entry: EntryEvent, outcome: Outcome, r: Option<&ReturnEvent>) -> Completed {
+        self.stats.completed += 1;
+        if outcome == Outcome::Restarted {
+            self.stats.restarted += 1;
+        }
+        Completed {
+            entry,
+            outcome,
+            exit_ts_ns: r.map(|r| r.ts_ns),
+            exit_vcpu: r.map(|r| r.vcpu),
+        }
+    }
+
+    /// A monitored task entered a syscall. Returns what completed because of it.
+    pub fn on_entry(&mut self, e: EntryEvent) -> Vec<Completed> {
+        self.stats.entries += 1;
+        let mut out = Vec::new();
+        match e.nr {
+            nr::EXIT => out.push(self.done(e, Outcome::NoReturn, None)),
+            nr::EXIT_GROUP => {
+                // Every other thread of the process dies with it: their calls never return.
+                let tgid = e.tgid;
+                let tasks: Vec<u64> = self
+                    .pending
+                    .iter()
+                    .filter(|(_, v)| v.first().is_some_and(|p| p.tgid == tgid))
+                    .map(|(t, _)| *t)
+                    .collect();
+                for t in tasks {
+                    if let Some(stack) = self.pending.remove(&t) {
+                        for p in stack.into_iter().rev() {
+                            out.push(self.done(p, Outcome::NoReturn, None));
+                        }
+                    }
+                }
+                out.push(self.done(e, Outcome::NoReturn, None));
+            }
+            _ => {
+                let stack = self.pending.entry(e.task).or_default();
+                if stack.len() >= MAX_DEPTH {
+                    stack.remove(0);
+                    self.stats.overflowed += 1;
+                }
+                stack.push(e);
+                self.stats.peak_pending_tasks =
+                    self.stats.peak_pending_tasks.max(self.pending.len() as u64);
+            }
+        }
+        out
+    }
+
+    /// A monitored task returned to user mode. Returns what completed.
+    pub fn on_return(&mut self, r: &ReturnEvent) -> Vec<Completed> {
+        self.stats.returns += 1;
+        let mut out = Vec::new();
+        let Some(mut stack) = self.pending.remove(&r.task) else {
+            self.stats.unmatched_returns += 1;
+            return out;
+        };
+        let rax = r.rax as i64;
+        // An rt_sigreturn on top "returns" the restored rax to wherever the signal frame points;
+        // the same rip then decides the call it interrupted, if any.
+        let mut after_sigreturn = false;
+        if stack.last().is_some_and(|e| e.nr == nr::RT_SIGRETURN) {
+            if let Some(e) = stack.pop() {
+                out.push(self.done(e, Outcome::Returned(rax), Some(r)));
+            }
+            after_sigreturn = true;
+        }
+        if let Some(top) = stack.last() {
+            let is_exec = matches!(top.nr, nr::EXECVE | nr::EXECVEAT);
+            let outcome = if r.rip == top.pc.wrapping_add(2) {
+                Some(Outcome::Returned(rax))
+            } else if r.rip == top.pc {
+                Some(Outcome::Restarted)
+            } else if is_exec && rax == 0 && !after_sigreturn {
+                Some(Outcome::Returned(0))
+            } else {
+                // A signal handler starts (or a sigreturn lands in user code): still pending.
+                if !after_sigreturn {
+                    self.stats.signal_deliveries += 1;
+                }
+                None
+            };
+            if let Some(o) = outcome {
+                if let Some(e) = stack.pop() {
+                    out.push(self.done(e, o, Some(r)));
+                }
+            }
+        }
+        if !stack.is_empty() {
+            self.pending.insert(r.task, stack);
+        }
+        out
+    }
+
+    /// Ends everything still pending (the VM stopped): those calls never returned.
+    pub fn finish(&mut self) -> Vec<Completed> {
+        let mut out = Vec::new();
+        let all: Vec<(u64, Vec<EntryEvent>)> = self.pending.drain().collect();
+        for (_, stack) in all {
+            for e in stack.into_iter().rev() {
+                out.push(self.done(e, Outcome::NoReturn, None));
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::event::ReturnVia;
+    use super::*;
+
+    fn entry(task: u64, tid: u32, nr: u64, pc: u64, ts: u64) -> EntryEvent {
+        EntryEvent {
+            ts_ns: ts,
+            task,
+            tid,
+            tgid: 100,
+            nr,
+            pc,
+            ..Default::default()
+        }
+    }
+
+    fn ret(task: u64, rip: u64, rax: i64, vcpu: u32) -> ReturnEvent {
+        ReturnEvent {
+            ts_ns: 0,
+            vcpu,
+            cr3: 0,
+            task,
+            tid: 0,
+            tgid: 100,
+            rip,
+            rax: rax as u64,
+            via: ReturnVia::Sysret,
+        }
+    }
+
+    fn names(v: &[Completed]) -> Vec<(u64, Option<i64>)> {
+        v.iter().map(|c| (c.entry.nr, c.ret())).collect()
+    }
+
+    #[test]
+    fn plain_call_pairs_with_its_return() {
+        let mut t = Tracker::new();
+        assert!(t.on_entry(entry(1, 10, 0, 0x1000, 1)).is_empty());
+        let c = t.on_return(&ret(1, 0x1002, 5, 0));
+        assert_eq!(names(&c), vec![(0, Some(5))]);
+        assert_eq!(t.pending_tasks(), 0);
+    }
+
+    #[test]
+    fn blocking_call_resumes_on_another_vcpu_and_other_tasks_interleave() {
+        let mut t = Tracker::new();
+        t.on_entry(entry(1, 10, 0, 0x1000, 1)); // read blocks on vcpu 0
+        t.on_entry(entry(2, 11, 1, 0x2000, 2)); // another thread writes
+        assert_eq!(names(&t.on_return(&ret(2, 0x2002, 3, 0))), vec![(1, Some(3))]);
+        let c = t.on_return(&ret(1, 0x1002, 7, 1));
+        assert_eq!(names(&c), vec![(0, Some(7))]);
+        assert_eq!(c[0].exit_vcpu, Some(1));
+    }
+
+    #[test]
+    fn interrupt_returns_and_new_threads_are_not_exits() {
+        let mut t = Tracker::new();
+        assert!(t.on_return(&ret(9, 0x5000, 0, 0)).is_empty());
+        assert_eq!(t.stats().unmatched_returns, 1);
+    }
+
+    #[test]
+    fn sa_restart_handler_with_its_own_syscall() {
+        // read blocks, a signal arrives: handler runs and writes, sigreturn restarts the read.
+        let mut t = Tracker::new();
+        t.on_entry(entry(1, 10, 0, 0x1000, 1)); // read
+        assert!(t.on_return(&ret(1, 0x7000, 0, 0)).is_empty()); // handler starts
+        assert_eq!(t.stats().signal_deliveries, 1);
+        t.on_entry(entry(1, 10, 1, 0x7010, 2)); // write in the handler
+        assert_eq!(names(&t.on_return(&ret(1, 0x7012, 4, 0))), vec![(1, Some(4))]);
+        t.on_entry(entry(1, 10, nr::RT_SIGRETURN, 0x7020, 3));
+        // sigreturn resumes at the read's syscall instruction: the read is restarted.
+        let c = t.on_return(&ret(1, 0x1000, 0, 0));
+        assert_eq!(names(&c), vec![(nr::RT_SIGRETURN, Some(0)), (0, None)]);
+        assert_eq!(c[1].outcome, Outcome::Restarted);
+        t.on_entry(entry(1, 10, 0, 0x1000, 4)); // re-executed read
+        assert_eq!(names(&t.on_return(&ret(1, 0x1002, 1, 1))), vec![(0, Some(1))]);
+        assert_eq!(t.pending_tasks(), 0);
+    }
+
+    #[test]
+    fn eintr_after_a_handler_completes_the_interrupted_call() {
+        let mut t = Tracker::new();
+        t.on_entry(entry(1, 10, 0, 0x1000, 1));
+        t.on_return(&ret(1, 0x7000, 0, 0));
+        t.on_entry(entry(1, 10, nr::RT_SIGRETURN, 0x7020, 2));
+        let c = t.on_return(&ret(1, 0x1002, -4, 0));
+        assert_eq!(names(&c), vec![(nr::RT_SIGRETURN, Some(-4)), (0, Some(-4))]);
+    }
+
+    #[test]
+    fn restart_without_handler() {
+        let mut t = Tracker::new();
+        t.on_entry(entry(1, 10, 0, 0x1000, 1));
+        let c = t.on_return(&ret(1, 0x1000, 0, 0));
+        assert_eq!(c[0].outcome, Outcome::Restarted);
+    }
+
+    #[test]
+    fn execve_returns_into_the_new_image() {
+        let mut t = Tracker::new();
+        t.on_entry(entry(1, 10, nr::EXECVE, 0x1000, 1));
+        let c = t.on_return(&ret(1, 0x401000, 0, 0));
+        assert_eq!(names(&c), vec![(nr::EXECVE, Some(0))]);
+        // A failed execve returns normally.
+        t.on_entry(entry(1, 10, nr::EXECVE, 0x1000, 2));
+        let c = t.on_return(&ret(1, 0x1002, -2, 0));
+        assert_eq!(names(&c), vec![(nr::EXECVE, Some(-2))]);
+    }
+
+    #[test]
+    fn exit_group_ends_the_other_threads_calls() {
+        let mut t = Tracker::new();
+        t.on_entry(entry(2, 11, 202, 0x3000, 1)); // futex in thread 2
+        let c = t.on_entry(entry(1, 10, nr::EXIT_GROUP, 0x1000, 2));
+        assert_eq!(names(&c), vec![(202, None), (nr::EXIT_GROUP, None)]);
+        assert_eq!(t.pending_tasks(), 0);
+    }
+
+    #[test]
+    fn fork_has_one_return_in_the_parent() {
+        let mut t = Tracker::new();
+        t.on_entry(entry(1, 10, nr::CLONE, 0x1000, 1));
+        // The child (a new task) returns first with 0: not a completion.
+        assert!(t.on_return(&ret(2, 0x1002, 0, 1)).is_empty());
+        assert_eq!(names(&t.on_return(&ret(1, 0x1002, 42, 0))), vec![(nr::CLONE, Some(42))]);
+    }
+
+    #[test]
+    fn runaway_nesting_is_bounded() {
+        let mut t = Tracker::new();
+        for i in 0..1000 {
+            t.on_entry(entry(1, 10, 0, 0x1000 + i * 16, i));
+        }
+        assert!(t.stats().overflowed > 0);
+        assert_eq!(t.finish().len(), MAX_DEPTH);
+    }
+}
