@@ -113,3 +113,5 @@ pub fn fsck_clean(image: &Path) -> (bool, String) {
 pub fn vm_name(test: &str) -> String {
     format!("t-{test}-{}", std::process::id())
 }
+
+pub mod trace_compare;

@@ -3,8 +3,10 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use vmsight_introspect::syscall::NameFilter;
 use vmsight_launcher::accel::AccelRequest;
 use vmsight_launcher::config::{generate_name, parse_mem_mib, DiskSpec, VmConfig};
+use vmsight_launcher::trace::{TraceConfig, TraceTarget};
 use vmsight_launcher::{runtime, Artifacts, EndReason};
 
 /// vmsight: VMM-level introspection of unmodified guests on QEMU 10.
@@ -69,7 +71,7 @@ struct RunArgs {
     /// Guest RAM (MiB, or with M/G suffix), a shared memfd backend.
     #[arg(long, default_value = "1G", value_parser = parse_mem_mib)]
     mem: u64,
-    /// Extra disk, served by vmsight's vhost-user-blk backend: PATH[,ro][,serial=ID][,queues=N].
+    /// Extra disk, served by vmsight's vhost-user-blk backend: PATH[,ro][,direct][,serial=ID][,queues=N]; `direct` bypasses the host page cache like QEMU cache=none.
     #[arg(long = "disk", value_name = "SPEC")]
     disks: Vec<DiskSpec>,
     /// Kernel to boot instead of the default image's.
@@ -108,6 +110,19 @@ struct RunArgs {
     /// Save the guest's serial console to FILE.
     #[arg(long, value_name = "FILE")]
     console_log: Option<PathBuf>,
+    /// Trace syscalls of TARGET and its descendants: `@cmd` (the command run; the default), a
+    /// guest PID, or a command name (comm). Lines `pid tid name(args) = ret` go to stderr.
+    #[arg(long, value_name = "TARGET", num_args = 0..=1, default_missing_value = "@cmd")]
+    trace: Option<String>,
+    /// Write the strace-style lines to FILE instead of stderr.
+    #[arg(long, value_name = "FILE")]
+    trace_out: Option<PathBuf>,
+    /// Write one JSON object per completed syscall to FILE (implies --trace).
+    #[arg(long, value_name = "FILE")]
+    trace_json: Option<PathBuf>,
+    /// Report only these syscalls (comma-separated names), e.g. openat,read,write.
+    #[arg(long, value_name = "NAMES")]
+    trace_filter: Option<String>,
     /// Command to run in the guest as root; its stdout/stderr/exit status become vmsight's.
     #[arg(last = true, value_name = "CMD")]
     command: Vec<String>,
@@ -217,6 +232,27 @@ fn cmd_run(a: RunArgs) -> Result<i32, String> {
         }
         (None, false) => pick(&None, |i| i.rootfs.clone()),
     };
+    let trace = if a.trace.is_some() || a.trace_json.is_some() || a.trace_out.is_some() {
+        let target: TraceTarget = a.trace.as_deref().unwrap_or("@cmd").parse()?;
+        let filter = match &a.trace_filter {
+            Some(f) => NameFilter::parse(f)?,
+            None => NameFilter::all(),
+        };
+        Some(TraceConfig {
+            target,
+            // With only --trace-json, keep stderr for the command's own output.
+            text: a.trace.is_some() || a.trace_out.is_some(),
+            out: a.trace_out.clone(),
+            json: a.trace_json.clone(),
+            filter,
+        })
+    } else {
+        if a.trace_filter.is_some() {
+            return Err("--trace-filter needs --trace, --trace-out or --trace-json".into());
+        }
+        None
+    };
+    let profile = image.as_ref().map(|i| i.profile.clone());
     let cfg = VmConfig {
         name,
         vcpus: a.vcpus,
@@ -242,6 +278,8 @@ fn cmd_run(a: RunArgs) -> Result<i32, String> {
         stats: a.stats,
         show_console: a.console,
         console_log: a.console_log,
+        trace,
+        profile,
     };
     if cfg.command.is_none() && !std::io::IsTerminal::is_terminal(&std::io::stdin()) {
         return Err("no command given and stdin is not a terminal: use `vmsight run -- CMD ...`, or run it from a terminal for a console".into());
@@ -252,6 +290,17 @@ fn cmd_run(a: RunArgs) -> Result<i32, String> {
     let outcome = vmsight_launcher::run(&cfg, &arts).map_err(|e| e.to_string())?;
     if a.stats {
         eprint!("{}", outcome.stats);
+    }
+    if let (Some(t), true) = (&outcome.stats.trace, a.stats) {
+        eprintln!(
+            "  trace: {} entries, {} returns, {} completed, {} restarted, {} signal deliveries, {} unmatched returns",
+            t.entries,
+            t.returns,
+            t.tracker.completed,
+            t.tracker.restarted,
+            t.tracker.signal_deliveries,
+            t.tracker.unmatched_returns
+        );
     }
     if let Some(p) = &a.stats_json {
         let json = serde_json::to_string_pretty(&outcome.stats).map_err(|e| e.to_string())?;

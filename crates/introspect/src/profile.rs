@@ -164,6 +164,7 @@ pub const OPTIONAL_SYMBOLS: &[&str] = &[
     "entry_SYSCALL_64_after_hwframe",
     "startup_64",
     "jiffies_64",
+    "__pgtable_l5_enabled",
 ];
 
 /// Struct members every profile has: (struct, members).
@@ -219,6 +220,7 @@ pub const OPTIONAL_MEMBERS: &[(&str, &[&str])] = &[
             "thread_pid",
             "nsproxy",
             "thread",
+            "thread_node",
         ],
     ),
     (
@@ -244,6 +246,8 @@ pub const OPTIONAL_MEMBERS: &[(&str, &[&str])] = &[
     ("super_block", &["s_dev", "s_type", "s_root", "s_id"]),
     ("file_system_type", &["name"]),
     ("mount", &["mnt_devname", "mnt_list", "mnt_id"]),
+    ("dentry", &["d_hash"]),
+    ("signal_struct", &["thread_head"]),
 ];
 
 /// Config options copied into the profile when present.

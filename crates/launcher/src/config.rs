@@ -13,6 +13,8 @@ pub struct DiskSpec {
     /// The virtio-blk serial (GET_ID), at most 20 bytes; defaults to `vmsight-diskN`.
     pub serial: Option<String>,
     pub num_queues: Option<u16>,
+    /// Bypass the host page cache (O_DIRECT), like QEMU's `cache=none`.
+    pub direct: bool,
 }
 
 impl FromStr for DiskSpec {
@@ -29,11 +31,13 @@ impl FromStr for DiskSpec {
             read_only: false,
             serial: None,
             num_queues: None,
+            direct: false,
         };
         for opt in parts {
             match opt.split_once('=') {
                 None if opt == "ro" || opt == "readonly" => spec.read_only = true,
                 None if opt == "rw" => spec.read_only = false,
+                None if opt == "direct" => spec.direct = true,
                 Some(("serial", v)) => {
                     if v.is_empty() || v.len() > 20 || !v.is_ascii() {
                         return Err(format!(
@@ -53,7 +57,7 @@ impl FromStr for DiskSpec {
                 }
                 _ => {
                     return Err(format!(
-                        "unknown disk option {opt:?} (known: ro, rw, serial=ID, queues=N)"
+                        "unknown disk option {opt:?} (known: ro, rw, direct, serial=ID, queues=N)"
                     ))
                 }
             }
@@ -127,6 +131,10 @@ pub struct VmConfig {
     pub show_console: bool,
     /// Where to keep the console log (always written in the runtime directory too).
     pub console_log: Option<PathBuf>,
+    /// Syscall tracing (`--trace*`); needs the plugin and the kernel profile.
+    pub trace: Option<crate::trace::TraceConfig>,
+    /// The guest kernel's profile (symbols and struct offsets), for task identification.
+    pub profile: Option<PathBuf>,
 }
 
 impl VmConfig {
@@ -176,7 +184,10 @@ mod tests {
 
     #[test]
     fn disk_spec_parses_options() {
-        let d: DiskSpec = "/tmp/a.img,ro,serial=data1,queues=2".parse().unwrap();
+        let d: DiskSpec = "/tmp/a.img,ro,serial=data1,queues=2,direct"
+            .parse()
+            .unwrap();
+        assert!(d.direct);
         assert_eq!(d.path, PathBuf::from("/tmp/a.img"));
         assert!(d.read_only);
         assert_eq!(d.serial.as_deref(), Some("data1"));

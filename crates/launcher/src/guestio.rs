@@ -84,15 +84,20 @@ pub fn spawn_output_pump(
 }
 
 /// Reads the control port's lines (`ready <uptime>`, `exit <status>`) into events.
+/// `writer` receives a clone of the connection, for the host's `go` in hold mode.
 pub fn spawn_ctl_reader(
     listener: UnixListener,
     stop: Arc<AtomicBool>,
     events: Sender<Event>,
+    writer: Arc<Mutex<Option<UnixStream>>>,
 ) -> Result<JoinHandle<()>, LaunchError> {
     spawn_named("vmsight-ctl", move || {
         let Some(s) = accept_until(&listener, &stop) else {
             return;
         };
+        if let (Ok(mut slot), Ok(w)) = (writer.lock(), s.try_clone()) {
+            *slot = Some(w);
+        }
         let mut r = BufReader::new(s);
         let mut line = String::new();
         loop {
@@ -120,6 +125,10 @@ pub fn parse_ctl_line(line: &str) -> Option<Event> {
             up.parse::<f64>().ok().filter(|v| v.is_finite())?,
         )),
         ("ready", None) => Some(Event::Ready(f64::NAN)),
+        ("cmdpid", Some(pid)) => {
+            let p: u32 = pid.parse().ok()?;
+            (p > 1).then_some(Event::CmdPid(p))
+        }
         ("exit", Some(code)) => {
             let c: i32 = code.parse().ok()?;
             (0..=255).contains(&c).then_some(Event::GuestExit(c))
@@ -265,6 +274,12 @@ mod tests {
         assert!(parse_ctl_line("exit -1").is_none());
         assert!(parse_ctl_line("exit x").is_none());
         assert!(parse_ctl_line("ready NaN").is_none());
+        assert!(matches!(
+            parse_ctl_line("cmdpid 153\n"),
+            Some(Event::CmdPid(153))
+        ));
+        assert!(parse_ctl_line("cmdpid 1").is_none());
+        assert!(parse_ctl_line("cmdpid -5").is_none());
         assert!(parse_ctl_line("").is_none());
         assert!(parse_ctl_line("\u{0}\u{1}garbage").is_none());
     }

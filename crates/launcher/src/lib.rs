@@ -10,6 +10,8 @@ pub mod qmp;
 pub mod runtime;
 pub mod stats;
 pub mod term;
+pub mod trace;
+pub mod trace_records;
 pub mod vm;
 
 pub use config::{DiskSpec, VmConfig};

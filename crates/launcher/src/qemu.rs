@@ -16,6 +16,8 @@ pub const PORT_STDERR: &str = "vmsight.stderr";
 pub const PORT_STDIN: &str = "vmsight.stdin";
 /// fw_cfg entry holding the command script.
 pub const FW_CFG_CMD: &str = "opt/vmsight/cmd";
+/// fw_cfg entry that turns on hold mode (report `cmdpid`, wait for `go`).
+pub const FW_CFG_HOLD: &str = "opt/vmsight/hold";
 
 /// Finds `qemu-system-x86_64` (or `$VMSIGHT_QEMU`) and checks it is QEMU 10 or newer.
 pub fn find_qemu() -> Result<(PathBuf, String), LaunchError> {
@@ -98,8 +100,20 @@ pub struct QemuPlan {
     /// The script behind fw_cfg `opt/vmsight/cmd`; `None` for an interactive console.
     pub command_file: Option<PathBuf>,
     pub disks: Vec<PlannedDisk>,
-    /// `(plugin .so, shared-memory file, records on/off)`.
-    pub plugin: Option<(PathBuf, PathBuf, bool)>,
+    /// The plugin and its arguments after `shm=` (e.g. `records=on,profile=...`).
+    pub plugin: Option<PluginPlan>,
+    /// Ask the guest init to report the command's PID and wait for `go` before running it.
+    pub hold: bool,
+}
+
+/// How the TCG plugin is loaded.
+#[derive(Debug, Clone)]
+pub struct PluginPlan {
+    pub library: PathBuf,
+    pub shm: PathBuf,
+    pub records: bool,
+    /// Kernel profile for task identification (needed for monitoring).
+    pub profile: Option<PathBuf>,
 }
 
 fn chardev_socket(id: &str, path: &Path) -> String {
@@ -183,16 +197,20 @@ pub fn build_args(p: &QemuPlan) -> Vec<String> {
             ),
         ]);
     }
-    if let Some((so, shm, records)) = &p.plugin {
-        push(&[
-            "-plugin",
-            &format!(
-                "{},shm={},records={}",
-                so.display(),
-                shm.display(),
-                if *records { "on" } else { "off" }
-            ),
-        ]);
+    if p.hold {
+        push(&["-fw_cfg", &format!("name={FW_CFG_HOLD},string=1")]);
+    }
+    if let Some(pl) = &p.plugin {
+        let mut arg = format!(
+            "{},shm={},records={}",
+            pl.library.display(),
+            pl.shm.display(),
+            if pl.records { "on" } else { "off" }
+        );
+        if let Some(prof) = &pl.profile {
+            arg.push_str(&format!(",profile={}", prof.display()));
+        }
+        push(&["-plugin", &arg]);
     }
     a
 }
@@ -249,7 +267,13 @@ mod tests {
                     queue_size: 256,
                 },
             ],
-            plugin: Some(("/p.so".into(), "/r/plugin.shm".into(), false)),
+            plugin: Some(PluginPlan {
+                library: "/p.so".into(),
+                shm: "/r/plugin.shm".into(),
+                records: false,
+                profile: None,
+            }),
+            hold: false,
         }
     }
 
@@ -301,6 +325,19 @@ mod tests {
         p.command_file = None;
         let a = build_args(&p);
         assert!(!a.iter().any(|s| s == "-plugin" || s == "-fw_cfg"));
+        let mut p = plan();
+        p.hold = true;
+        if let Some(pl) = p.plugin.as_mut() {
+            pl.profile = Some("/img/profile.json".into());
+            pl.records = true;
+        }
+        let a = build_args(&p);
+        assert!(has_pair(&a, "-fw_cfg", "name=opt/vmsight/hold,string=1"));
+        assert!(has_pair(
+            &a,
+            "-plugin",
+            "/p.so,shm=/r/plugin.shm,records=on,profile=/img/profile.json"
+        ));
     }
 
     #[test]

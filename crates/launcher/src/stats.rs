@@ -5,8 +5,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Serialize;
+use std::sync::{Arc, Mutex};
 use vmsight_blockdev::{BlockMetrics, MetricsSnapshot};
+
 use vmsight_ring::ChannelHost;
+
+use crate::trace::TraceSummary;
 
 use crate::accel::Accel;
 
@@ -54,6 +58,8 @@ pub struct RunStats {
     /// Records drained from the ring at exit.
     pub records_drained: u64,
     pub disks: Vec<DiskStats>,
+    /// Syscall tracing counters, when `--trace` was on.
+    pub trace: Option<TraceSummary>,
 }
 
 impl RunStats {
@@ -66,9 +72,12 @@ impl RunStats {
         boot: Option<Duration>,
         guest_uptime: Option<f64>,
         run: Duration,
-        channel: Option<&ChannelHost>,
+        channel: Option<&Arc<Mutex<ChannelHost>>>,
         disks: Vec<DiskStats>,
+        trace: Option<TraceSummary>,
     ) -> RunStats {
+        let guard = channel.and_then(|c| c.lock().ok());
+        let channel: Option<&ChannelHost> = guard.as_deref();
         let vcpus = channel
             .map(|c| {
                 let n = c.plugin_status().vcpus as usize;
@@ -96,8 +105,9 @@ impl RunStats {
             run_seconds: run.as_secs_f64(),
             plugin_attached: channel.map(|c| c.plugin_attached()),
             vcpus,
-            records_drained: 0,
+            records_drained: trace.as_ref().map(|t| t.records).unwrap_or(0),
             disks,
+            trace,
         }
     }
 

@@ -46,6 +46,8 @@ pub enum Event {
     Signal(i32),
     /// The user typed the console escape (Ctrl-]).
     ConsoleQuit,
+    /// Hold mode: the guest init's PID for the command, which waits for `go`.
+    CmdPid(u32),
 }
 
 /// How the run ended.
@@ -181,6 +183,43 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
     if use_plugin && !arts.plugin.is_file() {
         return Err(LaunchError::PluginMissing(arts.plugin.clone()));
     }
+    let trace_profile = match &cfg.trace {
+        None => None,
+        Some(_) if !use_plugin => {
+            return Err(LaunchError::Config(format!(
+                "syscall tracing needs the TCG plugin, which is {}",
+                if cfg.plugin {
+                    "not available under KVM"
+                } else {
+                    "disabled by --no-plugin"
+                }
+            )))
+        }
+        Some(t) => {
+            if t.target == crate::trace::TraceTarget::Command && cfg.command.is_none() {
+                return Err(LaunchError::Config(
+                    "--trace @cmd needs a command (`vmsight run --trace -- CMD ...`)".into(),
+                ));
+            }
+            match &cfg.profile {
+                Some(p) if p.is_file() => Some(p.clone()),
+                Some(p) => {
+                    return Err(LaunchError::Config(format!(
+                        "the kernel profile {} does not exist",
+                        p.display()
+                    )))
+                }
+                None => return Err(LaunchError::Config(
+                    "syscall tracing needs the guest kernel's profile (the default image has one)"
+                        .into(),
+                )),
+            }
+        }
+    };
+    let hold = cfg
+        .trace
+        .as_ref()
+        .is_some_and(|t| t.target == crate::trace::TraceTarget::Command);
 
     let rt = RuntimeDir::create(&runtime::runtime_base(), &cfg.name)?;
     let root = if cfg.persist {
@@ -194,7 +233,14 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
     };
 
     // Disk backends listen before QEMU exists, so its connection cannot race them.
-    let mut disk_paths = vec![(root.path.clone(), false, "vmsight-root".to_string(), 2u16)];
+    // (image, read-only, serial, queues, O_DIRECT); the root disk is always disk0 = /dev/vda.
+    let mut disk_paths = vec![(
+        root.path.clone(),
+        false,
+        "vmsight-root".to_string(),
+        2u16,
+        false,
+    )];
     for (i, d) in cfg.disks.iter().enumerate() {
         disk_paths.push((
             d.path.clone(),
@@ -203,11 +249,12 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
                 .clone()
                 .unwrap_or_else(|| format!("vmsight-disk{}", i + 1)),
             d.num_queues.unwrap_or(1),
+            d.direct,
         ));
     }
     let mut backends: Vec<(PathBuf, BackendHandle)> = Vec::new();
     let mut planned = Vec::new();
-    for (i, (path, ro, serial, queues)) in disk_paths.iter().enumerate() {
+    for (i, (path, ro, serial, queues, direct)) in disk_paths.iter().enumerate() {
         let sock = rt.join(&format!("disk{i}.sock"));
         let handle = spawn_backend(
             DiskConfig {
@@ -216,7 +263,7 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
                 serial: serial.clone(),
                 num_queues: *queues,
                 queue_size: QUEUE_SIZE,
-                direct_io: false,
+                direct_io: *direct,
             },
             &sock,
         )
@@ -235,9 +282,13 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
 
     let channel = if use_plugin {
         let shm = rt.join("plugin.shm");
-        let host = vmsight_ring::Channel::create(&shm, 64, 1 << 14)
+        let mut host = vmsight_ring::Channel::create(&shm, 64, 1 << 14)
             .map_err(|e| LaunchError::Channel(e.to_string()))?;
-        Some((shm, host))
+        if let Some(t) = &cfg.trace {
+            crate::trace_records::set_target(&mut host, &t.target, None)
+                .map_err(LaunchError::Channel)?;
+        }
+        Some((shm, Arc::new(Mutex::new(host))))
     } else {
         None
     };
@@ -271,10 +322,12 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
         console_writer.clone(),
         tx.clone(),
     )?);
+    let ctl_writer: Arc<Mutex<Option<std::os::unix::net::UnixStream>>> = Arc::default();
     pumps.push(guestio::spawn_ctl_reader(
         guestio::listen(&rt.join("ctl.sock"))?,
         stop.clone(),
         tx.clone(),
+        ctl_writer.clone(),
     )?);
     pumps.push(guestio::spawn_output_pump(
         "vmsight-stdout",
@@ -322,9 +375,19 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
         stdin_socket: rt.join("stdin.sock"),
         command_file,
         disks: planned,
-        plugin: channel
-            .as_ref()
-            .map(|(shm, _)| (arts.plugin.clone(), shm.clone(), cfg.plugin_records)),
+        plugin: channel.as_ref().map(|(shm, _)| qemu::PluginPlan {
+            library: arts.plugin.clone(),
+            shm: shm.clone(),
+            records: cfg.plugin_records || cfg.trace.is_some(),
+            profile: trace_profile.clone(),
+        }),
+        hold,
+    };
+    let trace = match (&cfg.trace, &channel) {
+        (Some(t), Some((_, host))) => {
+            Some(crate::trace_records::start_session(host.clone(), t).map_err(LaunchError::Io)?)
+        }
+        _ => None,
     };
     let args = qemu::build_args(&plan);
     tracing::debug!("{} {}", qemu_bin.display(), args.join(" "));
@@ -456,6 +519,25 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
                 tracing::info!("guest ready after {:?}", t0.elapsed());
             }
             Ok(Event::GuestExit(c)) => guest_exit = Some(c),
+            Ok(Event::CmdPid(pid)) => {
+                if let (Some(t), Some((_, host))) = (&cfg.trace, &channel) {
+                    if let Ok(mut h) = host.lock() {
+                        if let Err(e) =
+                            crate::trace_records::set_target(&mut h, &t.target, Some(pid))
+                        {
+                            tracing::warn!("cannot set the monitor filter: {e}");
+                        }
+                    }
+                }
+                tracing::info!("guest command has PID {pid}; letting it run");
+                if let Ok(mut w) = ctl_writer.lock() {
+                    if let Some(s) = w.as_mut() {
+                        if let Err(e) = s.write_all(b"go\n") {
+                            tracing::warn!("cannot send go to the guest: {e}");
+                        }
+                    }
+                }
+            }
             Ok(Event::ConsolePanic) => panicked = true,
             Ok(Event::Qmp(ev)) => match ev.name.as_str() {
                 "GUEST_PANICKED" => panicked = true,
@@ -494,7 +576,10 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
             }
         }
         if backend_failed.is_none() && quit_sent_at.is_none() {
-            match (backends.iter().find(|(_, b)| b.is_finished()), backend_gone_at) {
+            match (
+                backends.iter().find(|(_, b)| b.is_finished()),
+                backend_gone_at,
+            ) {
                 (Some(_), None) => backend_gone_at = Some(Instant::now()),
                 // QEMU closes its vhost-user connections as it exits, so a backend may end a
                 // moment before QEMU's exit is seen; only one that ends while QEMU keeps running
@@ -537,6 +622,7 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
         }
         disk_stats.push(DiskStats::from_metrics(path, &metrics));
     }
+    let trace_summary = trace.map(|t| t.finish());
     // Late console lines (the panic message can trail the ctl events) are in `tail` now.
     let panic_text = tail.lock().ok().and_then(|t| t.panic_text());
     if panic_text.is_some() {
@@ -552,6 +638,7 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
         run_time,
         channel.as_ref().map(|(_, h)| h),
         disk_stats,
+        trace_summary,
     );
 
     let end = if let Some(sig) = interrupted {

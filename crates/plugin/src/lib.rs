@@ -1,18 +1,23 @@
-//! vmsight TCG plugin (`libvmsight_plugin.so`): intercepts user-mode `syscall` instructions of an
-//! unmodified guest inside QEMU and streams them to vmsight over a [`vmsight_ring`] channel.
+//! vmsight TCG plugin (`libvmsight_plugin.so`): intercepts the syscalls of selected processes
+//! of an unmodified guest inside QEMU and streams entries, returns and string/buffer arguments
+//! to vmsight over a [`vmsight_ring`] channel.
 //!
 //! ```text
-//! qemu-system-x86_64 ... -plugin libvmsight_plugin.so,shm=/run/vmsight/NAME/plugin.shm[,records=on|off][,peek=on|off][,sync=N][,verbose=on]
+//! qemu-system-x86_64 ... -plugin libvmsight_plugin.so,shm=PATH[,profile=PATH][,records=on|off][,buf=N][,sync=N][,verbose=on]
 //! ```
 //!
-//! * At translation time every user-space (`vaddr < 2^47`) `syscall` instruction (`0f 05`,
-//!   optionally prefixed) gets two inline per-vCPU scoreboard adds (no helper call) and a
-//!   conditional callback that publishes the scoreboard to the channel every `sync` syscalls.
-//! * With `records=on` (default) it also gets an exec callback with register read access that
-//!   reads RAX, the six argument registers, RSP and CR3 and pushes a syscall-entry record into
-//!   the vCPU's ring. `peek=on` additionally copies up to 32 bytes of `write(2)` buffers.
+//! * Every user-mode `syscall` instruction gets inline per-vCPU counting (no helper call) and
+//!   a conditional callback that runs only while the vCPU's monitoring state (a per-vCPU
+//!   scoreboard word) is not "unmonitored".
+//! * Kernel `mov %reg, %cr3` gets a conditional callback (only while some filter is set) that
+//!   marks the vCPU "unknown" when the address space changes; the next syscall or
+//!   return-to-user on that vCPU classifies the current task (per-CPU `current_task`, its
+//!   TGID, comm and `real_parent` chain) against the filters vmsight put in the channel's
+//!   control area, through a cache keyed by (TGID, comm).
+//! * Kernel `sysretq`/`iretq` get a conditional callback (monitored or unknown only) that
+//!   records the return to user mode.
 //! * Nothing the guest does can crash QEMU: callbacks never unwrap, panics are caught at every
-//!   FFI entry point and counted, failed reads are counted and flagged in the record.
+//!   FFI entry point and counted, every guest read is bounded and failures are counted.
 //!
 //! The `qemu-plugin` crate provides the install entry point (`register!`); this crate overrides
 //! `Register::register_default` so it registers its own `extern "C"` callbacks instead of the
@@ -22,10 +27,11 @@ mod guest;
 mod logic;
 
 use std::cell::{Cell, UnsafeCell};
+use std::collections::{BTreeSet, HashMap};
 use std::ffi::{c_uint, c_void};
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::OnceLock;
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
 
 use qemu_plugin::install::{Args, Info};
 use qemu_plugin::plugin::{HasCallbacks, Register};
@@ -35,8 +41,8 @@ use qemu_plugin::sys::{
 };
 use qemu_plugin::{register, PluginId};
 use vmsight_ring::{
-    flags, layout::plugin_flags, monotonic_ns, syscall, Channel, ChannelPlugin, Counter,
-    CounterSink, Producer, Record,
+    data, flags, layout::plugin_flags, monotonic_ns, Channel, ChannelPlugin, Counter, CounterSink,
+    MonitorFilters, Producer, Record, ReturnVia, COMM_LEN,
 };
 
 pub use guest::{MemError, MAX_GUEST_READ};
@@ -46,34 +52,109 @@ pub use logic::*;
 // ---------------------------------------------------------------------------------------------
 // Global state
 
-/// Registers read at every syscall, in this order.
-const REG_NAMES: [&str; 9] = ["rax", "rdi", "rsi", "rdx", "r10", "r8", "r9", "rsp", "cr3"];
-const R_RAX: usize = 0;
-const R_ARGS: usize = 1;
-const R_RSI: usize = 2;
-const R_RDX: usize = 3;
-const R_RSP: usize = 7;
-const R_CR3: usize = 8;
-/// Registers looked up (and reported) but not read per syscall: RIP is known at translation
-/// time and the user-half address check already implies CPL 3.
-const REG_NAMES_EXTRA: [&str; 2] = ["rip", "cs"];
+/// Registers read at a syscall entry, in this order.
+///
+/// The `syscall` instruction's address needs RIP at run time: x86 system emulation translates
+/// position-independently (CF_PCREL), so one translated block serves every virtual address
+/// that maps the same physical code page (shared libraries in different processes), and the
+/// translation-time address belongs to whichever process came first. RIP itself is only
+/// synchronised at some earlier instruction of the block (often its start), so the exact
+/// address is rebuilt in [`runtime_pc`].
+const ENTRY_REGS: [&str; 11] = [
+    "rax",
+    "rdi",
+    "rsi",
+    "rdx",
+    "r10",
+    "r8",
+    "r9",
+    "rsp",
+    "rip",
+    "cr3",
+    "k_gs_base",
+];
+const E_RAX: usize = 0;
+const E_ARGS: usize = 1;
+const E_RSP: usize = 7;
+const E_RIP: usize = 8;
+const E_CR3: usize = 9;
+const E_KGS: usize = 10;
+/// Registers read at `sysretq`: RCX holds the user RIP, R11 the user RFLAGS.
+const SYSRET_REGS: [&str; 6] = ["rax", "rcx", "r11", "rsp", "cr3", "k_gs_base"];
+/// Registers read at `iretq` (RIP, CS, RFLAGS, RSP come from the frame at RSP).
+const IRET_REGS: [&str; 4] = ["rax", "rsp", "cr3", "k_gs_base"];
 
-/// Scoreboard element: syscalls executed, syscalls since the last publication. Padded to two
-/// cache lines so two vCPUs' inline adds never share a line.
+/// Scoreboard element: syscalls executed, syscalls since the last publication, monitoring
+/// state, tracking flag. Padded to two cache lines so two vCPUs' words never share a line.
 const SB_SYSCALLS: usize = 0;
 const SB_SINCE_SYNC: usize = 8;
+const SB_STATE: usize = 16;
+const SB_TRACK: usize = 24;
 const SB_ELEMENT: usize = 128;
+
+/// Monitoring states (scoreboard `SB_STATE`).
+const ST_UNMONITORED: u64 = 0;
+const ST_UNKNOWN: u64 = 1;
+const ST_MONITORED: u64 = 2;
+
+/// Most processes the plugin remembers as monitored (beyond that, classification still
+/// works through the ancestor walk, just without the shortcut).
+const MAX_MONITORED_SET: usize = 4096;
+/// Most cached (TGID, comm) verdicts; the cache is cleared when full.
+const MAX_VERDICTS: usize = 16384;
+const PAGE: u64 = 4096;
+/// Bytes read per step while looking for a string's NUL.
+const STRING_STEP: usize = 256;
+
+/// Register handles looked up at the first vCPU init.
+struct Regs {
+    entry: [usize; ENTRY_REGS.len()],
+    sysret: [usize; SYSRET_REGS.len()],
+    iret: [usize; IRET_REGS.len()],
+    /// GPR handles by x86 register number (sources of `mov %reg, %cr3`).
+    gpr: [usize; 16],
+}
+
+/// Filters and the classification state shared by all vCPUs.
+struct Monitor {
+    inner: Mutex<MonInner>,
+    /// Classification generation: bumped by every invalidation. A classification that
+    /// started under an older generation does not cache its verdict and leaves its vCPU
+    /// "unknown".
+    gen: AtomicU64,
+    /// Filter generation applied (mirrors the control area's acknowledgement).
+    applied: AtomicU64,
+    /// Some filter is set: CR3-write callbacks are enabled.
+    tracking: AtomicBool,
+    /// Value of the guest's `page_offset_base` (0: not read yet).
+    page_offset_base: AtomicU64,
+    /// Bumped whenever a cached task identity may have become stale on any vCPU (monitored
+    /// fork/clone/exit/prctl, invalidations); per-vCPU task caches carry the epoch they
+    /// were filled in.
+    task_epoch: AtomicU64,
+}
+
+struct MonInner {
+    filters: MonitorFilters,
+    /// Processes currently monitored (filter TGIDs, matched comms, descendants).
+    set: BTreeSet<u32>,
+    /// Verdicts by (TGID, comm).
+    verdicts: HashMap<(u32, [u8; COMM_LEN]), bool>,
+}
 
 struct State {
     channel: ChannelPlugin,
     opts: Options,
+    kernel: Option<KernelLayout>,
     /// `qemu_plugin_scoreboard *`, stored as an address: the scoreboard is owned by QEMU and
     /// lives until exit; QEMU synchronises its growth with vCPU execution.
     scoreboard: usize,
-    /// Register handles in `REG_NAMES` order; `None` if discovery failed (then no records).
-    regs: OnceLock<Option<[usize; REG_NAMES.len()]>>,
+    /// Register handles; `None` if discovery failed (then counting only).
+    regs: OnceLock<Option<Regs>>,
     vcpus: Box<[OnceLock<VcpuState>]>,
     missing_slot_reported: AtomicBool,
+    monitor: Monitor,
+    kernel_sites: AtomicU64,
 }
 
 impl State {
@@ -88,18 +169,38 @@ impl State {
         self.vcpus.get(vcpu as usize).and_then(OnceLock::get)
     }
 
-    fn regs(&self) -> Option<&[usize; REG_NAMES.len()]> {
+    fn regs(&self) -> Option<&Regs> {
         self.regs.get().and_then(Option::as_ref)
     }
 
-    fn records_enabled(&self) -> bool {
-        self.opts.records && self.regs().is_some()
+    /// Monitoring is possible: records on, a profile, and the registers it needs.
+    fn monitoring(&self) -> bool {
+        self.opts.records && self.kernel.is_some() && self.regs().is_some()
     }
 
-    /// Counts a callback that arrived with a vCPU index we never initialised. QEMU does this
-    /// with single-threaded TCG (`thread=single`), where it bakes the translating vCPU's index
-    /// into shared code; such calls are ignored (never used to index anything) and counted as
-    /// internal errors of vCPU 0 so they are visible.
+    /// Reads a scoreboard word of an initialised vCPU.
+    fn sb_get(&self, off: usize, vcpu: c_uint) -> u64 {
+        if self.vcpu(vcpu).is_none() {
+            return 0;
+        }
+        // SAFETY: the scoreboard is live and `vcpu` was initialised (it has a VcpuState), so
+        // QEMU grew the scoreboard to include its element (QEMU does not bounds-check).
+        unsafe { sys::qemu_plugin_u64_get(self.entry(off), vcpu) }
+    }
+
+    /// Writes a scoreboard word of an initialised vCPU (from any vCPU thread: the words are
+    /// aligned u64s that TCG reads with plain loads; growth happens only while all vCPUs are
+    /// stopped).
+    fn sb_set(&self, off: usize, vcpu: c_uint, v: u64) {
+        if self.vcpu(vcpu).is_none() {
+            return;
+        }
+        // SAFETY: as in `sb_get`.
+        unsafe { sys::qemu_plugin_u64_set(self.entry(off), vcpu, v) }
+    }
+
+    /// Counts a callback that arrived with a vCPU index we never initialised (QEMU does this
+    /// with single-threaded TCG); such calls are ignored and counted on vCPU 0.
     fn count_bad_index(&self) {
         if let Some(v) = self.vcpu(0) {
             v.sink.add(Counter::InternalErrors, 1);
@@ -110,19 +211,103 @@ impl State {
     /// allows scoreboard access (vCPU callbacks, exit hooks).
     fn publish(&self, vcpu: c_uint) {
         let Some(v) = self.vcpu(vcpu) else { return };
-        // SAFETY: the scoreboard is live and `vcpu` was initialised (it has a VcpuState), so
-        // its element exists.
-        let n = unsafe { sys::qemu_plugin_u64_get(self.entry(SB_SYSCALLS), vcpu) };
-        v.sink.set_max(Counter::Syscalls, n);
+        v.sink
+            .set_max(Counter::Syscalls, self.sb_get(SB_SYSCALLS, vcpu));
         self.channel.heartbeat();
+    }
+
+    /// Applies new filters if vmsight changed them (one relaxed load when it did not).
+    #[inline]
+    fn poll_filters(&self, vcpu: c_uint) {
+        if self.channel.filter_generation() != self.monitor.applied.load(Ordering::Relaxed) {
+            self.apply_filters(Some(vcpu));
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, MonInner> {
+        // A panic while holding the lock was caught by `guard`; the data is still usable.
+        self.monitor
+            .inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Reads the control area and applies it: new filters, monitored set reset to the filter
+    /// TGIDs, verdicts dropped, every vCPU "unknown" (or "unmonitored" if nothing is
+    /// monitored any more).
+    fn apply_filters(&self, by: Option<c_uint>) {
+        let mut inner = self.lock();
+        let Some((g, mut f)) = self.channel.read_filters() else {
+            return; // vmsight is writing; the next callback retries
+        };
+        if g == self.monitor.applied.load(Ordering::Relaxed) {
+            return; // another vCPU applied it meanwhile
+        }
+        f.tgids.retain(|&t| t != 0);
+        let tracking = self.monitoring() && !f.is_empty();
+        inner.set = f.tgids.iter().copied().collect();
+        inner.verdicts.clear();
+        inner.filters = f;
+        self.monitor.tracking.store(tracking, Ordering::SeqCst);
+        self.monitor.gen.fetch_add(1, Ordering::SeqCst);
+        self.monitor.task_epoch.fetch_add(1, Ordering::SeqCst);
+        for v in 0..self.vcpus.len() as c_uint {
+            self.sb_set(SB_TRACK, v, u64::from(tracking));
+            self.sb_set(
+                SB_STATE,
+                v,
+                if tracking { ST_UNKNOWN } else { ST_UNMONITORED },
+            );
+            if let Some(vs) = self.vcpu(v) {
+                vs.cr3_classified.store(u64::MAX, Ordering::Relaxed);
+            }
+        }
+        self.report_set(&inner);
+        self.monitor.applied.store(g, Ordering::SeqCst);
+        self.channel.ack_filters(g);
+        if let Some(vs) = by.and_then(|v| self.vcpu(v)) {
+            vs.sink.add(Counter::Invalidations, 1);
+        }
+        log_debug(&format!(
+            "filters generation {g} applied: tracking={tracking} all={} tgids={:?} comms={}",
+            inner.filters.monitor_all,
+            inner.filters.tgids,
+            inner.filters.comms.len()
+        ));
+    }
+
+    fn report_set(&self, inner: &MonInner) {
+        let list: Vec<u32> = inner.set.iter().copied().collect();
+        self.channel.report_monitored(&list);
+    }
+
+    /// Forgets every cached verdict and makes every vCPU re-classify at its next event.
+    fn invalidate(&self, inner: &mut MonInner, by: c_uint) {
+        inner.verdicts.clear();
+        self.monitor.gen.fetch_add(1, Ordering::SeqCst);
+        self.monitor.task_epoch.fetch_add(1, Ordering::SeqCst);
+        if self.monitor.tracking.load(Ordering::SeqCst) {
+            for v in 0..self.vcpus.len() as c_uint {
+                self.sb_set(SB_STATE, v, ST_UNKNOWN);
+                if let Some(vs) = self.vcpu(v) {
+                    vs.cr3_classified.store(u64::MAX, Ordering::Relaxed);
+                }
+            }
+        }
+        if let Some(vs) = self.vcpu(by) {
+            vs.sink.add(Counter::Invalidations, 1);
+        }
     }
 }
 
 /// Per-vCPU state. `hot` is only ever accessed by the vCPU's own callbacks, which QEMU never
 /// runs concurrently with each other (one thread executes a vCPU at a time); other threads
-/// use only `sink` (atomics).
+/// use only `sink` and `cr3_classified` (atomics).
 struct VcpuState {
     sink: CounterSink,
+    /// CR3 base under which the vCPU's current state was decided (u64::MAX: none). A CR3
+    /// write of the same value (TLB flushes rewrite CR3) keeps the state.
+    cr3_classified: AtomicU64,
     hot: UnsafeCell<Hot>,
 }
 
@@ -130,6 +315,20 @@ struct Hot {
     producer: Producer,
     regbuf: guest::ByteBuf,
     membuf: guest::ByteBuf,
+    /// (TGID, comm) of the last classification on this vCPU: a different task in the same
+    /// address space (a renamed thread, a CLONE_VM child) is re-classified.
+    last: (u32, [u8; COMM_LEN]),
+    /// Scratch for string/buffer arguments and the DATA records built from them.
+    strbuf: Vec<u8>,
+    pieces: Vec<Record>,
+    /// CR3 base as last written (known from the CR3-write callbacks while tracking), valid
+    /// while `cr3_gen` equals the applied filter generation (tracking was on throughout).
+    cur_cr3: u64,
+    cr3_gen: u64,
+    /// The kernel GS base of this vCPU (its per-CPU area; constant once user space runs).
+    kgs: u64,
+    /// The last current task read here: (task pointer, fields, task epoch).
+    task_cache: Option<(u64, TaskFields, u64)>,
 }
 
 // SAFETY: see the type's comment: `hot` is confined to the owning vCPU's callbacks, which are
@@ -140,8 +339,7 @@ static STATE: OnceLock<State> = OnceLock::new();
 
 thread_local! {
     /// vCPU index of the current thread (set in vcpu_init, which QEMU runs on the vCPU's
-    /// thread); attributes translation-time counts. With single-threaded TCG all vCPUs share a
-    /// thread and the count goes to the last initialised one.
+    /// thread); attributes translation-time counts.
     static CURRENT_VCPU: Cell<u32> = const { Cell::new(u32::MAX) };
 }
 
@@ -160,6 +358,97 @@ fn guard(vcpu: Option<c_uint>, f: impl FnOnce()) {
 fn log_debug(msg: &str) {
     // Shown only with `-d plugin`; failure to log is not worth reporting.
     let _ = qemu_plugin::qemu_plugin_outs(format!("vmsight-plugin: {msg}\n"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Guest kernel reads
+
+/// A current task as read at an event.
+#[derive(Clone, Copy)]
+struct TaskInfo {
+    task: u64,
+    f: TaskFields,
+}
+
+/// Bounded reads of guest kernel memory through the current vCPU's page tables.
+struct KernelMem<'a> {
+    buf: &'a mut guest::ByteBuf,
+    lay: &'a KernelLayout,
+    errors: u64,
+}
+
+impl KernelMem<'_> {
+    fn read(&mut self, addr: u64, out: &mut [u8]) -> bool {
+        if !is_kernel_addr(addr) {
+            self.errors += 1;
+            return false;
+        }
+        match self.buf.read_guest(addr, out) {
+            Ok(n) if n == out.len() => true,
+            _ => {
+                self.errors += 1;
+                false
+            }
+        }
+    }
+
+    fn u64_at(&mut self, addr: u64) -> Option<u64> {
+        let mut b = [0u8; 8];
+        self.read(addr, &mut b).then(|| u64::from_le_bytes(b))
+    }
+
+    /// pid, tgid and real_parent (one read when they are close, as in every Linux since
+    /// they were introduced), then comm.
+    fn task_fields(&mut self, task: u64) -> Option<TaskFields> {
+        let l = self.lay;
+        let lo = l.pid.min(l.tgid).min(l.real_parent);
+        let hi = (l.pid + 4).max(l.tgid + 4).max(l.real_parent + 8);
+        let mut w = [0u8; 64];
+        let (pid, tgid, real_parent) = if hi - lo <= w.len() as u64 {
+            let span = &mut w[..(hi - lo) as usize];
+            if !self.read(task.wrapping_add(lo), span) {
+                return None;
+            }
+            let at = |off: u64, n: usize| {
+                let s = (off - lo) as usize;
+                let mut b = [0u8; 8];
+                b[..n].copy_from_slice(&span[s..s + n]);
+                u64::from_le_bytes(b)
+            };
+            (at(l.pid, 4), at(l.tgid, 4), at(l.real_parent, 8))
+        } else {
+            let mut b4 = [0u8; 4];
+            if !self.read(task.wrapping_add(l.pid), &mut b4) {
+                return None;
+            }
+            let pid = u64::from(u32::from_le_bytes(b4));
+            if !self.read(task.wrapping_add(l.tgid), &mut b4) {
+                return None;
+            }
+            let tgid = u64::from(u32::from_le_bytes(b4));
+            (pid, tgid, self.u64_at(task.wrapping_add(l.real_parent))?)
+        };
+        let mut comm = [0u8; COMM_LEN];
+        if !self.read(task.wrapping_add(l.comm), &mut comm) {
+            return None;
+        }
+        Some(TaskFields {
+            pid: pid as u32,
+            tgid: tgid as u32,
+            real_parent,
+            comm,
+        })
+    }
+}
+
+impl TaskMemory for KernelMem<'_> {
+    fn fields(&mut self, task: u64) -> Option<TaskFields> {
+        if !is_kernel_addr(task) {
+            self.errors += 1;
+            return None;
+        }
+        self.task_fields(task)
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -196,6 +485,11 @@ fn install(id: PluginId, args: &Args, info: &Info) -> Result<(), PluginError> {
         return Err(PluginError::WrongTarget(info.target_name.clone()));
     }
     let system = info.system.as_ref().ok_or(PluginError::NotSystemMode)?;
+    let kernel = opts
+        .profile
+        .as_deref()
+        .map(KernelLayout::load)
+        .transpose()?;
     let channel = Channel::attach(&opts.shm)?;
     if system.max_vcpus > i64::from(channel.max_vcpus()) || system.max_vcpus < 1 {
         return Err(PluginError::TooManyVcpus {
@@ -207,34 +501,53 @@ fn install(id: PluginId, args: &Args, info: &Info) -> Result<(), PluginError> {
     if opts.records {
         bits |= plugin_flags::RECORDS;
     }
-    if opts.peek {
-        bits |= plugin_flags::PEEK;
+    if kernel.is_some() {
+        bits |= plugin_flags::PROFILE;
     }
     channel.set_plugin_info(sys::QEMU_PLUGIN_VERSION, bits);
     // SAFETY: allocation of a QEMU-managed per-vCPU array; QEMU grows it as vCPUs appear.
     let scoreboard = unsafe { sys::qemu_plugin_scoreboard_new(SB_ELEMENT) } as usize;
     let slots = (0..channel.max_vcpus()).map(|_| OnceLock::new()).collect();
     log_debug(&format!(
-        "attached to {} (records={}, peek={}, sync={}, QEMU API {}..{}, {} vCPUs max)",
+        "attached to {} (records={}, profile={:?}, buf={}, sync={}, QEMU API {}..{}, {} vCPUs \
+         max); kernel layout {kernel:?}",
         opts.shm.display(),
         opts.records,
-        opts.peek,
+        opts.profile,
+        opts.buf,
         opts.sync_every,
         info.version.mininum,
         info.version.current,
         system.max_vcpus
     ));
+    if opts.records && kernel.is_none() {
+        log_debug("no profile=: monitoring is off, syscalls are only counted");
+    }
     let state = State {
         channel,
         opts,
+        kernel,
         scoreboard,
         regs: OnceLock::new(),
         vcpus: slots,
         missing_slot_reported: AtomicBool::new(false),
+        monitor: Monitor {
+            inner: Mutex::new(MonInner {
+                filters: MonitorFilters::none(),
+                set: BTreeSet::new(),
+                verdicts: HashMap::new(),
+            }),
+            gen: AtomicU64::new(0),
+            applied: AtomicU64::new(0),
+            tracking: AtomicBool::new(false),
+            page_offset_base: AtomicU64::new(0),
+            task_epoch: AtomicU64::new(0),
+        },
+        kernel_sites: AtomicU64::new(0),
     };
     if STATE.set(state).is_err() {
-        // A second install in the same process (QEMU loads each -plugin once; a duplicate
-        // -plugin of the same .so shares our statics): refuse rather than share rings.
+        // A second install in the same process (a duplicate -plugin of the same .so shares
+        // our statics): refuse rather than share rings.
         return Err(PluginError::BadValue {
             key: "plugin".into(),
             value: "libvmsight_plugin.so".into(),
@@ -272,32 +585,51 @@ fn vcpu_init(vcpu: c_uint) {
         }
         return;
     };
-    if slot.get().is_some() {
-        return; // re-init (e.g. CPU reset paths): keep the existing producer.
-    }
-    let built = (|| -> Result<VcpuState, String> {
-        let producer = st.channel.producer(vcpu).map_err(|e| e.to_string())?;
-        let sink = st.channel.counters(vcpu).map_err(|e| e.to_string())?;
-        let regbuf = guest::ByteBuf::new(256).ok_or("cannot allocate a register buffer")?;
-        let membuf = guest::ByteBuf::new(64).ok_or("cannot allocate a memory buffer")?;
-        Ok(VcpuState {
-            sink,
-            hot: UnsafeCell::new(Hot {
-                producer,
-                regbuf,
-                membuf,
-            }),
-        })
-    })();
-    match built {
-        Ok(v) => {
-            let _ = slot.set(v);
+    if slot.get().is_none() {
+        let built = (|| -> Result<VcpuState, String> {
+            let producer = st.channel.producer(vcpu).map_err(|e| e.to_string())?;
+            let sink = st.channel.counters(vcpu).map_err(|e| e.to_string())?;
+            let regbuf = guest::ByteBuf::new(256).ok_or("cannot allocate a register buffer")?;
+            let membuf = guest::ByteBuf::new(512).ok_or("cannot allocate a memory buffer")?;
+            Ok(VcpuState {
+                sink,
+                cr3_classified: AtomicU64::new(u64::MAX),
+                hot: UnsafeCell::new(Hot {
+                    producer,
+                    regbuf,
+                    membuf,
+                    last: (0, [0; COMM_LEN]),
+                    strbuf: Vec::with_capacity(MAX_STRING),
+                    pieces: Vec::with_capacity(64),
+                    cur_cr3: u64::MAX,
+                    cr3_gen: u64::MAX,
+                    kgs: 0,
+                    task_cache: None,
+                }),
+            })
+        })();
+        match built {
+            Ok(v) => {
+                let _ = slot.set(v);
+            }
+            Err(e) => {
+                eprintln!("vmsight-plugin: vCPU {vcpu} is not observed: {e}");
+                return;
+            }
         }
-        Err(e) => eprintln!("vmsight-plugin: vCPU {vcpu} is not observed: {e}"),
     }
+    // Initial filters (vmsight may have set them before QEMU started), then this vCPU's
+    // tracking word. The state starts "unmonitored" even when tracking: a vCPU reaches user
+    // mode only after a CR3 write to a user address space (which makes it "unknown"), and
+    // starting "unknown" would make every boot-time kernel `iretq` (the alternatives
+    // patcher's sync_core runs ~100k of them) a callback.
+    st.poll_filters(vcpu);
+    let tracking = st.monitor.tracking.load(Ordering::SeqCst);
+    st.sb_set(SB_TRACK, vcpu, u64::from(tracking));
+    st.sb_set(SB_STATE, vcpu, ST_UNMONITORED);
 }
 
-fn discover_registers() -> Option<[usize; REG_NAMES.len()]> {
+fn discover_registers() -> Option<Regs> {
     let regs = guest::list_registers();
     let names: Vec<String> = regs
         .iter()
@@ -308,26 +640,27 @@ fn discover_registers() -> Option<[usize; REG_NAMES.len()]> {
         regs.len(),
         names.join(" ")
     ));
-    let find = |n: &str| regs.iter().find(|r| r.name == n).map(|r| r.handle);
-    let mut out = [0usize; REG_NAMES.len()];
     let mut missing = Vec::new();
-    for (slot, name) in out.iter_mut().zip(REG_NAMES) {
-        match find(name) {
-            Some(h) => *slot = h,
-            None => missing.push(name),
+    let mut find = |n: &str| match regs.iter().find(|r| r.name == n) {
+        Some(r) => r.handle,
+        None => {
+            missing.push(n.to_string());
+            0
         }
-    }
-    for name in REG_NAMES_EXTRA {
-        if find(name).is_none() {
-            log_debug(&format!("register {name} not offered by QEMU"));
-        }
-    }
+    };
+    let out = Regs {
+        entry: ENTRY_REGS.map(&mut find),
+        sysret: SYSRET_REGS.map(&mut find),
+        iret: IRET_REGS.map(&mut find),
+        gpr: GPR_NAMES.map(&mut find),
+    };
     if missing.is_empty() {
         Some(out)
     } else {
+        missing.dedup();
         eprintln!(
-            "vmsight-plugin: QEMU offers no register(s) {}; syscall records are disabled, \
-             counting continues",
+            "vmsight-plugin: QEMU offers no register(s) {}; monitoring is disabled, counting \
+             continues",
             missing.join(", ")
         );
         None
@@ -345,6 +678,9 @@ extern "C" fn on_vcpu_exit(_id: PluginId, vcpu: c_uint) {
 extern "C" fn on_vcpu_idle(_id: PluginId, vcpu: c_uint) {
     guard(Some(vcpu), || {
         if let Some(st) = STATE.get() {
+            if st.vcpu(vcpu).is_some() {
+                st.poll_filters(vcpu);
+            }
             st.publish(vcpu);
         }
     });
@@ -365,18 +701,19 @@ extern "C" fn on_tb_trans(_id: PluginId, tb: *mut qemu_plugin_tb) {
     });
 }
 
-/// Instruments the user-mode `syscall` instructions of `tb`; returns how many.
+/// Instruments `tb`: user-mode `syscall` instructions, and (when monitoring is possible)
+/// kernel CR3 writes, `sysretq` and `iretq`. Returns how many `syscall`s it instrumented.
 ///
 /// # Safety
 /// `tb` must be the handle passed to the current translation callback.
 unsafe fn instrument_tb(st: &State, tb: *mut qemu_plugin_tb) -> u64 {
-    // A TB never spans user and kernel halves, and most translations are kernel code: reject
-    // those without looking at their instructions.
     // SAFETY: `tb` is valid for the duration of the translation callback (caller).
-    if unsafe { sys::qemu_plugin_tb_vaddr(tb) } >= USER_SPACE_END {
+    let tb_vaddr = unsafe { sys::qemu_plugin_tb_vaddr(tb) };
+    let user = tb_vaddr < USER_SPACE_END;
+    let monitoring = st.monitoring();
+    if !(user || (monitoring && is_kernel_addr(tb_vaddr))) {
         return 0;
     }
-    let records = st.records_enabled();
     let mut count = 0;
     // SAFETY: as above.
     let n = unsafe { sys::qemu_plugin_tb_n_insns(tb) };
@@ -390,26 +727,36 @@ unsafe fn instrument_tb(st: &State, tb: *mut qemu_plugin_tb) -> u64 {
         let vaddr = unsafe { sys::qemu_plugin_insn_vaddr(insn) };
         // SAFETY: as above.
         let size = unsafe { sys::qemu_plugin_insn_size(insn) };
-        if vaddr >= USER_SPACE_END || !(2..=15).contains(&size) {
-            continue;
+        if user {
+            if vaddr >= USER_SPACE_END || !(2..=15).contains(&size) {
+                continue;
+            }
+        } else if !(2..=4).contains(&size) {
+            continue; // every instrumented kernel instruction is 2 to 4 bytes long
         }
         let mut bytes = [0u8; 16];
         // SAFETY: live handle; QEMU copies at most `size <= 15 < 16` bytes into `bytes`.
         let got = unsafe { sys::qemu_plugin_insn_data(insn, bytes.as_mut_ptr().cast(), size) };
-        if !is_syscall_insn(&bytes[..got.min(size)]) {
-            continue;
+        let bytes = &bytes[..got.min(size)];
+        if user {
+            if is_syscall_insn(bytes) {
+                // SAFETY: live instruction handle of the current translation callback.
+                unsafe { instrument_syscall(st, insn, vaddr, monitoring) };
+                count += 1;
+            }
+        } else if let Some(k) = decode_kernel_insn(bytes) {
+            // SAFETY: as above.
+            unsafe { instrument_kernel(st, insn, vaddr, k) };
         }
-        // SAFETY: live instruction handle of the current translation callback.
-        unsafe { instrument_syscall(st, insn, vaddr, records) };
-        count += 1;
     }
     count
 }
 
 /// # Safety
 /// `insn` must be an instruction handle of the current translation callback.
-unsafe fn instrument_syscall(st: &State, insn: *mut qemu_plugin_insn, vaddr: u64, records: bool) {
+unsafe fn instrument_syscall(st: &State, insn: *mut qemu_plugin_insn, vaddr: u64, mon: bool) {
     use qemu_plugin_cb_flags::{QEMU_PLUGIN_CB_NO_REGS, QEMU_PLUGIN_CB_R_REGS};
+    use qemu_plugin_cond::{QEMU_PLUGIN_COND_GE, QEMU_PLUGIN_COND_NE};
     // Inline ops and callbacks run in registration order, before the instruction executes.
     // SAFETY: `insn` is a live instruction handle (caller) and the scoreboard lives until exit;
     // the callbacks are `extern "C"` functions with the signature QEMU expects.
@@ -432,20 +779,51 @@ unsafe fn instrument_syscall(st: &State, insn: *mut qemu_plugin_insn, vaddr: u64
             insn,
             Some(on_sync),
             QEMU_PLUGIN_CB_NO_REGS,
-            qemu_plugin_cond::QEMU_PLUGIN_COND_GE,
+            QEMU_PLUGIN_COND_GE,
             st.entry(SB_SINCE_SYNC),
             st.opts.sync_every,
             std::ptr::null_mut(),
         );
-        if records {
-            // The PC rides in the user-data pointer: no allocation, no RIP read.
-            sys::qemu_plugin_register_vcpu_insn_exec_cb(
+        if mon {
+            // Monitored or unknown only. The PC rides in the user-data pointer.
+            sys::qemu_plugin_register_vcpu_insn_exec_cond_cb(
                 insn,
                 Some(on_syscall),
                 QEMU_PLUGIN_CB_R_REGS,
+                QEMU_PLUGIN_COND_NE,
+                st.entry(SB_STATE),
+                ST_UNMONITORED,
                 vaddr as usize as *mut c_void,
             );
         }
+    }
+}
+
+/// # Safety
+/// `insn` must be an instruction handle of the current translation callback.
+unsafe fn instrument_kernel(st: &State, insn: *mut qemu_plugin_insn, vaddr: u64, k: KernelInsn) {
+    use qemu_plugin_cb_flags::QEMU_PLUGIN_CB_R_REGS;
+    use qemu_plugin_cond::QEMU_PLUGIN_COND_NE;
+    let (cb, word, udata): (extern "C" fn(c_uint, *mut c_void), usize, usize) = match k {
+        KernelInsn::Cr3Write { reg } => (on_cr3_write, SB_TRACK, usize::from(reg)),
+        KernelInsn::Sysretq => (on_sysret, SB_STATE, vaddr as usize),
+        KernelInsn::Iretq => (on_iret, SB_STATE, vaddr as usize),
+    };
+    if st.kernel_sites.fetch_add(1, Ordering::Relaxed) < 64 {
+        log_debug(&format!("instrumenting {k:?} at {vaddr:#x}"));
+    }
+    // SAFETY: `insn` is live (caller); the scoreboard lives until exit; `cb` has the
+    // signature QEMU expects.
+    unsafe {
+        sys::qemu_plugin_register_vcpu_insn_exec_cond_cb(
+            insn,
+            Some(cb),
+            QEMU_PLUGIN_CB_R_REGS,
+            QEMU_PLUGIN_COND_NE,
+            st.entry(word),
+            0,
+            udata as *mut c_void,
+        );
     }
 }
 
@@ -457,67 +835,575 @@ extern "C" fn on_sync(vcpu: c_uint, _udata: *mut c_void) {
             return;
         }
         st.publish(vcpu);
-        // SAFETY: live scoreboard; `vcpu` has a VcpuState, so QEMU initialised it and its
-        // scoreboard element exists (checked above: QEMU does not bounds-check the index).
-        unsafe { sys::qemu_plugin_u64_set(st.entry(SB_SINCE_SYNC), vcpu, 0) };
+        st.sb_set(SB_SINCE_SYNC, vcpu, 0);
+        st.poll_filters(vcpu);
     });
+}
+
+/// Everything a vCPU callback needs, resolved once.
+struct Ctx<'a> {
+    st: &'a State,
+    v: &'a VcpuState,
+    hot: &'a mut Hot,
+    lay: &'a KernelLayout,
+    regs: &'a Regs,
+    vcpu: c_uint,
+}
+
+/// Resolves the context of a vCPU callback, or `None` (counted) if the vCPU is unknown or
+/// monitoring is impossible.
+fn ctx<'a>(vcpu: c_uint) -> Option<Ctx<'a>> {
+    let st = STATE.get()?;
+    let Some(v) = st.vcpu(vcpu) else {
+        st.count_bad_index();
+        return None;
+    };
+    let lay = st.kernel.as_ref()?;
+    let regs = st.regs()?;
+    // SAFETY: QEMU runs this vCPU's callbacks one at a time, and no other code touches `hot`
+    // (see VcpuState), so this is the only live reference.
+    let hot = unsafe { &mut *v.hot.get() };
+    Some(Ctx {
+        st,
+        v,
+        hot,
+        lay,
+        regs,
+        vcpu,
+    })
+}
+
+impl Ctx<'_> {
+    fn count(&self, c: Counter, n: u64) {
+        self.v.sink.add_single_writer(c, n);
+    }
+
+    fn kmem(&mut self) -> KernelMem<'_> {
+        KernelMem {
+            buf: &mut self.hot.membuf,
+            lay: self.lay,
+            errors: 0,
+        }
+    }
+
+    /// The current CR3 base and kernel GS base if this vCPU knows them without reading
+    /// registers (CR3 from the CR3-write callbacks while tracking stayed on; GS cached).
+    fn known_env(&self) -> Option<(u64, u64)> {
+        let h = &*self.hot;
+        (h.kgs != 0
+            && h.cur_cr3 != u64::MAX
+            && h.cr3_gen == self.st.monitor.applied.load(Ordering::Relaxed))
+        .then_some((h.cur_cr3, h.kgs))
+    }
+
+    /// Remembers register values read the slow way.
+    fn learn_env(&mut self, cr3: u64, kgs: u64) {
+        if is_kernel_addr(kgs) {
+            self.hot.kgs = kgs;
+        }
+        self.hot.cur_cr3 = cr3;
+        self.hot.cr3_gen = self.st.monitor.applied.load(Ordering::Relaxed);
+    }
+
+    /// Reads the current task; counts and returns `None` on failure. One guest read when
+    /// the task is the one cached on this vCPU and no task epoch passed since.
+    fn current(&mut self, kernel_gs: u64) -> Option<TaskInfo> {
+        let epoch = self.st.monitor.task_epoch.load(Ordering::Relaxed);
+        let off = self.lay.current_task;
+        let cached = self.hot.task_cache;
+        let mut m = self.kmem();
+        let t = if is_kernel_addr(kernel_gs) {
+            match m.u64_at(kernel_gs.wrapping_add(off)) {
+                Some(task) => match cached {
+                    Some((ct, f, e)) if ct == task && e == epoch => Some(TaskInfo { task, f }),
+                    _ if is_kernel_addr(task) => m.task_fields(task).map(|f| TaskInfo { task, f }),
+                    _ => {
+                        m.errors += 1;
+                        None
+                    }
+                },
+                None => None,
+            }
+        } else {
+            m.errors += 1;
+            None
+        };
+        let e = m.errors;
+        if e > 0 {
+            self.count(Counter::KernelReadErrors, e);
+        }
+        self.hot.task_cache = t.map(|t| (t.task, t.f, epoch));
+        t
+    }
+
+    /// Decides whether `t` is monitored (cache, then the ancestor walk), sets this vCPU's
+    /// state accordingly and returns the decision.
+    fn classify(&mut self, t: &TaskInfo, cr3: u64) -> bool {
+        self.count(Counter::Classifications, 1);
+        let st = self.st;
+        let gen0 = st.monitor.gen.load(Ordering::SeqCst);
+        let key = (t.f.tgid, t.f.comm);
+        let mut inner = st.lock();
+        let monitored = match inner.verdicts.get(&key) {
+            Some(&m) => m,
+            None => {
+                let mut mem = KernelMem {
+                    buf: &mut self.hot.membuf,
+                    lay: self.lay,
+                    errors: 0,
+                };
+                let c = {
+                    let inner = &*inner;
+                    let is_mon = |tgid: u32| inner.set.contains(&tgid);
+                    logic::classify(&inner.filters, is_mon, &t.f, &mut mem)
+                };
+                let m = c.verdict.monitored();
+                let mut errors = mem.errors;
+                // Consistency check (cache misses only): current->mm->pgd must be this CR3.
+                // A mismatch means PTI (user CR3 = pgd + 4 KiB) or a wrong profile.
+                let mismatch = self.pgd_mismatch(&mut errors, t.task, cr3);
+                if errors > 0 {
+                    self.count(Counter::KernelReadErrors, errors);
+                }
+                if mismatch {
+                    self.count(Counter::Cr3Mismatches, 1);
+                }
+                self.count(Counter::AncestorHops, u64::from(c.hops));
+                if !c.read_error && st.monitor.gen.load(Ordering::SeqCst) == gen0 {
+                    if inner.verdicts.len() >= MAX_VERDICTS {
+                        inner.verdicts.clear();
+                    }
+                    inner.verdicts.insert(key, m);
+                }
+                if m && !inner.filters.monitor_all
+                    && inner.set.len() < MAX_MONITORED_SET
+                    && inner.set.insert(t.f.tgid)
+                {
+                    st.report_set(&inner);
+                }
+                m
+            }
+        };
+        drop(inner);
+        let state = if monitored {
+            ST_MONITORED
+        } else {
+            ST_UNMONITORED
+        };
+        st.sb_set(SB_STATE, self.vcpu, state);
+        self.v.cr3_classified.store(cr3, Ordering::Relaxed);
+        self.hot.last = key;
+        fence(Ordering::SeqCst);
+        if st.monitor.gen.load(Ordering::SeqCst) != gen0 {
+            // An invalidation raced with us: stay unknown so the next event re-classifies.
+            st.sb_set(SB_STATE, self.vcpu, ST_UNKNOWN);
+            self.v.cr3_classified.store(u64::MAX, Ordering::Relaxed);
+        }
+        monitored
+    }
+
+    /// True if `task->mm->pgd` (a direct-map address) does not translate to `cr3`. Reads
+    /// `page_offset_base` once. Kernel threads (mm NULL) are not checked.
+    fn pgd_mismatch(&mut self, errors: &mut u64, task: u64, cr3: u64) -> bool {
+        let lay = self.lay;
+        let mon = &self.st.monitor;
+        let mut m = KernelMem {
+            buf: &mut self.hot.membuf,
+            lay,
+            errors: 0,
+        };
+        let mut base = mon.page_offset_base.load(Ordering::Relaxed);
+        if base == 0 {
+            match m.u64_at(lay.page_offset_base) {
+                Some(b) if is_kernel_addr(b) => {
+                    mon.page_offset_base.store(b, Ordering::Relaxed);
+                    base = b;
+                }
+                _ => {
+                    *errors += m.errors.max(1);
+                    return false;
+                }
+            }
+        }
+        let r = m
+            .u64_at(task.wrapping_add(lay.mm))
+            .filter(|&mm| mm != 0)
+            .and_then(|mm| m.u64_at(mm.wrapping_add(lay.mm_pgd)))
+            .map(|pgd| cr3_base(pgd.wrapping_sub(base)) != cr3);
+        *errors += m.errors;
+        r.unwrap_or(false)
+    }
+
+    /// Monitored? Uses the vCPU state, re-classifying when it is unknown or the task is not
+    /// the one last classified here.
+    fn decide(&mut self, state: u64, t: &TaskInfo, cr3: u64) -> bool {
+        if state == ST_UNKNOWN || (t.f.tgid, t.f.comm) != self.hot.last {
+            self.classify(t, cr3)
+        } else {
+            state == ST_MONITORED
+        }
+    }
+
+    fn push_all(&mut self, mut rec: Record) {
+        let n = self.hot.pieces.len().min(usize::from(u8::MAX));
+        rec.set_data_count(n as u8);
+        let p = &mut self.hot.producer;
+        let free = p.free(1 + n as u64);
+        if free > n as u64 {
+            p.push(&rec);
+            for d in &self.hot.pieces[..n] {
+                p.push(d);
+            }
+        } else if free >= 1 {
+            rec.flags |= flags::DATA_LOST;
+            p.push(&rec);
+            p.counters()
+                .add_single_writer(Counter::RecordsDropped, n as u64);
+        } else {
+            p.push(&rec); // counts the drop
+            p.counters()
+                .add_single_writer(Counter::RecordsDropped, n as u64);
+        }
+        self.count(Counter::DataRecords, n as u64);
+    }
+
+    /// Appends DATA pieces for `strbuf[..]` as argument `arg` read from `addr`.
+    fn emit_pieces(&mut self, ts: u64, cr3: u64, addr: u64, arg: u8, end_flags: u16) {
+        let len = self.hot.strbuf.len();
+        let last = pieces(len, data::CAPACITY).count() - 1;
+        for (i, (off, n)) in pieces(len, data::CAPACITY).enumerate() {
+            let f = if i == last {
+                flags::FINAL | end_flags
+            } else {
+                0
+            };
+            let rec = Record::data(
+                self.vcpu,
+                ts,
+                cr3,
+                addr.wrapping_add(off as u64),
+                arg,
+                off as u32,
+                &self.hot.strbuf[off..off + n],
+                f,
+            );
+            self.hot.pieces.push(rec);
+        }
+    }
+
+    /// Reads the NUL-terminated string at `addr` (at most [`MAX_STRING`] bytes) into
+    /// `strbuf`; returns the DATA end flags.
+    fn read_string(&mut self, addr: u64) -> u16 {
+        let h = &mut *self.hot;
+        h.strbuf.clear();
+        if addr == 0 {
+            return flags::FAULT;
+        }
+        let mut a = addr;
+        let mut tmp = [0u8; STRING_STEP];
+        loop {
+            let room = MAX_STRING - h.strbuf.len();
+            if room == 0 {
+                return flags::TRUNCATED;
+            }
+            let in_page = (PAGE - (a & (PAGE - 1))) as usize;
+            let chunk = in_page.min(STRING_STEP).min(room);
+            match h.membuf.read_guest(a, &mut tmp[..chunk]) {
+                Ok(n) => {
+                    if let Some(p) = nul_position(&tmp[..n]) {
+                        h.strbuf.extend_from_slice(&tmp[..p]);
+                        return 0;
+                    }
+                    h.strbuf.extend_from_slice(&tmp[..n]);
+                    if n < chunk {
+                        return flags::FAULT;
+                    }
+                    a = match a.checked_add(n as u64) {
+                        Some(x) => x,
+                        None => return flags::FAULT,
+                    };
+                }
+                Err(_) => return flags::FAULT,
+            }
+        }
+    }
+
+    /// Reads up to `buf=` bytes of the buffer at `addr` of length `len` into `strbuf`.
+    fn read_buffer(&mut self, addr: u64, len: u64) -> u16 {
+        let h = &mut *self.hot;
+        let want = len.min(self.st.opts.buf as u64) as usize;
+        let trunc = if len > want as u64 {
+            flags::TRUNCATED
+        } else {
+            0
+        };
+        h.strbuf.clear();
+        if want == 0 {
+            return trunc;
+        }
+        h.strbuf.resize(want, 0);
+        match h.membuf.read_guest(addr, &mut h.strbuf[..want]) {
+            Ok(n) if n == want => trunc,
+            Ok(n) => {
+                h.strbuf.truncate(n);
+                trunc | flags::FAULT
+            }
+            Err(_) => {
+                h.strbuf.clear();
+                trunc | flags::FAULT
+            }
+        }
+    }
+
+    /// Captures the string and buffer arguments of syscall `nr` into `pieces`.
+    fn capture(&mut self, ts: u64, cr3: u64, nr: u32, args: &[u64; 6]) {
+        self.hot.pieces.clear();
+        for &a in string_args(nr) {
+            let addr = args[usize::from(a)];
+            let f = self.read_string(addr);
+            if f & flags::FAULT != 0 {
+                self.count(Counter::MemReadErrors, 1);
+            }
+            self.emit_pieces(ts, cr3, addr, a, f);
+        }
+        if let Some((p, l)) = buffer_arg(nr) {
+            if self.st.opts.buf > 0 {
+                let addr = args[p];
+                let f = self.read_buffer(addr, args[l]);
+                if f & flags::FAULT != 0 {
+                    self.count(Counter::MemReadErrors, 1);
+                }
+                self.emit_pieces(ts, cr3, addr, p as u8, f);
+            }
+        }
+    }
+}
+
+/// The run-time address of an instruction translated at `translated`, given a RIP value synced
+/// at or before it in the same block: mappings are page-aligned, so the page offset is the
+/// translation's, and the instruction is the first address at or after `rip` with that offset
+/// (a block ending in `syscall` is shorter than a page).
+fn runtime_pc(rip: u64, translated: u64) -> u64 {
+    rip.wrapping_add(translated.wrapping_sub(rip) & 0xfff)
 }
 
 extern "C" fn on_syscall(vcpu: c_uint, udata: *mut c_void) {
     guard(Some(vcpu), || syscall_entry(vcpu, udata as usize as u64));
 }
 
-fn syscall_entry(vcpu: c_uint, pc: u64) {
-    let Some(st) = STATE.get() else { return };
-    let Some(v) = st.vcpu(vcpu) else {
-        st.count_bad_index();
+fn syscall_entry(vcpu: c_uint, translated_pc: u64) {
+    let Some(mut c) = ctx(vcpu) else { return };
+    c.st.poll_filters(vcpu);
+    c.count(Counter::Callbacks, 1);
+    let state = c.st.sb_get(SB_STATE, vcpu);
+    if state == ST_UNMONITORED {
+        return; // a filter change or classification raced with the condition
+    }
+    let mut r = [0u64; ENTRY_REGS.len()];
+    let known = c.known_env();
+    let n = if known.is_some() { E_CR3 } else { r.len() };
+    let failed = c.hot.regbuf.read_registers(&c.regs.entry[..n], &mut r[..n]);
+    if failed != 0 {
+        c.count(Counter::RegReadErrors, 1);
+    }
+    let (cr3, kgs) = match known {
+        Some(k) => k,
+        None => {
+            let k = (cr3_base(r[E_CR3]), r[E_KGS]);
+            if failed == 0 {
+                c.learn_env(k.0, k.1);
+            }
+            k
+        }
+    };
+    let Some(t) = c.current(kgs) else {
+        // No task, no decision: leave the vCPU unmonitored until the next address-space
+        // switch rather than paying a failing callback per syscall (e.g. under PTI).
+        c.st.sb_set(SB_STATE, vcpu, ST_UNMONITORED);
+        c.v.cr3_classified.store(cr3, Ordering::Relaxed);
         return;
     };
-    let Some(handles) = st.regs() else { return };
-    // SAFETY: QEMU runs this vCPU's callbacks one at a time, and no other code touches `hot`
-    // (see VcpuState), so this is the only reference.
-    let hot = unsafe { &mut *v.hot.get() };
-    v.sink.add_single_writer(Counter::Callbacks, 1);
-
-    let mut r = [0u64; REG_NAMES.len()];
-    let failed = hot.regbuf.read_registers(handles, &mut r);
+    if !c.decide(state, &t, cr3) {
+        return;
+    }
+    c.count(Counter::MonitoredSyscalls, 1);
+    let ts = monotonic_ns();
     let mut args = [0u64; 6];
-    args.copy_from_slice(&r[R_ARGS..R_ARGS + 6]);
-    let mut rec = Record::syscall_entry(
-        vcpu,
-        monotonic_ns(),
-        cr3_base(r[R_CR3]),
-        pc,
-        r[R_RAX],
-        args,
-        r[R_RSP],
-    );
+    args.copy_from_slice(&r[E_ARGS..E_ARGS + 6]);
+    let pc = if failed == 0 {
+        runtime_pc(r[E_RIP], translated_pc)
+    } else {
+        translated_pc
+    };
+    let mut rec = Record::syscall_entry(vcpu, ts, cr3, pc, r[E_RAX], args, r[E_RSP]);
+    rec.set_task(t.task, t.f.pid, t.f.tgid, Some(&t.f.comm));
     if failed != 0 {
         rec.flags |= flags::REG_FAULT;
-        v.sink.add_single_writer(Counter::RegReadErrors, 1);
     }
     // The kernel decodes the syscall number from EAX (it is an int).
-    if st.opts.peek && failed == 0 && r[R_RAX] as u32 == SYS_WRITE {
-        let want = r[R_RDX].min(syscall::DATA_BYTES as u64) as usize;
-        if want > 0 {
-            let mut buf = [0u8; syscall::DATA_BYTES];
-            match hot.membuf.read_guest(r[R_RSI], &mut buf[..want]) {
-                Ok(got) => {
-                    rec.set_data(&buf[..got]);
-                    if got < want {
-                        rec.flags |= flags::DATA_FAULT;
-                        v.sink.add_single_writer(Counter::MemReadErrors, 1);
-                    }
-                }
-                Err(_) => {
-                    rec.flags |= flags::DATA_FAULT;
-                    v.sink.add_single_writer(Counter::MemReadErrors, 1);
-                }
+    let nr = r[E_RAX] as u32;
+    if failed == 0 {
+        c.capture(ts, cr3, nr, &args);
+    } else {
+        c.hot.pieces.clear();
+    }
+    c.push_all(rec);
+    // Process-tree changes: the child of a monitored process must be classified afresh;
+    // an exiting process is forgotten (its TGID and address space may be reused).
+    if matches!(
+        nr,
+        nr::CLONE | nr::CLONE3 | nr::FORK | nr::VFORK | nr::EXIT | nr::PRCTL
+    ) {
+        // Task identities on any vCPU may change (new or dying threads, renames).
+        c.st.monitor.task_epoch.fetch_add(1, Ordering::SeqCst);
+    }
+    match lifecycle(nr, args[0]) {
+        Lifecycle::None => {}
+        Lifecycle::Fork => {
+            let mut inner = c.st.lock();
+            c.st.invalidate(&mut inner, vcpu);
+        }
+        Lifecycle::Clone3 => {
+            let mut b = [0u8; 8];
+            let thread = matches!(c.hot.membuf.read_guest(args[0], &mut b), Ok(8))
+                && u64::from_le_bytes(b) & CLONE_THREAD != 0;
+            if !thread {
+                let mut inner = c.st.lock();
+                c.st.invalidate(&mut inner, vcpu);
+            }
+        }
+        Lifecycle::ExitGroup => {
+            let mut inner = c.st.lock();
+            if inner.set.remove(&t.f.tgid) {
+                c.st.report_set(&inner);
+            }
+            c.st.invalidate(&mut inner, vcpu);
+        }
+    }
+}
+
+extern "C" fn on_cr3_write(vcpu: c_uint, udata: *mut c_void) {
+    guard(Some(vcpu), || cr3_write(vcpu, udata as usize));
+}
+
+fn cr3_write(vcpu: c_uint, reg: usize) {
+    let Some(c) = ctx(vcpu) else { return };
+    c.st.poll_filters(vcpu);
+    c.count(Counter::Cr3Writes, 1);
+    if !c.st.monitor.tracking.load(Ordering::Relaxed) {
+        return;
+    }
+    let Some(&h) = c.regs.gpr.get(reg) else {
+        c.count(Counter::InternalErrors, 1);
+        return;
+    };
+    let mut v = [0u64; 1];
+    let new = if c.hot.regbuf.read_registers(&[h], &mut v) == 0 {
+        cr3_base(v[0])
+    } else {
+        c.count(Counter::RegReadErrors, 1);
+        u64::MAX
+    };
+    c.hot.cur_cr3 = new;
+    c.hot.cr3_gen = c.st.monitor.applied.load(Ordering::Relaxed);
+    c.hot.task_cache = None;
+    // Same address space again (TLB flushes rewrite CR3): the decision stands.
+    if new != u64::MAX
+        && new == c.v.cr3_classified.load(Ordering::Relaxed)
+        && c.st.sb_get(SB_STATE, vcpu) != ST_UNKNOWN
+    {
+        return;
+    }
+    c.st.sb_set(SB_STATE, vcpu, ST_UNKNOWN);
+    c.v.cr3_classified.store(u64::MAX, Ordering::Relaxed);
+}
+
+extern "C" fn on_sysret(vcpu: c_uint, udata: *mut c_void) {
+    guard(Some(vcpu), || {
+        kernel_return(vcpu, udata as usize as u64, ReturnVia::Sysret)
+    });
+}
+
+extern "C" fn on_iret(vcpu: c_uint, udata: *mut c_void) {
+    guard(Some(vcpu), || {
+        kernel_return(vcpu, udata as usize as u64, ReturnVia::Iret)
+    });
+}
+
+fn kernel_return(vcpu: c_uint, insn: u64, via: ReturnVia) {
+    let Some(mut c) = ctx(vcpu) else { return };
+    c.st.poll_filters(vcpu);
+    let state = c.st.sb_get(SB_STATE, vcpu);
+    if state == ST_UNMONITORED {
+        return;
+    }
+    c.count(Counter::ReturnCallbacks, 1);
+    let mut failed;
+    let known = c.known_env();
+    let (rax, rip, rflags, usp, mut cr3, mut kgs, cs);
+    match via {
+        ReturnVia::Sysret => {
+            let mut r = [0u64; SYSRET_REGS.len()];
+            let n = if known.is_some() { 4 } else { r.len() };
+            failed = c
+                .hot
+                .regbuf
+                .read_registers(&c.regs.sysret[..n], &mut r[..n]);
+            (rax, rip, rflags, usp, cr3, kgs) = (r[0], r[1], r[2], r[3], r[4], r[5]);
+            cs = 0x33;
+        }
+        ReturnVia::Iret => {
+            let mut r = [0u64; IRET_REGS.len()];
+            let n = if known.is_some() { 2 } else { r.len() };
+            failed = c.hot.regbuf.read_registers(&c.regs.iret[..n], &mut r[..n]);
+            (rax, cr3, kgs) = (r[0], r[2], r[3]);
+            let rsp = r[1];
+            // The iret frame: RIP, CS, RFLAGS, RSP, SS.
+            let mut f = [0u8; 40];
+            let ok = failed & 0b10 == 0 && matches!(c.hot.membuf.read_guest(rsp, &mut f), Ok(40));
+            if !ok {
+                c.count(Counter::KernelReadErrors, 1);
+                return;
+            }
+            let w = |i: usize| {
+                let mut b = [0u8; 8];
+                b.copy_from_slice(&f[i * 8..i * 8 + 8]);
+                u64::from_le_bytes(b)
+            };
+            if w(1) & 3 == 0 {
+                c.count(Counter::KernelReturns, 1);
+                return; // back to kernel mode (interrupted kernel code, sync_core)
+            }
+            (rip, cs, rflags, usp) = (w(0), w(1), w(2), w(3));
+        }
+    }
+    if failed != 0 {
+        c.count(Counter::RegReadErrors, 1);
+        failed = 1;
+    }
+    match known {
+        Some(k) => (cr3, kgs) = k,
+        None => {
+            cr3 = cr3_base(cr3);
+            if failed == 0 {
+                c.learn_env(cr3, kgs);
             }
         }
     }
-    // A full ring drops and counts inside push; the guest never waits for vmsight.
-    hot.producer.push(&rec);
+    let Some(t) = c.current(kgs) else { return };
+    if !c.decide(state, &t, cr3) {
+        return;
+    }
+    let mut rec = Record::syscall_return(vcpu, monotonic_ns(), cr3, via, insn, rip, rax);
+    rec.set_task(t.task, t.f.pid, t.f.tgid, None);
+    rec.payload[vmsight_ring::ret::SP] = usp;
+    rec.payload[vmsight_ring::ret::RFLAGS] = rflags;
+    rec.payload[vmsight_ring::ret::CS] = cs;
+    if failed != 0 {
+        rec.flags |= flags::REG_FAULT;
+    }
+    c.count(Counter::Returns, 1);
+    c.hot.producer.push(&rec);
 }
 
 fn on_exit() {
@@ -530,15 +1416,22 @@ fn on_exit() {
             if let Some(v) = st.vcpu(vcpu) {
                 let g = |c| v.sink.get(c);
                 eprintln!(
-                    "vmsight-plugin: vCPU {vcpu}: syscalls {} callbacks {} records {} dropped {} \
-                     instrumented {} reg-errors {} mem-errors {} internal-errors {}",
+                    "vmsight-plugin: vCPU {vcpu}: syscalls {} callbacks {} monitored {} \
+                     classifications {} cr3 {} returns {}/{} records {} dropped {} \
+                     instrumented {} reg-errors {} mem-errors {} kernel-errors {} internal {}",
                     g(Counter::Syscalls),
                     g(Counter::Callbacks),
+                    g(Counter::MonitoredSyscalls),
+                    g(Counter::Classifications),
+                    g(Counter::Cr3Writes),
+                    g(Counter::Returns),
+                    g(Counter::ReturnCallbacks),
                     g(Counter::RecordsWritten),
                     g(Counter::RecordsDropped),
                     g(Counter::Instrumented),
                     g(Counter::RegReadErrors),
                     g(Counter::MemReadErrors),
+                    g(Counter::KernelReadErrors),
                     g(Counter::InternalErrors),
                 );
             }

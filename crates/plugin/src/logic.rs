@@ -1,19 +1,26 @@
-//! Pure logic of the plugin (no QEMU calls): argument parsing, instruction matching, CR3
-//! masking. Kept free of QEMU symbols so the tests can compile it on its own.
+//! Pure logic of the plugin (no QEMU calls): argument parsing, the kernel profile, instruction
+//! decoding, the syscall argument tables and task classification. Kept free of QEMU symbols so
+//! the tests can compile it on its own.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+use vmsight_ring::{MonitorFilters, COMM_LEN};
 
 /// First non-canonical address above the lower (user) half on x86-64 (48-bit addressing).
 pub const USER_SPACE_END: u64 = 0x0000_8000_0000_0000;
 /// CR3 bits that are not part of the page-table base: PCID (11:0) and the no-flush bit (63).
 pub const CR3_NON_BASE_BITS: u64 = 0xfff | (1 << 63);
-/// Linux x86-64 `write(2)` number.
-pub(crate) const SYS_WRITE: u32 = 1;
 /// Default number of syscalls between two publications of a vCPU's scoreboard count.
 pub const DEFAULT_SYNC_EVERY: u64 = 1024;
+/// Default number of `write(2)` buffer bytes captured (`buf=`).
+pub const DEFAULT_BUF_BYTES: usize = 64;
+/// Longest string argument captured (Linux `PATH_MAX`).
+pub const MAX_STRING: usize = 4096;
+/// Most `real_parent` hops a classification walks.
+pub const MAX_ANCESTOR_HOPS: u32 = 64;
 
-pub(crate) const USAGE: &str = "usage: -plugin libvmsight_plugin.so,shm=PATH[,records=on|off]\
-                     [,peek=on|off][,sync=N][,verbose=on|off]";
+pub(crate) const USAGE: &str = "usage: -plugin libvmsight_plugin.so,shm=PATH[,profile=PATH]\
+                     [,records=on|off][,buf=N][,sync=N][,verbose=on|off]";
 
 /// Errors that make the plugin refuse to install.
 #[derive(Debug, thiserror::Error)]
@@ -35,11 +42,21 @@ pub enum PluginError {
         reason: &'static str,
     },
     /// An unknown argument.
-    #[error("The plugin argument {0:?} is unknown (known: shm, records, peek, sync, verbose).")]
+    #[error(
+        "The plugin argument {0:?} is unknown (known: shm, profile, records, buf, sync, verbose)."
+    )]
     Unknown(String),
     /// The channel file could not be attached.
     #[error("Cannot attach the vmsight channel: {0}")]
     Channel(#[from] vmsight_ring::Error),
+    /// The kernel profile is unusable.
+    #[error("Cannot use the kernel profile {path}: {reason}")]
+    Profile {
+        /// The profile file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
     /// Loaded into user-mode QEMU.
     #[error("The plugin needs full-system emulation (qemu-system-x86_64), not user mode.")]
     NotSystemMode,
@@ -64,10 +81,12 @@ pub enum PluginError {
 pub struct Options {
     /// Channel file (`shm=`).
     pub shm: PathBuf,
-    /// Push syscall records (`records=`, default on). Off: count only.
+    /// Kernel profile JSON (`profile=`); without it only counting works.
+    pub profile: Option<PathBuf>,
+    /// Monitoring and records (`records=`, default on). Off: count only, no callbacks.
     pub records: bool,
-    /// Copy up to 32 bytes of `write(2)` buffers into records (`peek=`, default off).
-    pub peek: bool,
+    /// `write`/`pwrite64` buffer bytes captured at entry (`buf=`, 0..=4096, default 64).
+    pub buf: usize,
     /// Publish scoreboard counts every this many syscalls per vCPU (`sync=`).
     pub sync_every: u64,
     /// Print a per-vCPU summary to stderr at exit (`verbose=`).
@@ -80,8 +99,9 @@ impl Options {
         let mut shm = None;
         let mut o = Options {
             shm: PathBuf::new(),
+            profile: None,
             records: true,
-            peek: false,
+            buf: DEFAULT_BUF_BYTES,
             sync_every: DEFAULT_SYNC_EVERY,
             verbose: false,
         };
@@ -100,11 +120,18 @@ impl Options {
                 _ => Err(bad("expected on or off")),
             };
             match k {
-                "shm" if v.is_empty() => return Err(bad("the path is empty")),
+                "shm" | "profile" if v.is_empty() => return Err(bad("the path is empty")),
                 "shm" => shm = Some(PathBuf::from(v)),
+                "profile" => o.profile = Some(PathBuf::from(v)),
                 "records" => o.records = boolean()?,
-                "peek" => o.peek = boolean()?,
                 "verbose" => o.verbose = boolean()?,
+                "buf" => {
+                    o.buf = v
+                        .parse::<usize>()
+                        .ok()
+                        .filter(|n| *n <= MAX_STRING)
+                        .ok_or_else(|| bad("expected an integer between 0 and 4096"))?;
+                }
                 "sync" => {
                     o.sync_every = v
                         .parse::<u64>()
@@ -119,6 +146,111 @@ impl Options {
         Ok(o)
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Kernel profile
+
+/// What the plugin needs from the kernel profile (`profile.json`, schema in
+/// `crates/introspect/src/profile.rs`): per-CPU `current_task`, a few `task_struct` and
+/// `mm_struct` member offsets and the address of `page_offset_base`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelLayout {
+    /// Offset of `current_task` in a CPU's per-CPU area (add the kernel GS base).
+    pub current_task: u64,
+    /// `task_struct.pid` offset (4 bytes).
+    pub pid: u64,
+    /// `task_struct.tgid` offset (4 bytes).
+    pub tgid: u64,
+    /// `task_struct.comm` offset (16 bytes).
+    pub comm: u64,
+    /// `task_struct.real_parent` offset (pointer).
+    pub real_parent: u64,
+    /// `task_struct.mm` offset (pointer).
+    pub mm: u64,
+    /// `mm_struct.pgd` offset (pointer, direct-map address).
+    pub mm_pgd: u64,
+    /// Address of the `page_offset_base` variable (holds the direct-map base).
+    pub page_offset_base: u64,
+}
+
+fn parse_hex(v: &serde_json::Value) -> Option<u64> {
+    match v {
+        serde_json::Value::String(s) => {
+            u64::from_str_radix(s.strip_prefix("0x").unwrap_or(s), 16).ok()
+        }
+        serde_json::Value::Number(n) => n.as_u64(),
+        _ => None,
+    }
+}
+
+impl KernelLayout {
+    /// Extracts the layout from the profile's JSON text.
+    pub fn from_json(text: &str) -> Result<Self, String> {
+        let v: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| format!("it is not JSON: {e}"))?;
+        let sym = |name: &str| {
+            v.get("symbols")
+                .and_then(|s| s.get(name))
+                .and_then(parse_hex)
+                .ok_or_else(|| format!("it has no symbol {name}"))
+        };
+        let member = |st: &str, m: &str, size: u64| {
+            let mem = v
+                .get("structs")
+                .and_then(|s| s.get(st))
+                .and_then(|s| s.get("members"))
+                .and_then(|s| s.get(m))
+                .ok_or_else(|| format!("it has no member {st}.{m}"))?;
+            let off = mem
+                .get("offset")
+                .and_then(serde_json::Value::as_u64)
+                .ok_or_else(|| format!("{st}.{m} has no offset"))?;
+            let got = mem.get("size").and_then(serde_json::Value::as_u64);
+            if got.is_some_and(|g| g != size) || off > 1 << 20 {
+                return Err(format!(
+                    "{st}.{m} has size {got:?} at offset {off}, expected {size} bytes"
+                ));
+            }
+            Ok(off)
+        };
+        // Per-CPU symbols are offsets from __per_cpu_start (0 on x86-64 with absolute
+        // per-CPU symbols).
+        let pcpu_start = sym("__per_cpu_start").unwrap_or(0);
+        let current_task = sym("current_task")?.wrapping_sub(pcpu_start);
+        if current_task >= 1 << 32 {
+            return Err(format!(
+                "current_task ({current_task:#x}) is not a per-CPU offset"
+            ));
+        }
+        Ok(Self {
+            current_task,
+            pid: member("task_struct", "pid", 4)?,
+            tgid: member("task_struct", "tgid", 4)?,
+            comm: member("task_struct", "comm", COMM_LEN as u64)?,
+            real_parent: member("task_struct", "real_parent", 8)?,
+            mm: member("task_struct", "mm", 8)?,
+            mm_pgd: member("mm_struct", "pgd", 8)?,
+            page_offset_base: sym("page_offset_base")?,
+        })
+    }
+
+    /// Reads and parses a profile file.
+    pub fn load(path: &Path) -> Result<Self, PluginError> {
+        let err = |reason: String| PluginError::Profile {
+            path: path.to_owned(),
+            reason,
+        };
+        let meta = std::fs::metadata(path).map_err(|e| err(format!("{e}.")))?;
+        if meta.len() > 64 << 20 {
+            return Err(err("it is larger than 64 MiB.".into()));
+        }
+        let text = std::fs::read_to_string(path).map_err(|e| err(format!("{e}.")))?;
+        Self::from_json(&text).map_err(|r| err(format!("{r}.")))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Instructions
 
 /// True if `bytes` (one whole decoded instruction) is `syscall`: `0f 05` preceded only by
 /// legacy or REX prefixes.
@@ -135,7 +267,246 @@ pub fn is_syscall_insn(bytes: &[u8]) -> bool {
         })
 }
 
+/// Kernel instructions the plugin instruments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KernelInsn {
+    /// `mov %reg, %cr3`; `reg` is the source GPR number (0 = rax … 15 = r15).
+    Cr3Write {
+        /// Source register number.
+        reg: u8,
+    },
+    /// `sysretq` (`48 0f 07`).
+    Sysretq,
+    /// `iretq` (`48 cf`).
+    Iretq,
+}
+
+/// Decodes one whole kernel instruction. `mov %reg, %cr3` is `0f 22 /r` with ModRM.reg = 3
+/// (the mod field is ignored: the operand is always a register), optionally preceded by one
+/// REX prefix whose B bit extends r/m (REX.R would select CR11, which does not exist;
+/// REX.W is ignored in 64-bit mode). `sysretq`/`iretq` need REX.W (their forms without it
+/// return to 32-bit code, which the 64-bit syscall path never does).
+pub fn decode_kernel_insn(bytes: &[u8]) -> Option<KernelInsn> {
+    match bytes {
+        [0x48, 0x0f, 0x07] => Some(KernelInsn::Sysretq),
+        [0x48, 0xcf] => Some(KernelInsn::Iretq),
+        [0x0f, 0x22, modrm] if modrm & 0x38 == 0x18 => {
+            Some(KernelInsn::Cr3Write { reg: modrm & 7 })
+        }
+        [rex @ 0x40..=0x4f, 0x0f, 0x22, modrm] if modrm & 0x38 == 0x18 && rex & 0x4 == 0 => {
+            Some(KernelInsn::Cr3Write {
+                reg: (modrm & 7) | ((rex & 1) << 3),
+            })
+        }
+        _ => None,
+    }
+}
+
+/// Names of the GPRs by x86 register number, as QEMU's gdbstub names them.
+pub const GPR_NAMES: [&str; 16] = [
+    "rax", "rcx", "rdx", "rbx", "rsp", "rbp", "rsi", "rdi", "r8", "r9", "r10", "r11", "r12", "r13",
+    "r14", "r15",
+];
+
 /// Page-table base of a CR3 value (PCID and no-flush bits cleared).
 pub fn cr3_base(cr3: u64) -> u64 {
     cr3 & !CR3_NON_BASE_BITS
+}
+
+/// True for an address in the upper (kernel) half, with 4- or 5-level paging.
+pub fn is_kernel_addr(a: u64) -> bool {
+    a >> 63 == 1
+}
+
+// ---------------------------------------------------------------------------------------------
+// Syscall tables (x86-64 numbers)
+
+/// Linux x86-64 syscall numbers the plugin acts on.
+pub mod nr {
+    #![allow(missing_docs)]
+    pub const WRITE: u32 = 1;
+    pub const PWRITE64: u32 = 18;
+    pub const CLONE: u32 = 56;
+    pub const FORK: u32 = 57;
+    pub const VFORK: u32 = 58;
+    pub const EXECVE: u32 = 59;
+    pub const EXIT: u32 = 60;
+    pub const PRCTL: u32 = 157;
+    pub const EXIT_GROUP: u32 = 231;
+    pub const OPENAT: u32 = 257;
+    pub const EXECVEAT: u32 = 322;
+    pub const CLONE3: u32 = 435;
+}
+
+/// `clone` flag: the new task is a thread of the caller's process.
+pub const CLONE_THREAD: u64 = 0x0001_0000;
+
+/// Argument indices of NUL-terminated string arguments (paths, names) of syscall `nr`.
+pub fn string_args(nr: u32) -> &'static [u8] {
+    match nr {
+        2 | 4 | 6 | 21 | 59 | 76 | 80 | 83 | 84 | 85 | 87 | 89 | 90 | 92 | 94 | 132 | 133 | 137
+        | 161 | 163 | 166 | 167 | 168 | 194 | 195 | 235 | 319 | 430 => &[0],
+        82 | 86 | 88 | 155 | 188 | 189 | 191 | 192 | 197 | 198 => &[0, 1],
+        165 => &[0, 1, 2],
+        // fsetxattr, fgetxattr, fremovexattr (name), inotify_add_watch, quotactl
+        190 | 193 | 199 | 254 | 179 => &[1],
+        257 | 258 | 259 | 260 | 261 | 262 | 263 | 267 | 268 | 269 | 280 | 303 | 322 | 332 | 428
+        | 433 | 437 | 439 | 442 | 452 => &[1],
+        264 | 265 | 316 | 429 => &[1, 3],
+        266 => &[0, 2],
+        301 => &[4],
+        _ => &[],
+    }
+}
+
+/// For syscalls whose buffer the plugin captures: `(pointer arg, length arg)`.
+pub fn buffer_arg(nr: u32) -> Option<(usize, usize)> {
+    match nr {
+        nr::WRITE | nr::PWRITE64 => Some((1, 2)),
+        _ => None,
+    }
+}
+
+/// What a monitored syscall entry means for classification.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lifecycle {
+    /// Nothing.
+    None,
+    /// May create a new process (fork, vfork, clone without CLONE_THREAD, clone3 unless the
+    /// flags say thread): invalidate classifications so the child is classified fresh.
+    Fork,
+    /// `clone3`: the flags are in user memory (`struct clone_args.flags`, first word at
+    /// arg 0); read them to decide.
+    Clone3,
+    /// `exit_group`: the process ends; forget it and invalidate.
+    ExitGroup,
+}
+
+/// Classifies a syscall entry by its effect on the process tree.
+pub fn lifecycle(nr: u32, arg0: u64) -> Lifecycle {
+    match nr {
+        nr::FORK | nr::VFORK => Lifecycle::Fork,
+        nr::CLONE if arg0 & CLONE_THREAD == 0 => Lifecycle::Fork,
+        nr::CLONE3 => Lifecycle::Clone3,
+        nr::EXIT_GROUP => Lifecycle::ExitGroup,
+        _ => Lifecycle::None,
+    }
+}
+
+/// Where a string argument ends within a chunk just read: `Some(len)` if a NUL is at `len`.
+pub fn nul_position(chunk: &[u8]) -> Option<usize> {
+    chunk.iter().position(|&b| b == 0)
+}
+
+/// Splits `len` captured bytes into DATA pieces of `cap` bytes: yields (offset, length).
+/// An empty capture still yields one (empty) piece so every captured argument has a record
+/// carrying its FINAL/FAULT/TRUNCATED flags.
+pub fn pieces(len: usize, cap: usize) -> impl Iterator<Item = (usize, usize)> {
+    let cap = cap.max(1);
+    let n = len.div_ceil(cap).max(1);
+    (0..n).map(move |i| (i * cap, (len - i * cap).min(cap)))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Classification
+
+/// The task fields a classification reads for each task it visits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TaskFields {
+    /// `task->pid`.
+    pub pid: u32,
+    /// `task->tgid`.
+    pub tgid: u32,
+    /// `task->real_parent`.
+    pub real_parent: u64,
+    /// `task->comm`.
+    pub comm: [u8; COMM_LEN],
+}
+
+/// Access to guest tasks (the plugin reads guest memory; tests use a map).
+pub trait TaskMemory {
+    /// Reads the fields of the task at `task`, or `None` if the read failed.
+    fn fields(&mut self, task: u64) -> Option<TaskFields>;
+}
+
+/// Why a task is monitored (or not).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// `monitor_all` is set.
+    All,
+    /// Its TGID is monitored.
+    Tgid,
+    /// Its comm matches a filter.
+    Comm,
+    /// An ancestor (that many hops up) is monitored by TGID or comm.
+    Ancestor(u32),
+    /// Not monitored.
+    No,
+}
+
+impl Verdict {
+    /// True for every verdict but [`Verdict::No`].
+    pub fn monitored(self) -> bool {
+        self != Verdict::No
+    }
+}
+
+/// Result of [`classify`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Classification {
+    /// The decision.
+    pub verdict: Verdict,
+    /// `real_parent` hops walked.
+    pub hops: u32,
+    /// A task read failed during the walk (the walk stopped there; the verdict is what was
+    /// known so far).
+    pub read_error: bool,
+}
+
+/// Decides whether the task `me` is monitored: if `monitor_all`, or its TGID or an
+/// ancestor's TGID is monitored (`is_monitored`: the filter TGIDs plus processes the plugin
+/// already monitors), or its or an ancestor's comm matches a filter. Walks `real_parent` at
+/// most [`MAX_ANCESTOR_HOPS`] times, stopping at pid 1 (init), pid 0 or a self-parent.
+pub fn classify<M: TaskMemory>(
+    f: &MonitorFilters,
+    is_monitored: impl Fn(u32) -> bool,
+    me: &TaskFields,
+    mem: &mut M,
+) -> Classification {
+    let done = |verdict, hops, read_error| Classification {
+        verdict,
+        hops,
+        read_error,
+    };
+    if f.monitor_all {
+        return done(Verdict::All, 0, false);
+    }
+    if is_monitored(me.tgid) {
+        return done(Verdict::Tgid, 0, false);
+    }
+    if f.comm_matches(&me.comm) {
+        return done(Verdict::Comm, 0, false);
+    }
+    if me.pid <= 1 {
+        return done(Verdict::No, 0, false);
+    }
+    let mut cur = me.real_parent;
+    let mut hops = 0;
+    while hops < MAX_ANCESTOR_HOPS && cur != 0 {
+        let Some(t) = mem.fields(cur) else {
+            return done(Verdict::No, hops, true);
+        };
+        hops += 1;
+        if t.pid == 0 {
+            break; // the idle task (parent of init and kthreadd) is nobody's monitored parent
+        }
+        if is_monitored(t.tgid) || f.comm_matches(&t.comm) {
+            return done(Verdict::Ancestor(hops), hops, false);
+        }
+        if t.pid <= 1 || t.real_parent == cur {
+            break;
+        }
+        cur = t.real_parent;
+    }
+    done(Verdict::No, hops, false)
 }

@@ -1,40 +1,56 @@
-//! Unit tests of the plugin's pure logic (argument parsing, instruction matching, CR3
-//! masking). The module is compiled into this test directly: the library itself references
-//! QEMU's API, which only exists inside QEMU, so a test binary linking it could not start.
+//! Unit tests of the plugin's pure logic (argument parsing, profile parsing, instruction
+//! decoding, argument tables, classification). The module is compiled into this test
+//! directly: the library itself references QEMU's API, which only exists inside QEMU, so a
+//! test binary linking it could not start.
 
 #[path = "../src/logic.rs"]
 #[allow(dead_code)]
 mod logic;
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 
-use logic::{cr3_base, is_syscall_insn, Options, PluginError, DEFAULT_SYNC_EVERY};
+use logic::*;
+use vmsight_ring::{MonitorFilters, COMM_LEN};
 
 #[test]
 fn options_parse() {
     let o = Options::parse(["shm=/tmp/x.shm"]).expect("minimal");
     assert_eq!(o.shm, PathBuf::from("/tmp/x.shm"));
-    assert!(o.records && !o.peek && !o.verbose);
+    assert!(o.records && !o.verbose && o.profile.is_none());
     assert_eq!(o.sync_every, DEFAULT_SYNC_EVERY);
-    let o = Options::parse(["records=off", "shm=/a", "peek=on", "sync=7", "verbose=yes"])
-        .expect("full");
-    assert!(!o.records && o.peek && o.verbose);
-    assert_eq!(o.sync_every, 7);
+    assert_eq!(o.buf, DEFAULT_BUF_BYTES);
+    let o = Options::parse([
+        "records=off",
+        "shm=/a",
+        "profile=/p.json",
+        "buf=0",
+        "sync=7",
+        "verbose=yes",
+    ])
+    .expect("full");
+    assert!(!o.records && o.verbose);
+    assert_eq!(o.profile, Some(PathBuf::from("/p.json")));
+    assert_eq!((o.buf, o.sync_every), (0, 7));
     assert!(matches!(Options::parse([]), Err(PluginError::MissingShm)));
+    for bad in [
+        &["shm="][..],
+        &["shm=/a", "records=maybe"],
+        &["shm=/a", "sync=0"],
+        &["shm=/a", "buf=4097"],
+        &["shm=/a", "buf=-1"],
+        &["shm=/a", "profile="],
+    ] {
+        assert!(
+            matches!(
+                Options::parse(bad.iter().copied()),
+                Err(PluginError::BadValue { .. })
+            ),
+            "{bad:?}"
+        );
+    }
     assert!(matches!(
-        Options::parse(["shm="]),
-        Err(PluginError::BadValue { .. })
-    ));
-    assert!(matches!(
-        Options::parse(["shm=/a", "records=maybe"]),
-        Err(PluginError::BadValue { .. })
-    ));
-    assert!(matches!(
-        Options::parse(["shm=/a", "sync=0"]),
-        Err(PluginError::BadValue { .. })
-    ));
-    assert!(matches!(
-        Options::parse(["shm=/a", "bogus=1"]),
+        Options::parse(["shm=/a", "peek=on"]),
         Err(PluginError::Unknown(_))
     ));
     assert!(matches!(
@@ -43,6 +59,59 @@ fn options_parse() {
     ));
     let msg = PluginError::MissingShm.to_string();
     assert!(msg.starts_with("The argument shm=PATH"), "{msg}");
+}
+
+const PROFILE: &str = r#"{
+  "format": 1, "kernel_version": "6.1", "kernel_release": "x",
+  "symbols": {"current_task": "0x000000000001fb80", "__per_cpu_start": "0x0000000000000000",
+              "page_offset_base": "0xffffffff82398480"},
+  "structs": {
+    "task_struct": {"size": 9728, "members": {
+      "pid": {"offset": 2416, "size": 4}, "tgid": {"offset": 2420, "size": 4},
+      "comm": {"offset": 2976, "size": 16}, "real_parent": {"offset": 2432, "size": 8},
+      "mm": {"offset": 2272, "size": 8}}},
+    "mm_struct": {"size": 1096, "members": {"pgd": {"offset": 72, "size": 8}}}
+  },
+  "config": {}
+}"#;
+
+#[test]
+fn profile_parse() {
+    let l = KernelLayout::from_json(PROFILE).expect("valid profile");
+    assert_eq!(l.current_task, 0x1fb80);
+    assert_eq!(
+        (l.pid, l.tgid, l.comm, l.real_parent),
+        (2416, 2420, 2976, 2432)
+    );
+    assert_eq!((l.mm, l.mm_pgd), (2272, 72));
+    assert_eq!(l.page_offset_base, 0xffff_ffff_8239_8480);
+    let e = KernelLayout::from_json(&PROFILE.replace("\"tgid\"", "\"tgidx\""))
+        .expect_err("missing member");
+    assert!(e.contains("task_struct.tgid"), "{e}");
+    let e = KernelLayout::from_json(&PROFILE.replace("\"page_offset_base\"", "\"pob\""))
+        .expect_err("missing symbol");
+    assert!(e.contains("page_offset_base"), "{e}");
+    let e = KernelLayout::from_json(&PROFILE.replace(
+        "\"offset\": 2416, \"size\": 4",
+        "\"offset\": 2416, \"size\": 8",
+    ))
+    .expect_err("wrong size");
+    assert!(e.contains("pid"), "{e}");
+    assert!(KernelLayout::from_json("not json").is_err());
+    let e = KernelLayout::from_json(&PROFILE.replace("0x000000000001fb80", "0xffffffff8201fb80"))
+        .expect_err("not per-cpu");
+    assert!(e.contains("per-CPU"), "{e}");
+    // The real profile of the default image, when present.
+    if let Some(p) = std::fs::read_dir("/root/.cache/vmsight/images")
+        .ok()
+        .and_then(|mut d| d.next())
+        .and_then(|e| e.ok())
+        .map(|e| e.path().join("profile.json"))
+        .filter(|p| p.exists())
+    {
+        let l = KernelLayout::load(&p).expect("image profile");
+        assert!(l.current_task > 0 && l.comm > 0);
+    }
 }
 
 #[test]
@@ -58,7 +127,197 @@ fn syscall_decoding() {
 }
 
 #[test]
-fn cr3_masking() {
-    assert_eq!(cr3_base(0x8000_0000_1234_5fff), 0x1234_5000);
-    assert_eq!(cr3_base(0x1234_6000), 0x1234_6000);
+fn kernel_insn_decoding() {
+    use KernelInsn::*;
+    assert_eq!(decode_kernel_insn(&[0x48, 0x0f, 0x07]), Some(Sysretq));
+    assert_eq!(decode_kernel_insn(&[0x0f, 0x07]), None); // sysretl (32-bit)
+    assert_eq!(decode_kernel_insn(&[0x48, 0xcf]), Some(Iretq));
+    assert_eq!(decode_kernel_insn(&[0xcf]), None); // iretl
+                                                   // mov %rdi,%cr3 = 0f 22 df; mov %rax,%cr3 = 0f 22 d8
+    assert_eq!(
+        decode_kernel_insn(&[0x0f, 0x22, 0xdf]),
+        Some(Cr3Write { reg: 7 })
+    );
+    assert_eq!(
+        decode_kernel_insn(&[0x0f, 0x22, 0xd8]),
+        Some(Cr3Write { reg: 0 })
+    );
+    // mov %r12,%cr3 = 41 0f 22 dc; REX.W is ignored
+    assert_eq!(
+        decode_kernel_insn(&[0x41, 0x0f, 0x22, 0xdc]),
+        Some(Cr3Write { reg: 12 })
+    );
+    assert_eq!(
+        decode_kernel_insn(&[0x49, 0x0f, 0x22, 0xdf]),
+        Some(Cr3Write { reg: 15 })
+    );
+    // mov %rax,%cr0 / %cr4 / %cr2: other control registers
+    assert_eq!(decode_kernel_insn(&[0x0f, 0x22, 0xc0]), None);
+    assert_eq!(decode_kernel_insn(&[0x0f, 0x22, 0xe0]), None);
+    assert_eq!(decode_kernel_insn(&[0x0f, 0x22, 0xd0]), None);
+    // mov %cr3,%rax (read) = 0f 20 d8
+    assert_eq!(decode_kernel_insn(&[0x0f, 0x20, 0xd8]), None);
+    // REX.R would be CR11
+    assert_eq!(decode_kernel_insn(&[0x44, 0x0f, 0x22, 0xd8]), None);
+    // mod bits are ignored by the CPU: 0f 22 18 is still mov %rax,%cr3
+    assert_eq!(
+        decode_kernel_insn(&[0x0f, 0x22, 0x18]),
+        Some(Cr3Write { reg: 0 })
+    );
+    assert_eq!(decode_kernel_insn(&[]), None);
+    assert_eq!(GPR_NAMES[7], "rdi");
+    assert_eq!(GPR_NAMES[12], "r12");
+}
+
+#[test]
+fn cr3_and_addresses() {
+    assert_eq!(cr3_base(0x8000_0000_1234_5001), 0x1234_5000);
+    assert!(is_kernel_addr(0xffff_8880_0000_0000));
+    assert!(is_kernel_addr(0xff11_0000_0000_0000)); // 5-level direct map
+    assert!(!is_kernel_addr(0x7fff_ffff_f000));
+}
+
+#[test]
+fn argument_tables() {
+    assert_eq!(string_args(257), &[1]); // openat
+    assert_eq!(string_args(2), &[0]); // open
+    assert_eq!(string_args(59), &[0]); // execve: filename only
+    assert_eq!(string_args(322), &[1]); // execveat
+    assert_eq!(string_args(316), &[1, 3]); // renameat2
+    assert_eq!(string_args(266), &[0, 2]); // symlinkat
+    assert_eq!(string_args(165), &[0, 1, 2]); // mount
+    assert_eq!(string_args(332), &[1]); // statx
+    assert_eq!(string_args(262), &[1]); // newfstatat
+    assert_eq!(string_args(110), &[] as &[u8]); // getppid
+    assert_eq!(string_args(0), &[] as &[u8]); // read
+    assert_eq!(buffer_arg(1), Some((1, 2)));
+    assert_eq!(buffer_arg(18), Some((1, 2)));
+    assert_eq!(buffer_arg(0), None);
+    assert_eq!(lifecycle(57, 0), Lifecycle::Fork);
+    assert_eq!(lifecycle(58, 0), Lifecycle::Fork);
+    assert_eq!(lifecycle(56, 0x01200011), Lifecycle::Fork); // fork-like clone (SIGCHLD)
+    assert_eq!(lifecycle(56, 0x003d0f00), Lifecycle::None); // pthread_create's clone
+    assert_eq!(lifecycle(435, 0), Lifecycle::Clone3);
+    assert_eq!(lifecycle(231, 0), Lifecycle::ExitGroup);
+    assert_eq!(lifecycle(60, 0), Lifecycle::None);
+    assert_eq!(nul_position(b"abc\0def"), Some(3));
+    assert_eq!(nul_position(b"abc"), None);
+    let p: Vec<_> = pieces(0, 88).collect();
+    assert_eq!(p, vec![(0, 0)]);
+    let p: Vec<_> = pieces(88, 88).collect();
+    assert_eq!(p, vec![(0, 88)]);
+    let p: Vec<_> = pieces(200, 88).collect();
+    assert_eq!(p, vec![(0, 88), (88, 88), (176, 24)]);
+    assert_eq!(pieces(4096, 88).count(), 47);
+}
+
+/// A synthetic process tree: task pointer -> fields.
+struct Tree(HashMap<u64, TaskFields>, u32);
+
+impl TaskMemory for Tree {
+    fn fields(&mut self, task: u64) -> Option<TaskFields> {
+        self.1 += 1;
+        self.0.get(&task).copied()
+    }
+}
+
+fn comm(s: &str) -> [u8; COMM_LEN] {
+    MonitorFilters::comm(s).expect("valid comm")
+}
+
+fn task(pid: u32, tgid: u32, parent: u64, name: &str) -> TaskFields {
+    TaskFields {
+        pid,
+        tgid,
+        real_parent: parent,
+        comm: comm(name),
+    }
+}
+
+/// swapper(0) <- init(1) <- sshd(100) <- bash(200) <- make(300) <- sh(400) <- ls(500)
+fn tree() -> Tree {
+    let mut m = HashMap::new();
+    m.insert(0x1000, task(0, 0, 0x1000, "swapper/0"));
+    m.insert(0x1001, task(1, 1, 0x1000, "init"));
+    m.insert(0x1100, task(100, 100, 0x1001, "sshd"));
+    m.insert(0x1200, task(200, 200, 0x1100, "bash"));
+    m.insert(0x1300, task(300, 300, 0x1200, "make"));
+    m.insert(0x1400, task(400, 400, 0x1300, "sh"));
+    m.insert(0x1500, task(500, 500, 0x1400, "ls"));
+    // a thread of make
+    m.insert(0x1301, task(301, 300, 0x1200, "make-worker"));
+    Tree(m, 0)
+}
+
+#[test]
+fn classification() {
+    let t = tree();
+    let ls = t.0[&0x1500];
+    let none = MonitorFilters::none();
+    let run = |f: &MonitorFilters, set: &[u32], me: &TaskFields| {
+        let mut tr = tree();
+        let c = classify(f, |x| set.contains(&x), me, &mut tr);
+        (c, tr.1)
+    };
+    // Nothing monitored: walks to init and stops.
+    let (c, reads) = run(&none, &[], &ls);
+    assert_eq!(c.verdict, Verdict::No);
+    assert_eq!(c.hops, 5); // sh, make, bash, sshd, init
+    assert_eq!(reads, 5);
+    assert!(!c.read_error);
+    // monitor_all: no walk at all.
+    let (c, reads) = run(&MonitorFilters::all(), &[], &ls);
+    assert_eq!((c.verdict, reads), (Verdict::All, 0));
+    // Own TGID.
+    let (c, _) = run(&none, &[500], &ls);
+    assert_eq!(c.verdict, Verdict::Tgid);
+    // Ancestor by TGID (make = 2 hops up).
+    let (c, _) = run(&none, &[300], &ls);
+    assert_eq!(c.verdict, Verdict::Ancestor(2));
+    assert!(c.verdict.monitored());
+    // Own comm, ancestor comm.
+    let f = MonitorFilters::none().with_comm("ls").expect("valid");
+    assert_eq!(run(&f, &[], &ls).0.verdict, Verdict::Comm);
+    let f = MonitorFilters::none().with_comm("bash").expect("valid");
+    assert_eq!(run(&f, &[], &ls).0.verdict, Verdict::Ancestor(3));
+    // A thread: classified by its process (tgid 300), whatever its name.
+    let worker = t.0[&0x1301];
+    assert_eq!(run(&none, &[300], &worker).0.verdict, Verdict::Tgid);
+    // Siblings and parents of a monitored process are not monitored.
+    let bash = t.0[&0x1200];
+    assert_eq!(run(&none, &[300], &bash).0.verdict, Verdict::No);
+    // init itself is never walked past; tgid 1 monitored means every descendant.
+    assert_eq!(run(&none, &[1], &ls).0.verdict, Verdict::Ancestor(5));
+    // The idle task's TGID 0 never matches (it is nobody's monitored parent).
+    let init = t.0[&0x1001];
+    assert_eq!(run(&none, &[0], &init).0.verdict, Verdict::No);
+}
+
+#[test]
+fn classification_is_bounded_and_survives_bad_memory() {
+    let none = MonitorFilters::none();
+    // A read failure stops the walk and is reported.
+    let mut tr = tree();
+    tr.0.remove(&0x1200);
+    let ls = tr.0[&0x1500];
+    let c = classify(&none, |x| x == 100, &ls, &mut tr);
+    assert_eq!(c.verdict, Verdict::No);
+    assert!(c.read_error);
+    assert_eq!(c.hops, 2);
+    // A cycle (corrupted or racing memory) is cut at MAX_ANCESTOR_HOPS.
+    let mut m = HashMap::new();
+    m.insert(0xa, task(10, 10, 0xb, "a"));
+    m.insert(0xb, task(11, 11, 0xa, "b"));
+    let me = task(12, 12, 0xa, "c");
+    let mut tr = Tree(m, 0);
+    let c = classify(&none, |_| false, &me, &mut tr);
+    assert_eq!(c.verdict, Verdict::No);
+    assert_eq!(c.hops, MAX_ANCESTOR_HOPS);
+    assert_eq!(tr.1, MAX_ANCESTOR_HOPS);
+    // A self-parent stops immediately.
+    let mut m = HashMap::new();
+    m.insert(0xa, task(10, 10, 0xa, "a"));
+    let me = task(12, 12, 0xa, "c");
+    let c = classify(&none, |_| false, &me, &mut Tree(m, 0));
+    assert_eq!(c.hops, 1);
 }

@@ -1,36 +1,18 @@
 #!/bin/bash
-# Per-syscall cost of a guest getppid loop without the plugin and with it (records=off/on/peek).
-# Interleaved rounds: each round boots once per configuration; prints min/median per config.
-# usage: K=vmlinuz INITRD=initrd.gz T=$CARGO_TARGET_DIR [ROUNDS=6] bench.sh
-set -u
-K=${K:?path of the guest kernel}
-INITRD=${INITRD:?initramfs from make-initramfs.sh}
-T=${T:-${CARGO_TARGET_DIR:-target}}
-P=$T/release/libvmsight_plugin.so
-D=$T/release/examples/dump
-WORK=$(mktemp -d)
-Q=(qemu-system-x86_64 -accel tcg,thread=multi -cpu max -smp 2 -m 512M -machine q35 -nodefaults
-   -display none -no-reboot -serial stdio -kernel $K -initrd $INITRD
-   -append 'console=ttyS0 panic=-1 rdinit=/init quiet')
-ROUNDS=${ROUNDS:-6}
-CFGS=${CFGS:-"none records=off records=on records=on,peek=on"}
-rm -f $WORK/res.txt
+# Interleaved getppid cost: none / loaded-nothing-monitored / monitored (records on, live drain)
+IMG=${IMG:-$(ls -d /root/.cache/vmsight/images/*/ | head -1)}
+P=$IMG/profile.json
+CMD='for i in 1 2; do s=$(date +%s%N); getppid_loop 1000000; e=$(date +%s%N); echo per_call_ns=$(( (e-s)/1000000 )); done'
+ROUNDS=${ROUNDS:-3}
 for r in $(seq $ROUNDS); do
-  for cfg in $CFGS; do
-    if [ "$cfg" = none ]; then out=$("${Q[@]}" 2>&1)
-    else out=$($D $WORK/b.shm --vcpus 2 -- "${Q[@]}" -plugin $P,shm=$WORK/b.shm,$cfg 2>&1); fi
-    for v in $(echo "$out" | grep -o 'per_syscall=[0-9.]*' | cut -d= -f2); do echo "$cfg $v" >> $WORK/res.txt; done
+  for cfg in none idle mon off; do
+    case $cfg in
+      none) out=$(./run.sh none "$CMD" 2>&1);;
+      idle) out=$(./run.sh "profile=$P" "$CMD" 2>&1);;
+      off)  out=$(./run.sh "records=off" "$CMD" 2>&1);;
+      mon)  out=$(./run.sh "profile=$P" "$CMD" --comm getppid_loop 2>&1);;
+    esac
+    for v in $(echo "$out" | grep -o 'per_call_ns=[0-9]*' | cut -d= -f2); do echo "$cfg $v"; done
+    echo "$out" | grep -E "^ all" | sed "s/^/$cfg counters: /"
   done
 done
-python3 - "$WORK/res.txt" <<'PY'
-import statistics, collections, sys
-d = collections.OrderedDict()
-for l in open(sys.argv[1]):
-    k, v = l.split(); d.setdefault(k, []).append(float(v))
-base = None
-for k, vals in d.items():
-    mn, md = min(vals), statistics.median(vals)
-    if base is None: base = (mn, md)
-    print(f"{k:20s} n={len(vals):2d} min={mn:.3f} median={md:.3f} us/syscall  overhead vs none: min {mn-base[0]:+.3f} median {md-base[1]:+.3f}")
-PY
-rm -rf "$WORK"

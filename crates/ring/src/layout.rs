@@ -8,7 +8,10 @@
 //!
 //! ```text
 //! offset 0                      header (one 4 KiB page)
-//! offset COUNTERS_OFFSET        max_vcpus counter blocks, COUNTER_STRIDE (128) bytes each
+//! offset CONTROL_OFFSET         control area (two pages, see [`crate::control`]):
+//!     +0     monitor filters (vmsight writes, seqlock) and their generation
+//!     +4096  plugin report (plugin writes): applied generation, monitored TGIDs (seqlock)
+//! offset COUNTERS_OFFSET        max_vcpus counter blocks, COUNTER_STRIDE (256) bytes each
 //! offset rings_offset           max_vcpus rings, ring_stride bytes each (page aligned):
 //!     +0    head  (AtomicU64, producer writes)   own 128-byte line pair
 //!     +128  tail  (AtomicU64, consumer writes)   own 128-byte line pair
@@ -22,14 +25,18 @@ use crate::Record;
 /// `b"VMSRING\0"` read as a little-endian u64; written last by the creator.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"VMSRING\0");
 /// Version of this layout; bumped on any incompatible change of header, counters or records.
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 /// Size of the header region (one page so the counters start page aligned).
 pub const HEADER_SIZE: u64 = 4096;
+/// Offset of the control area (monitor filters and the plugin's report).
+pub const CONTROL_OFFSET: u64 = HEADER_SIZE;
+/// Size of the control area: one page of filters, one page of plugin report.
+pub const CONTROL_SIZE: u64 = 2 * 4096;
 /// Offset of the first per-vCPU counter block.
-pub const COUNTERS_OFFSET: u64 = HEADER_SIZE;
-/// Size of one per-vCPU counter block: two cache lines, so the adjacent-line prefetcher of
-/// one vCPU's counters never drags in another vCPU's line.
-pub const COUNTER_STRIDE: u64 = 128;
+pub const COUNTERS_OFFSET: u64 = CONTROL_OFFSET + CONTROL_SIZE;
+/// Size of one per-vCPU counter block: four cache lines (32 counters), a multiple of 128 so
+/// the adjacent-line prefetcher of one vCPU's counters never drags in another vCPU's line.
+pub const COUNTER_STRIDE: u64 = 256;
 /// Number of u64 cells in a counter block.
 pub const COUNTER_CELLS: usize = (COUNTER_STRIDE / 8) as usize;
 /// Size of the per-ring control area (head and tail, each on its own 128-byte pair of lines).
@@ -113,14 +120,19 @@ pub struct Header {
     pub producer_heartbeat_ns: AtomicU64,
     /// How many times a plugin attached to this file.
     pub attach_count: AtomicU64,
+    /// [`CONTROL_OFFSET`].
+    pub control_offset: AtomicU64,
+    /// [`CONTROL_SIZE`].
+    pub control_size: AtomicU64,
 }
 
 /// Bits of [`Header::plugin_flags`].
 pub mod plugin_flags {
     /// The plugin pushes syscall records (`records=on`).
     pub const RECORDS: u32 = 1 << 0;
-    /// The plugin copies write buffers into records (`peek=on`).
-    pub const PEEK: u32 = 1 << 1;
+    /// The plugin has a kernel profile (`profile=`) and can monitor tasks; without it only
+    /// counting works.
+    pub const PROFILE: u32 = 1 << 1;
 }
 
 const _: () = assert!(std::mem::size_of::<Header>() as u64 <= HEADER_SIZE);
@@ -210,6 +222,8 @@ mod tests {
         assert_eq!(offset_of!(Header, plugin_flags), 88);
         assert_eq!(offset_of!(Header, producer_heartbeat_ns), 96);
         assert_eq!(offset_of!(Header, attach_count), 104);
+        assert_eq!(offset_of!(Header, control_offset), 112);
+        assert_eq!(offset_of!(Header, control_size), 120);
         assert_eq!(offset_of!(Record, payload), 32);
     }
 

@@ -11,10 +11,15 @@
 //! reads back: geometry is validated at attach and then computed locally, indices are masked,
 //! and head/tail values that break the ring invariant are detected and resynchronised.
 //!
+//! The control area carries the other direction: vmsight sets [`MonitorFilters`] with
+//! [`ChannelHost::set_filters`]; the plugin applies them, acknowledges the generation and
+//! reports which processes it monitors ([`ChannelHost::plugin_report`]).
+//!
 //! ```no_run
-//! use vmsight_ring::{Channel, Record};
-//! # fn main() -> Result<(), vmsight_ring::Error> {
+//! use vmsight_ring::{Channel, MonitorFilters, Record};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let mut host = Channel::create("/run/vmsight/vm1/plugin.shm", 4, 65536)?;
+//! host.set_filters(&MonitorFilters::none().with_comm("postgres")?)?;
 //! // ... in QEMU, the plugin does:
 //! let plugin = Channel::attach("/run/vmsight/vm1/plugin.shm")?;
 //! let mut p = plugin.producer(0)?;
@@ -30,13 +35,18 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
+pub mod control;
 pub mod layout;
 mod map;
 mod record;
 
+pub use control::{
+    comm_to_string, FilterError, MonitorFilters, MonitorReport, COMM_LEN, MAX_FILTER_COMMS,
+    MAX_FILTER_TGIDS, MAX_REPORTED_TGIDS,
+};
 use layout::{consumer_state, producer_state, Geometry, HEADER_SIZE, LAYOUT_VERSION, MAGIC};
 use map::{CounterBlock, Mapping};
-pub use record::{flags, kind, syscall, Record};
+pub use record::{data, flags, kind, ret, syscall, Record, ReturnVia};
 
 /// Errors of creating or attaching a channel.
 #[derive(Debug, thiserror::Error)]
@@ -104,6 +114,9 @@ pub enum Error {
         /// Slots in the channel.
         max_vcpus: u32,
     },
+    /// Invalid monitor filters.
+    #[error("Cannot set the monitor filters: {0}")]
+    Filters(#[from] FilterError),
     /// A second producer for the same ring was requested.
     #[error("vCPU {vcpu} already has a producer; each ring has exactly one.")]
     ProducerTaken {
@@ -121,7 +134,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub enum Counter {
     /// User-mode `syscall` instructions executed (from the plugin's inline scoreboard).
     Syscalls = 0,
-    /// Syscall exec callbacks invoked (records=on).
+    /// Syscall exec callbacks invoked (only while the vCPU's task is monitored or unknown).
     Callbacks = 1,
     /// Records pushed into the ring.
     RecordsWritten = 2,
@@ -135,6 +148,30 @@ pub enum Counter {
     MemReadErrors = 6,
     /// Internal errors (caught panics, missing state) in plugin callbacks.
     InternalErrors = 7,
+    /// Syscall callbacks on monitored tasks (= entry records produced or dropped).
+    MonitoredSyscalls = 8,
+    /// Classifications: callbacks that looked up the current task because the vCPU's
+    /// monitoring state was unknown (after a CR3 write or a filter/fork/exit change).
+    Classifications = 9,
+    /// CR3-write callbacks (only while some filter is set).
+    Cr3Writes = 10,
+    /// Return (`sysretq`/`iretq`) callbacks (only while monitored or unknown).
+    ReturnCallbacks = 11,
+    /// Guest kernel memory reads that failed (current task, task fields, iret frames).
+    KernelReadErrors = 12,
+    /// Return records produced (or dropped).
+    Returns = 13,
+    /// DATA records produced (or dropped).
+    DataRecords = 14,
+    /// Times this vCPU invalidated every vCPU's classification (filter change, monitored
+    /// fork/clone, monitored exit_group).
+    Invalidations = 15,
+    /// `task->real_parent` hops walked by classifications.
+    AncestorHops = 16,
+    /// Classifications whose `current->mm->pgd` did not match CR3 (e.g. a PTI user CR3).
+    Cr3Mismatches = 17,
+    /// Return callbacks that returned to kernel mode (`iretq` with CS.RPL 0): ignored.
+    KernelReturns = 18,
 }
 
 /// A snapshot of one vCPU's counters (or their sum, see [`ChannelHost::totals`]).
@@ -156,6 +193,28 @@ pub struct VcpuCounters {
     pub mem_read_errors: u64,
     /// See [`Counter::InternalErrors`].
     pub internal_errors: u64,
+    /// See [`Counter::MonitoredSyscalls`].
+    pub monitored_syscalls: u64,
+    /// See [`Counter::Classifications`].
+    pub classifications: u64,
+    /// See [`Counter::Cr3Writes`].
+    pub cr3_writes: u64,
+    /// See [`Counter::ReturnCallbacks`].
+    pub return_callbacks: u64,
+    /// See [`Counter::KernelReadErrors`].
+    pub kernel_read_errors: u64,
+    /// See [`Counter::Returns`].
+    pub returns: u64,
+    /// See [`Counter::DataRecords`].
+    pub data_records: u64,
+    /// See [`Counter::Invalidations`].
+    pub invalidations: u64,
+    /// See [`Counter::AncestorHops`].
+    pub ancestor_hops: u64,
+    /// See [`Counter::Cr3Mismatches`].
+    pub cr3_mismatches: u64,
+    /// See [`Counter::KernelReturns`].
+    pub kernel_returns: u64,
 }
 
 impl VcpuCounters {
@@ -170,6 +229,17 @@ impl VcpuCounters {
             reg_read_errors: g(Counter::RegReadErrors),
             mem_read_errors: g(Counter::MemReadErrors),
             internal_errors: g(Counter::InternalErrors),
+            monitored_syscalls: g(Counter::MonitoredSyscalls),
+            classifications: g(Counter::Classifications),
+            cr3_writes: g(Counter::Cr3Writes),
+            return_callbacks: g(Counter::ReturnCallbacks),
+            kernel_read_errors: g(Counter::KernelReadErrors),
+            returns: g(Counter::Returns),
+            data_records: g(Counter::DataRecords),
+            invalidations: g(Counter::Invalidations),
+            ancestor_hops: g(Counter::AncestorHops),
+            cr3_mismatches: g(Counter::Cr3Mismatches),
+            kernel_returns: g(Counter::KernelReturns),
         }
     }
 
@@ -184,6 +254,17 @@ impl VcpuCounters {
         self.reg_read_errors = self.reg_read_errors.wrapping_add(o.reg_read_errors);
         self.mem_read_errors = self.mem_read_errors.wrapping_add(o.mem_read_errors);
         self.internal_errors = self.internal_errors.wrapping_add(o.internal_errors);
+        self.monitored_syscalls = self.monitored_syscalls.wrapping_add(o.monitored_syscalls);
+        self.classifications = self.classifications.wrapping_add(o.classifications);
+        self.cr3_writes = self.cr3_writes.wrapping_add(o.cr3_writes);
+        self.return_callbacks = self.return_callbacks.wrapping_add(o.return_callbacks);
+        self.kernel_read_errors = self.kernel_read_errors.wrapping_add(o.kernel_read_errors);
+        self.returns = self.returns.wrapping_add(o.returns);
+        self.data_records = self.data_records.wrapping_add(o.data_records);
+        self.invalidations = self.invalidations.wrapping_add(o.invalidations);
+        self.ancestor_hops = self.ancestor_hops.wrapping_add(o.ancestor_hops);
+        self.cr3_mismatches = self.cr3_mismatches.wrapping_add(o.cr3_mismatches);
+        self.kernel_returns = self.kernel_returns.wrapping_add(o.kernel_returns);
     }
 }
 
@@ -257,6 +338,8 @@ impl Channel {
         h.rings_offset.store(geometry.rings_offset, r);
         h.ring_stride.store(geometry.ring_stride, r);
         h.total_size.store(geometry.total_size, r);
+        h.control_offset.store(layout::CONTROL_OFFSET, r);
+        h.control_size.store(layout::CONTROL_SIZE, r);
         h.consumer_pid.store(std::process::id(), r);
         h.consumer_state.store(consumer_state::ALIVE, r);
         // Publish: a plugin that sees the magic (Acquire) sees every field above.
@@ -329,6 +412,7 @@ impl Channel {
         Ok(ChannelPlugin {
             map: Arc::new(map),
             claimed,
+            report_lock: std::sync::Mutex::new(()),
         })
     }
 }
@@ -376,6 +460,12 @@ fn validate_header(path: &Path, h: &layout::Header, file_size: u64) -> Result<Ge
         h.counters_offset.load(r),
         layout::COUNTERS_OFFSET,
     )?;
+    check(
+        "control_offset",
+        h.control_offset.load(r),
+        layout::CONTROL_OFFSET,
+    )?;
+    check("control_size", h.control_size.load(r), layout::CONTROL_SIZE)?;
     let g = Geometry::new(h.max_vcpus.load(r), h.ring_records.load(r)).map_err(corrupt)?;
     check("rings_offset", h.rings_offset.load(r), g.rings_offset)?;
     check("ring_stride", h.ring_stride.load(r), g.ring_stride)?;
@@ -449,6 +539,42 @@ impl ChannelHost {
             flags: h.plugin_flags.load(r),
             heartbeat_ns: h.producer_heartbeat_ns.load(r),
             attach_count: h.attach_count.load(r),
+        }
+    }
+
+    /// Sets what the plugin monitors (replacing the previous filters) and returns the new
+    /// filter generation. The plugin picks the change up at its next callback on any vCPU
+    /// (at the latest after `sync=N` syscalls or an idle vCPU); [`ChannelHost::plugin_report`]
+    /// shows when it has applied it. Safe to call before QEMU starts: the plugin applies the
+    /// filters at attach.
+    pub fn set_filters(&mut self, filters: &MonitorFilters) -> Result<u64> {
+        filters.validate()?;
+        Ok(self.map.filters().write(filters))
+    }
+
+    /// The filters as currently stored in the control area, with their generation.
+    pub fn filters(&self) -> Option<(u64, MonitorFilters)> {
+        self.map.filters().read()
+    }
+
+    /// What the plugin reports: the filter generation it has applied and the processes it
+    /// currently monitors. `None` if the plugin held its lock for the whole read (retry).
+    pub fn plugin_report(&self) -> Option<MonitorReport> {
+        self.map.report().read()
+    }
+
+    /// Waits (polling every millisecond) until the plugin has applied filter generation
+    /// `generation` or `timeout` passes; returns whether it did.
+    pub fn wait_filters_applied(&self, generation: u64, timeout: std::time::Duration) -> bool {
+        let end = std::time::Instant::now() + timeout;
+        loop {
+            if self.map.report().applied_generation.load(Ordering::Acquire) >= generation {
+                return true;
+            }
+            if std::time::Instant::now() >= end {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
         }
     }
 
@@ -534,6 +660,7 @@ impl Drop for ChannelHost {
 pub struct ChannelPlugin {
     map: Arc<Mapping>,
     claimed: Vec<AtomicBool>,
+    report_lock: std::sync::Mutex<()>,
 }
 
 impl ChannelPlugin {
@@ -626,6 +753,38 @@ impl ChannelPlugin {
             .header()
             .producer_state
             .store(producer_state::FINISHED, Ordering::Release);
+    }
+
+    /// Current filter generation (one relaxed load; compare with the applied one to decide
+    /// whether to call [`ChannelPlugin::read_filters`]).
+    #[inline]
+    pub fn filter_generation(&self) -> u64 {
+        self.map.filters().generation()
+    }
+
+    /// A consistent snapshot `(generation, filters)` of the control area, or `None` if
+    /// vmsight held the seqlock for all retries (try again later). Counts are clamped to the
+    /// array sizes; entries are not otherwise validated.
+    pub fn read_filters(&self) -> Option<(u64, MonitorFilters)> {
+        self.map.filters().read()
+    }
+
+    /// Acknowledges that filter generation `generation` is applied.
+    pub fn ack_filters(&self, generation: u64) {
+        self.map
+            .report()
+            .applied_generation
+            .store(generation, Ordering::Release);
+    }
+
+    /// Publishes the list of monitored TGIDs (at most [`MAX_REPORTED_TGIDS`]; more set the
+    /// overflow flag). Serialised internally, so any thread may call it.
+    pub fn report_monitored(&self, tgids: &[u32]) {
+        let _g = self
+            .report_lock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.map.report().write_tgids(tgids);
     }
 
     /// The consumer's state ([`layout::consumer_state`]).
@@ -732,6 +891,23 @@ impl Producer {
         unsafe { &*self.head_ptr }.store(self.head, Ordering::Release);
         self.counters.set(Counter::RecordsWritten, self.head);
         true
+    }
+
+    /// Free slots (refreshes the consumer's tail only when the cached copy says fewer than
+    /// `want` are free). Use it to push an entry and its DATA records all or nothing.
+    #[inline]
+    pub fn free(&mut self, want: u64) -> u64 {
+        let mut free = self
+            .cap
+            .saturating_sub(self.head.wrapping_sub(self.cached_tail));
+        if free < want {
+            // SAFETY: tail_ptr points to this ring's tail inside the live mapping.
+            self.cached_tail = unsafe { &*self.tail_ptr }.load(Ordering::Acquire);
+            free = self
+                .cap
+                .saturating_sub(self.head.wrapping_sub(self.cached_tail));
+        }
+        free
     }
 
     /// Records in the ring not yet consumed (as far as this producer knows).

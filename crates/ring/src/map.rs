@@ -5,11 +5,12 @@ use std::os::fd::AsRawFd;
 use std::ptr::NonNull;
 use std::sync::atomic::AtomicU64;
 
-use crate::layout::{Geometry, Header, COUNTER_CELLS, RING_CONTROL_SIZE};
+use crate::control::{FilterArea, ReportArea};
+use crate::layout::{Geometry, Header, CONTROL_OFFSET, COUNTER_CELLS, RING_CONTROL_SIZE};
 use crate::Record;
 
 /// One per-vCPU counter block (two cache lines).
-#[repr(C, align(128))]
+#[repr(C, align(256))]
 pub(crate) struct CounterBlock {
     pub(crate) cells: [AtomicU64; COUNTER_CELLS],
 }
@@ -71,6 +72,36 @@ impl Mapping {
         unsafe { &*self.ptr.as_ptr().cast::<Header>() }
     }
 
+    /// The filter half of the control area. Only valid on a full mapping (not the
+    /// header-only probe mapping used during attach).
+    pub(crate) fn filters(&self) -> &FilterArea {
+        debug_assert!(self.len as u64 >= CONTROL_OFFSET + 4096);
+        // SAFETY: every full mapping covers `total_size`, which the geometry places beyond the
+        // control area (CONTROL_OFFSET + CONTROL_SIZE <= COUNTERS_OFFSET <= rings_offset);
+        // the offset is page aligned; FilterArea holds only atomics (any bits valid, shared
+        // access sound).
+        unsafe {
+            &*self
+                .ptr
+                .as_ptr()
+                .add(CONTROL_OFFSET as usize)
+                .cast::<FilterArea>()
+        }
+    }
+
+    /// The plugin-report half of the control area (full mappings only).
+    pub(crate) fn report(&self) -> &ReportArea {
+        debug_assert!(self.len as u64 >= CONTROL_OFFSET + 8192);
+        // SAFETY: as for `filters`, one page further, still inside the control area.
+        unsafe {
+            &*self
+                .ptr
+                .as_ptr()
+                .add(CONTROL_OFFSET as usize + 4096)
+                .cast::<ReportArea>()
+        }
+    }
+
     /// Counter block of `vcpu`, or `None` if out of range.
     pub(crate) fn counters(&self, vcpu: u32) -> Option<&CounterBlock> {
         if vcpu >= self.geometry.max_vcpus {
@@ -78,7 +109,7 @@ impl Mapping {
         }
         let off = self.geometry.counters_at(vcpu) as usize;
         // SAFETY: `vcpu < max_vcpus`, so the block lies inside the counters region, which the
-        // geometry places inside `total_size <= len`; offsets are multiples of 128 from a page
+        // geometry places inside `total_size <= len`; offsets are multiples of 256 from a page
         // aligned base, matching CounterBlock's alignment; it contains only atomics.
         Some(unsafe { &*self.ptr.as_ptr().add(off).cast::<CounterBlock>() })
     }

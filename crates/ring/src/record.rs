@@ -1,21 +1,48 @@
-//! The fixed-size record carried by the rings.
+//! The fixed-size record carried by the rings, its kinds and the accessors vmsight uses.
+//!
+//! Three kinds, all 128 bytes (header 32 bytes + 12 payload words):
+//!
+//! | kind | `pc` | payload |
+//! |---|---|---|
+//! | [`kind::SYSCALL_ENTRY`] | address of the `syscall` instruction | nr, args[6], user rsp, task, tid/tgid, comm[16] |
+//! | [`kind::SYSCALL_RETURN`] | user RIP the kernel returns to | task, tid/tgid, rax, user rsp, rflags, kernel insn, 0, cs |
+//! | [`kind::DATA`] | guest address of the piece | arg/len/offset word, 88 bytes |
+//!
+//! An entry whose [`Record::data_count`] is `n > 0` is followed in the same ring by `n`
+//! [`kind::DATA`] records (fewer only if [`flags::DATA_LOST`] is set), which carry the entry's
+//! timestamp and CR3.
+
+use crate::control::COMM_LEN;
 
 /// Record kinds stored in [`Record::kind`].
 pub mod kind {
     /// An unused slot (never pushed by the plugin).
     pub const EMPTY: u16 = 0;
-    /// Entry of a user-mode `syscall` instruction; payload layout in [`super::syscall`].
+    /// A monitored task executed a user-mode `syscall` instruction (before the kernel ran).
     pub const SYSCALL_ENTRY: u16 = 1;
+    /// A monitored task is about to return to user mode through `sysretq` or `iretq` (the
+    /// exit of a syscall, but also of interrupts and exceptions taken in user mode; vmsight
+    /// pairs returns with entries).
+    pub const SYSCALL_RETURN: u16 = 2;
+    /// A piece of a string or buffer argument of the preceding [`SYSCALL_ENTRY`].
+    pub const DATA: u16 = 3;
 }
 
-/// Bits of [`Record::flags`]. The high byte holds the inline data length.
+/// Bits of [`Record::flags`] (bits 0..8; bits 8..16 of an entry hold the DATA count).
 pub mod flags {
-    /// `payload[syscall::DATA..]` holds guest bytes copied at entry (`peek=on`).
-    pub const DATA: u16 = 1 << 0;
-    /// The guest memory read for the inline data failed (nothing or only part was copied).
-    pub const DATA_FAULT: u16 = 1 << 1;
     /// One or more register reads failed; the affected fields are zero.
-    pub const REG_FAULT: u16 = 1 << 2;
+    pub const REG_FAULT: u16 = 1 << 0;
+    /// Entry: some of the announced DATA records could not be pushed (ring full).
+    pub const DATA_LOST: u16 = 1 << 2;
+    /// Return: through `iretq` (else `sysretq`).
+    pub const VIA_IRET: u16 = 1 << 3;
+    /// DATA: last piece of this argument.
+    pub const FINAL: u16 = 1 << 5;
+    /// DATA: the string had no NUL within the limit, or the buffer was longer than captured.
+    pub const TRUNCATED: u16 = 1 << 6;
+    /// DATA: reading guest memory failed at the end of this piece (unmapped or not present);
+    /// the bytes before the fault are in the piece.
+    pub const FAULT: u16 = 1 << 7;
 }
 
 /// Payload word indices of a [`kind::SYSCALL_ENTRY`] record.
@@ -24,42 +51,90 @@ pub mod syscall {
     pub const NR: usize = 0;
     /// First of the six argument registers: rdi, rsi, rdx, r10, r8, r9.
     pub const ARGS: usize = 1;
-    /// RSP at entry (the user stack pointer; Sky tells threads apart by it).
+    /// RSP at entry (the user stack pointer).
     pub const SP: usize = 7;
-    /// First of four words (32 bytes) of inline guest data (see [`super::flags::DATA`]).
-    pub const DATA: usize = 8;
-    /// Capacity of the inline data in bytes.
-    pub const DATA_BYTES: usize = 32;
+    /// Guest `task_struct` pointer of the calling thread.
+    pub const TASK: usize = 8;
+    /// `task->pid` (tid) in bits 0..32, `task->tgid` in bits 32..64.
+    pub const IDS: usize = 9;
+    /// `task->comm`, 16 bytes in two words.
+    pub const COMM: usize = 10;
+}
+
+/// Payload word indices of a [`kind::SYSCALL_RETURN`] record.
+pub mod ret {
+    /// Guest `task_struct` pointer of the returning thread.
+    pub const TASK: usize = 0;
+    /// tid in bits 0..32, tgid in bits 32..64.
+    pub const IDS: usize = 1;
+    /// RAX: the syscall's return value (for syscall returns).
+    pub const RAX: usize = 2;
+    /// User RSP after the return.
+    pub const SP: usize = 3;
+    /// User RFLAGS after the return (sysret: R11; iret: from the frame).
+    pub const RFLAGS: usize = 4;
+    /// Guest address of the kernel's `sysretq`/`iretq` instruction.
+    pub const INSN: usize = 5;
+    /// Reserved (zero).
+    pub const RESERVED: usize = 6;
+    /// CS the kernel returns to (sysret: 0x33 implied; iret: from the frame).
+    pub const CS: usize = 7;
+}
+
+/// Payload layout of a [`kind::DATA`] record.
+pub mod data {
+    /// Word 0: argument index (bits 0..8), piece length (bits 16..32), byte offset of the
+    /// piece within the argument (bits 32..64).
+    pub const META: usize = 0;
+    /// First word of the bytes.
+    pub const BYTES: usize = 1;
+    /// Capacity of one piece in bytes.
+    pub const CAPACITY: usize = 88;
+}
+
+/// How a [`kind::SYSCALL_RETURN`] went back to user mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReturnVia {
+    /// `sysretq` (RIP from RCX, RFLAGS from R11).
+    Sysret,
+    /// `iretq` (RIP, CS, RFLAGS, RSP from the frame on the kernel stack).
+    Iret,
 }
 
 /// One 128-byte record. Plain old data: every bit pattern is a valid value, so reading a slot
 /// another process scribbled on yields garbage values, never undefined behaviour.
-///
-/// A record needs 11 words for a syscall entry (header, time, CR3, PC, number, six arguments)
-/// plus the user stack pointer and 32 bytes of inline data; 64 bytes cannot hold that, 128 can
-/// and keeps slots cache-line aligned.
 #[repr(C, align(64))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Record {
     /// One of [`kind`].
     pub kind: u16,
-    /// Bits of [`flags`]; bits 8..16 hold the inline data length in bytes.
+    /// Bits of [`flags`]; entries keep the DATA count in bits 8..16.
     pub flags: u16,
     /// vCPU index that produced the record.
     pub vcpu: u32,
-    /// Host CLOCK_MONOTONIC nanoseconds when the record was produced.
+    /// Host CLOCK_MONOTONIC nanoseconds when the record was produced (DATA: the entry's).
     pub timestamp_ns: u64,
     /// Guest CR3 with the PCID bits (11:0) and the no-flush bit (63) cleared: identifies the
     /// address space.
     pub cr3: u64,
-    /// Guest virtual address of the instruction.
+    /// Entry: address of the `syscall` instruction. Return: user RIP returned to. DATA: guest
+    /// address of the piece's first byte.
     pub pc: u64,
     /// Kind-specific payload.
     pub payload: [u64; 12],
 }
 
+fn comm_words(c: &[u8; COMM_LEN]) -> [u64; 2] {
+    let mut a = [0u8; 8];
+    let mut b = [0u8; 8];
+    a.copy_from_slice(&c[..8]);
+    b.copy_from_slice(&c[8..]);
+    [u64::from_ne_bytes(a), u64::from_ne_bytes(b)]
+}
+
 impl Record {
-    /// Builds a [`kind::SYSCALL_ENTRY`] record.
+    /// Builds a [`kind::SYSCALL_ENTRY`] record (task fields zero; see
+    /// [`Record::set_task`]).
     #[allow(clippy::too_many_arguments)]
     #[inline]
     pub fn syscall_entry(
@@ -86,52 +161,243 @@ impl Record {
         }
     }
 
-    /// Syscall number of a syscall-entry record.
+    /// Builds a [`kind::SYSCALL_RETURN`] record (task fields zero; see [`Record::set_task`]).
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    pub fn syscall_return(
+        vcpu: u32,
+        timestamp_ns: u64,
+        cr3: u64,
+        via: ReturnVia,
+        insn: u64,
+        rip: u64,
+        rax: u64,
+    ) -> Self {
+        let mut payload = [0u64; 12];
+        payload[ret::RAX] = rax;
+        payload[ret::INSN] = insn;
+        Self {
+            kind: kind::SYSCALL_RETURN,
+            flags: if via == ReturnVia::Iret {
+                flags::VIA_IRET
+            } else {
+                0
+            },
+            vcpu,
+            timestamp_ns,
+            cr3,
+            pc: rip,
+            payload,
+        }
+    }
+
+    /// Builds a [`kind::DATA`] record holding `bytes` (at most [`data::CAPACITY`]; the rest
+    /// is ignored) of argument `arg` at byte `offset`, read from guest address `addr`.
+    /// `extra` are [`flags::FINAL`], [`flags::TRUNCATED`], [`flags::FAULT`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn data(
+        vcpu: u32,
+        entry_ts: u64,
+        cr3: u64,
+        addr: u64,
+        arg: u8,
+        offset: u32,
+        bytes: &[u8],
+        extra: u16,
+    ) -> Self {
+        let n = bytes.len().min(data::CAPACITY);
+        let mut raw = [0u8; data::CAPACITY];
+        raw[..n].copy_from_slice(&bytes[..n]);
+        let mut payload = [0u64; 12];
+        payload[data::META] = u64::from(arg) | ((n as u64) << 16) | (u64::from(offset) << 32);
+        for (i, chunk) in raw.chunks_exact(8).enumerate() {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(chunk);
+            payload[data::BYTES + i] = u64::from_ne_bytes(w);
+        }
+        Self {
+            kind: kind::DATA,
+            flags: extra & (flags::FINAL | flags::TRUNCATED | flags::FAULT),
+            vcpu,
+            timestamp_ns: entry_ts,
+            cr3,
+            pc: addr,
+            payload,
+        }
+    }
+
+    /// Stores the task identity of an entry or return record.
+    pub fn set_task(&mut self, task: u64, tid: u32, tgid: u32, comm: Option<&[u8; COMM_LEN]>) {
+        let (t, ids) = match self.kind {
+            kind::SYSCALL_ENTRY => (syscall::TASK, syscall::IDS),
+            kind::SYSCALL_RETURN => (ret::TASK, ret::IDS),
+            _ => return,
+        };
+        self.payload[t] = task;
+        self.payload[ids] = u64::from(tid) | (u64::from(tgid) << 32);
+        if let (kind::SYSCALL_ENTRY, Some(c)) = (self.kind, comm) {
+            let w = comm_words(c);
+            self.payload[syscall::COMM] = w[0];
+            self.payload[syscall::COMM + 1] = w[1];
+        }
+    }
+
+    // --- entries ---------------------------------------------------------------------------
+
+    /// Syscall number of an entry record.
     pub fn syscall_nr(&self) -> u64 {
         self.payload[syscall::NR]
     }
 
-    /// The six argument registers of a syscall-entry record.
+    /// The six argument registers of an entry record.
     pub fn syscall_args(&self) -> [u64; 6] {
         let mut a = [0u64; 6];
         a.copy_from_slice(&self.payload[syscall::ARGS..syscall::ARGS + 6]);
         a
     }
 
-    /// User stack pointer of a syscall-entry record.
+    /// User stack pointer of an entry record.
     pub fn user_sp(&self) -> u64 {
         self.payload[syscall::SP]
     }
 
-    /// Stores up to [`syscall::DATA_BYTES`] bytes of inline data and sets [`flags::DATA`].
-    /// Returns how many bytes were stored.
-    pub fn set_data(&mut self, bytes: &[u8]) -> usize {
-        let n = bytes.len().min(syscall::DATA_BYTES);
-        let mut raw = [0u8; syscall::DATA_BYTES];
-        raw[..n].copy_from_slice(&bytes[..n]);
-        for (i, chunk) in raw.chunks_exact(8).enumerate() {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(chunk);
-            self.payload[syscall::DATA + i] = u64::from_ne_bytes(w);
+    /// Number of [`kind::DATA`] records that follow an entry.
+    pub fn data_count(&self) -> u8 {
+        if self.kind == kind::SYSCALL_ENTRY {
+            (self.flags >> 8) as u8
+        } else {
+            0
         }
-        // n <= 32, so the cast cannot truncate.
-        self.flags = (self.flags & 0x00ff) | flags::DATA | ((n as u16) << 8);
-        n
     }
 
-    /// The inline data, if [`flags::DATA`] is set. The length comes from the record, which may
-    /// have been scribbled on, so it is clamped to the capacity.
-    pub fn data(&self) -> Option<Vec<u8>> {
-        if self.flags & flags::DATA == 0 {
-            return None;
+    /// Sets the DATA count of an entry.
+    pub fn set_data_count(&mut self, n: u8) {
+        self.flags = (self.flags & 0x00ff) | (u16::from(n) << 8);
+    }
+
+    /// `task->comm` of an entry record (NUL-padded).
+    pub fn comm(&self) -> [u8; COMM_LEN] {
+        let mut out = [0u8; COMM_LEN];
+        if self.kind == kind::SYSCALL_ENTRY {
+            out[..8].copy_from_slice(&self.payload[syscall::COMM].to_ne_bytes());
+            out[8..].copy_from_slice(&self.payload[syscall::COMM + 1].to_ne_bytes());
         }
-        let n = usize::from(self.flags >> 8).min(syscall::DATA_BYTES);
-        let mut out = Vec::with_capacity(syscall::DATA_BYTES);
-        for w in &self.payload[syscall::DATA..syscall::DATA + 4] {
-            out.extend_from_slice(&w.to_ne_bytes());
+        out
+    }
+
+    /// `task->comm` as text (lossy, up to the first NUL).
+    pub fn comm_string(&self) -> String {
+        crate::control::comm_to_string(&self.comm())
+    }
+
+    // --- entries and returns ---------------------------------------------------------------
+
+    fn ids(&self) -> u64 {
+        match self.kind {
+            kind::SYSCALL_ENTRY => self.payload[syscall::IDS],
+            kind::SYSCALL_RETURN => self.payload[ret::IDS],
+            _ => 0,
         }
-        out.truncate(n);
-        Some(out)
+    }
+
+    /// Guest `task_struct` pointer (entries and returns; 0 if unknown).
+    pub fn task(&self) -> u64 {
+        match self.kind {
+            kind::SYSCALL_ENTRY => self.payload[syscall::TASK],
+            kind::SYSCALL_RETURN => self.payload[ret::TASK],
+            _ => 0,
+        }
+    }
+
+    /// `task->pid`, the thread ID (entries and returns).
+    pub fn tid(&self) -> u32 {
+        self.ids() as u32
+    }
+
+    /// `task->tgid`, the process ID (entries and returns).
+    pub fn tgid(&self) -> u32 {
+        (self.ids() >> 32) as u32
+    }
+
+    // --- returns ---------------------------------------------------------------------------
+
+    /// How a return record went back to user mode (`None` for other kinds).
+    pub fn return_via(&self) -> Option<ReturnVia> {
+        (self.kind == kind::SYSCALL_RETURN).then_some(if self.flags & flags::VIA_IRET != 0 {
+            ReturnVia::Iret
+        } else {
+            ReturnVia::Sysret
+        })
+    }
+
+    /// User RIP a return record resumes at (`pc`).
+    pub fn return_rip(&self) -> u64 {
+        self.pc
+    }
+
+    /// RAX at the return: the syscall's result for syscall returns.
+    pub fn return_value(&self) -> u64 {
+        self.payload[ret::RAX]
+    }
+
+    /// User RSP after a return.
+    pub fn return_sp(&self) -> u64 {
+        self.payload[ret::SP]
+    }
+
+    /// User RFLAGS after a return.
+    pub fn return_rflags(&self) -> u64 {
+        self.payload[ret::RFLAGS]
+    }
+
+    /// Guest address of the kernel's return instruction.
+    pub fn return_insn(&self) -> u64 {
+        self.payload[ret::INSN]
+    }
+
+    /// CS returned to.
+    pub fn return_cs(&self) -> u64 {
+        self.payload[ret::CS]
+    }
+
+    // --- data ------------------------------------------------------------------------------
+
+    /// Argument index (0..6) a DATA record belongs to.
+    pub fn data_arg(&self) -> u8 {
+        self.payload[data::META] as u8
+    }
+
+    /// Byte offset of a DATA piece within its argument.
+    pub fn data_offset(&self) -> u32 {
+        (self.payload[data::META] >> 32) as u32
+    }
+
+    /// Length of a DATA piece (clamped to the capacity: the record may have been scribbled
+    /// on).
+    pub fn data_len(&self) -> usize {
+        (((self.payload[data::META] >> 16) & 0xffff) as usize).min(data::CAPACITY)
+    }
+
+    /// True if this DATA piece is the last of its argument.
+    pub fn data_final(&self) -> bool {
+        self.flags & flags::FINAL != 0
+    }
+
+    /// Appends the bytes of a DATA piece to `out`.
+    pub fn append_data(&self, out: &mut Vec<u8>) {
+        let n = self.data_len();
+        let mut raw = [0u8; data::CAPACITY];
+        for (i, w) in self.payload[data::BYTES..].iter().enumerate() {
+            raw[i * 8..i * 8 + 8].copy_from_slice(&w.to_ne_bytes());
+        }
+        out.extend_from_slice(&raw[..n]);
+    }
+
+    /// The bytes of a DATA piece.
+    pub fn data_bytes(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(self.data_len());
+        self.append_data(&mut v);
+        v
     }
 }
 
@@ -140,24 +406,71 @@ mod tests {
     use super::*;
 
     #[test]
-    fn syscall_record_round_trip() {
+    fn entry_round_trip() {
         let mut r = Record::syscall_entry(1, 2, 0x1000, 0x401000, 39, [1, 2, 3, 4, 5, 6], 0x7ff0);
+        let mut comm = [0u8; COMM_LEN];
+        comm[..5].copy_from_slice(b"hello");
+        r.set_task(0xffff_8880_0123_4000, 77, 70, Some(&comm));
+        r.set_data_count(3);
+        r.flags |= flags::REG_FAULT;
         assert_eq!(r.syscall_nr(), 39);
         assert_eq!(r.syscall_args(), [1, 2, 3, 4, 5, 6]);
         assert_eq!(r.user_sp(), 0x7ff0);
-        assert_eq!(r.data(), None);
-        assert_eq!(r.set_data(b"hello"), 5);
-        assert_eq!(r.data().as_deref(), Some(&b"hello"[..]));
-        assert_eq!(r.set_data(&[7u8; 40]), 32);
-        assert_eq!(r.data().map(|d| d.len()), Some(32));
+        assert_eq!(r.task(), 0xffff_8880_0123_4000);
+        assert_eq!((r.tid(), r.tgid()), (77, 70));
+        assert_eq!(r.comm(), comm);
+        assert_eq!(r.comm_string(), "hello");
+        assert_eq!(r.data_count(), 3);
+        assert_eq!(r.flags & 0xff, flags::REG_FAULT);
+        assert_eq!(r.return_via(), None);
     }
 
     #[test]
-    fn scribbled_data_length_is_clamped() {
-        let r = Record {
-            flags: flags::DATA | (255 << 8),
-            ..Record::default()
-        };
-        assert_eq!(r.data().map(|d| d.len()), Some(32));
+    fn return_round_trip() {
+        let mut r = Record::syscall_return(
+            0,
+            5,
+            0x2000,
+            ReturnVia::Iret,
+            0xffff_ffff_81c0_1234,
+            0x401002,
+            42,
+        );
+        r.set_task(0xffff_8880_0000_1000, 9, 8, None);
+        assert_eq!(r.return_via(), Some(ReturnVia::Iret));
+        assert_eq!(r.return_rip(), 0x401002);
+        assert_eq!(r.return_value(), 42);
+        assert_eq!(r.return_insn(), 0xffff_ffff_81c0_1234);
+        assert_eq!((r.task(), r.tid(), r.tgid()), (0xffff_8880_0000_1000, 9, 8));
+        assert_eq!(r.data_count(), 0);
+        let s = Record::syscall_return(0, 5, 0, ReturnVia::Sysret, 1, 2, 3);
+        assert_eq!(s.return_via(), Some(ReturnVia::Sysret));
+    }
+
+    #[test]
+    fn data_round_trip_and_clamping() {
+        let r = Record::data(
+            1,
+            9,
+            0x3000,
+            0x7fff_0000,
+            1,
+            88,
+            b"/etc/passwd",
+            flags::FINAL,
+        );
+        assert_eq!(r.kind, kind::DATA);
+        assert_eq!(r.data_arg(), 1);
+        assert_eq!(r.data_offset(), 88);
+        assert_eq!(r.data_len(), 11);
+        assert!(r.data_final());
+        assert_eq!(r.data_bytes(), b"/etc/passwd");
+        let big = [7u8; 200];
+        let r = Record::data(0, 0, 0, 0, 0, 0, &big, 0);
+        assert_eq!(r.data_len(), data::CAPACITY);
+        assert_eq!(r.data_bytes(), vec![7u8; data::CAPACITY]);
+        let mut s = r;
+        s.payload[data::META] |= 0xffff << 16; // scribbled length
+        assert_eq!(s.data_len(), data::CAPACITY);
     }
 }

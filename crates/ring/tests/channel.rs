@@ -255,3 +255,51 @@ fn scribbled_indices_never_go_out_of_bounds() {
     assert!(pushed <= 8);
     assert!(host.counters()[0].records_dropped > 0);
 }
+
+#[test]
+fn filters_flow_from_host_to_plugin_and_reports_back() {
+    use vmsight_ring::MonitorFilters;
+    let (_d, path) = tmp();
+    let mut host = Channel::create(&path, 2, 64).expect("create");
+    // Filters set before the plugin attaches are visible at attach.
+    let f = MonitorFilters::none()
+        .with_comm("getppid_loop")
+        .and_then(|f| f.with_tgid(42))
+        .expect("valid");
+    let g = host.set_filters(&f).expect("set");
+    assert_eq!(g, 1);
+    let plugin = Channel::attach(&path).expect("attach");
+    assert_eq!(plugin.filter_generation(), 1);
+    assert_eq!(plugin.read_filters(), Some((1, f.clone())));
+    assert!(!host.wait_filters_applied(1, std::time::Duration::from_millis(5)));
+    plugin.ack_filters(1);
+    plugin.report_monitored(&[42, 77]);
+    assert!(host.wait_filters_applied(1, std::time::Duration::from_millis(5)));
+    let r = host.plugin_report().expect("report");
+    assert_eq!(
+        (r.applied_generation, r.tgids, r.overflow),
+        (1, vec![42, 77], false)
+    );
+    // A change bumps the generation; invalid filters are refused without a bump.
+    let bad = MonitorFilters {
+        tgids: vec![0],
+        ..Default::default()
+    };
+    assert!(matches!(host.set_filters(&bad), Err(Error::Filters(_))));
+    assert_eq!(host.set_filters(&MonitorFilters::none()).expect("set"), 2);
+    assert_eq!(plugin.read_filters(), Some((2, MonitorFilters::none())));
+}
+
+#[test]
+fn producer_free_space_supports_all_or_nothing_batches() {
+    let (_d, path) = tmp();
+    let mut host = Channel::create(&path, 1, 4).expect("create");
+    let plugin = Channel::attach(&path).expect("attach");
+    let mut p = plugin.producer(0).expect("producer");
+    assert_eq!(p.free(1), 4);
+    assert!(p.push(&rec(0, 1)) && p.push(&rec(0, 2)) && p.push(&rec(0, 3)));
+    assert_eq!(p.free(2), 1);
+    assert_eq!(host.drain(|_| {}), 3);
+    assert_eq!(p.free(1), 1); // cached tail suffices
+    assert_eq!(p.free(4), 4); // refreshes the consumer's tail
+}

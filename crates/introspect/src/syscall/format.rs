@@ -68,10 +68,38 @@ fn open_flags(v: u64) -> String {
 
 fn signal_name(v: u64) -> String {
     const NAMES: [&str; 32] = [
-        "0", "SIGHUP", "SIGINT", "SIGQUIT", "SIGILL", "SIGTRAP", "SIGABRT", "SIGBUS", "SIGFPE",
-        "SIGKILL", "SIGUSR1", "SIGSEGV", "SIGUSR2", "SIGPIPE", "SIGALRM", "SIGTERM", "SIGSTKFLT",
-        "SIGCHLD", "SIGCONT", "SIGSTOP", "SIGTSTP", "SIGTTIN", "SIGTTOU", "SIGURG", "SIGXCPU",
-        "SIGXFSZ", "SIGVTALRM", "SIGPROF", "SIGWINCH", "SIGIO", "SIGPWR", "SIGSYS",
+        "0",
+        "SIGHUP",
+        "SIGINT",
+        "SIGQUIT",
+        "SIGILL",
+        "SIGTRAP",
+        "SIGABRT",
+        "SIGBUS",
+        "SIGFPE",
+        "SIGKILL",
+        "SIGUSR1",
+        "SIGSEGV",
+        "SIGUSR2",
+        "SIGPIPE",
+        "SIGALRM",
+        "SIGTERM",
+        "SIGSTKFLT",
+        "SIGCHLD",
+        "SIGCONT",
+        "SIGSTOP",
+        "SIGTSTP",
+        "SIGTTIN",
+        "SIGTTOU",
+        "SIGURG",
+        "SIGXCPU",
+        "SIGXFSZ",
+        "SIGVTALRM",
+        "SIGPROF",
+        "SIGWINCH",
+        "SIGIO",
+        "SIGPWR",
+        "SIGSYS",
     ];
     usize::try_from(v)
         .ok()
@@ -158,7 +186,12 @@ pub fn decode_ret(c: &Completed) -> String {
         Outcome::NoReturn => "?".into(),
         Outcome::Restarted => "? ERESTART (to be restarted)".into(),
         Outcome::Returned(v) if (-4095..0).contains(&v) => {
-            format!("-1 {}", errno_name(-v).map(str::to_string).unwrap_or_else(|| format!("E{}", -v)))
+            format!(
+                "-1 {}",
+                errno_name(-v)
+                    .map(str::to_string)
+                    .unwrap_or_else(|| format!("E{}", -v))
+            )
         }
         Outcome::Returned(v) => {
             let name = spec(c.entry.nr).name;
@@ -221,7 +254,9 @@ impl JsonRecord {
             args: c.entry.args,
             decoded: decode_args(c),
             ret,
-            errno: ret.filter(|v| (-4095..0).contains(v)).and_then(|v| errno_name(-v)),
+            errno: ret
+                .filter(|v| (-4095..0).contains(v))
+                .and_then(|v| errno_name(-v)),
             restarted: c.outcome == Outcome::Restarted,
             entry_ns: c.entry.ts_ns,
             exit_ns: c.exit_ts_ns,
@@ -283,7 +318,11 @@ mod tests {
             }],
             Outcome::Returned(-2),
         );
-        assert!(strace_line(&c).ends_with("= -1 ENOENT"), "{}", strace_line(&c));
+        assert!(
+            strace_line(&c).ends_with("= -1 ENOENT"),
+            "{}",
+            strace_line(&c)
+        );
         let j = JsonRecord::from_completed(&c);
         assert_eq!(j.ret, Some(-2));
         assert_eq!(j.errno, Some("ENOENT"));
@@ -303,7 +342,10 @@ mod tests {
             }],
             Outcome::Returned(100),
         );
-        assert_eq!(strace_line(&c), "7 8 write(1, \"hi\\n\\x01\"..., 100) = 100");
+        assert_eq!(
+            strace_line(&c),
+            "7 8 write(1, \"hi\\n\\x01\"..., 100) = 100"
+        );
         let x = completed(231, [0; 6], vec![], Outcome::NoReturn);
         assert_eq!(strace_line(&x), "7 8 exit_group(0) = ?");
     }

@@ -7,12 +7,14 @@
 
 pub mod event;
 pub mod format;
+pub mod observe;
 pub mod spec;
 pub mod tables;
 pub mod tracker;
 
 pub use event::{ArgData, EntryEvent, ReturnEvent, ReturnVia};
 pub use format::{strace_line, JsonRecord};
+pub use observe::{JsonWriter, NameFilter, StraceWriter, SyscallObserver};
 pub use spec::{ArgKind, SyscallSpec};
 pub use tracker::{Completed, Outcome, Tracker, TrackerStats};
 

@@ -54,7 +54,9 @@ pub fn spec(nr: u64) -> SyscallSpec {
         "pread64" => &[Fd, OutBuf, Size, Int],
         "write" => &[Fd, InBuf(2), Size],
         "pwrite64" => &[Fd, InBuf(2), Size, Int],
-        "readv" | "writev" | "preadv" | "pwritev" | "preadv2" | "pwritev2" => &[Fd, Hex, Int, Int, Int, Hex],
+        "readv" | "writev" | "preadv" | "pwritev" | "preadv2" | "pwritev2" => {
+            &[Fd, Hex, Int, Int, Int, Hex]
+        }
         "open" => &[Path, OpenFlags, Mode],
         "creat" => &[Path, Mode],
         "openat" => &[DirFd, Path, OpenFlags, Mode],

@@ -253,7 +253,10 @@ mod tests {
         let mut t = Tracker::new();
         t.on_entry(entry(1, 10, 0, 0x1000, 1)); // read blocks on vcpu 0
         t.on_entry(entry(2, 11, 1, 0x2000, 2)); // another thread writes
-        assert_eq!(names(&t.on_return(&ret(2, 0x2002, 3, 0))), vec![(1, Some(3))]);
+        assert_eq!(
+            names(&t.on_return(&ret(2, 0x2002, 3, 0))),
+            vec![(1, Some(3))]
+        );
         let c = t.on_return(&ret(1, 0x1002, 7, 1));
         assert_eq!(names(&c), vec![(0, Some(7))]);
         assert_eq!(c[0].exit_vcpu, Some(1));
@@ -274,14 +277,20 @@ mod tests {
         assert!(t.on_return(&ret(1, 0x7000, 0, 0)).is_empty()); // handler starts
         assert_eq!(t.stats().signal_deliveries, 1);
         t.on_entry(entry(1, 10, 1, 0x7010, 2)); // write in the handler
-        assert_eq!(names(&t.on_return(&ret(1, 0x7012, 4, 0))), vec![(1, Some(4))]);
+        assert_eq!(
+            names(&t.on_return(&ret(1, 0x7012, 4, 0))),
+            vec![(1, Some(4))]
+        );
         t.on_entry(entry(1, 10, nr::RT_SIGRETURN, 0x7020, 3));
         // sigreturn resumes at the read's syscall instruction: the read is restarted.
         let c = t.on_return(&ret(1, 0x1000, 0, 0));
         assert_eq!(names(&c), vec![(nr::RT_SIGRETURN, Some(0)), (0, None)]);
         assert_eq!(c[1].outcome, Outcome::Restarted);
         t.on_entry(entry(1, 10, 0, 0x1000, 4)); // re-executed read
-        assert_eq!(names(&t.on_return(&ret(1, 0x1002, 1, 1))), vec![(0, Some(1))]);
+        assert_eq!(
+            names(&t.on_return(&ret(1, 0x1002, 1, 1))),
+            vec![(0, Some(1))]
+        );
         assert_eq!(t.pending_tasks(), 0);
     }
 
@@ -330,7 +339,10 @@ mod tests {
         t.on_entry(entry(1, 10, nr::CLONE, 0x1000, 1));
         // The child (a new task) returns first with 0: not a completion.
         assert!(t.on_return(&ret(2, 0x1002, 0, 1)).is_empty());
-        assert_eq!(names(&t.on_return(&ret(1, 0x1002, 42, 0))), vec![(nr::CLONE, Some(42))]);
+        assert_eq!(
+            names(&t.on_return(&ret(1, 0x1002, 42, 0))),
+            vec![(nr::CLONE, Some(42))]
+        );
     }
 
     #[test]

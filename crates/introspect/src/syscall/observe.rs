@@ -1,0 +1,132 @@
+//! Subscribing to syscall events: the API later components (insights, caches) build on.
+//!
+//! A [`SyscallObserver`] sees every entry of a monitored task as it is decoded and every
+//! completed call once its return is known. The trace writers below are observers too.
+
+use std::collections::HashSet;
+use std::io::Write;
+
+use super::event::EntryEvent;
+use super::format::{strace_line, JsonRecord};
+use super::tracker::Completed;
+
+/// Receives syscall events in timestamp order, on the trace thread.
+pub trait SyscallObserver: Send {
+    /// A monitored task entered a syscall (arguments and captured strings are final).
+    fn on_entry(&mut self, _entry: &EntryEvent) {}
+    /// A call completed (or ended without returning).
+    fn on_complete(&mut self, _call: &Completed) {}
+    /// The trace is over; flush what is buffered.
+    fn finish(&mut self) {}
+}
+
+/// Which syscalls a writer reports (`--trace-filter`); `None` reports everything.
+#[derive(Debug, Clone, Default)]
+pub struct NameFilter(Option<HashSet<u64>>);
+
+impl NameFilter {
+    /// Parses `openat,read,...`; unknown names are an error naming them.
+    pub fn parse(list: &str) -> Result<NameFilter, String> {
+        let mut set = HashSet::new();
+        let mut unknown = Vec::new();
+        for n in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            match super::number(n) {
+                Some(nr) => {
+                    set.insert(nr);
+                }
+                None => unknown.push(n.to_string()),
+            }
+        }
+        if !unknown.is_empty() {
+            return Err(format!(
+                "unknown syscall name(s) in the filter: {}",
+                unknown.join(", ")
+            ));
+        }
+        if set.is_empty() {
+            return Err("the syscall filter is empty".into());
+        }
+        Ok(NameFilter(Some(set)))
+    }
+
+    pub fn all() -> NameFilter {
+        NameFilter(None)
+    }
+
+    pub fn matches(&self, nr: u64) -> bool {
+        self.0.as_ref().is_none_or(|s| s.contains(&nr))
+    }
+}
+
+/// Writes strace-style lines (`pid tid name(args) = ret`).
+pub struct StraceWriter {
+    out: Box<dyn Write + Send>,
+    filter: NameFilter,
+}
+
+impl StraceWriter {
+    pub fn new(out: Box<dyn Write + Send>, filter: NameFilter) -> Self {
+        StraceWriter { out, filter }
+    }
+}
+
+impl SyscallObserver for StraceWriter {
+    fn on_complete(&mut self, c: &Completed) {
+        if self.filter.matches(c.entry.nr) {
+            // A closed output (e.g. a pipe to `head`) must not stop the trace or the VM.
+            let _ = writeln!(self.out, "{}", strace_line(c));
+        }
+    }
+
+    fn finish(&mut self) {
+        let _ = self.out.flush();
+    }
+}
+
+/// Writes one JSON object per completed call (`--trace-json`).
+pub struct JsonWriter {
+    out: Box<dyn Write + Send>,
+    filter: NameFilter,
+}
+
+impl JsonWriter {
+    pub fn new(out: Box<dyn Write + Send>, filter: NameFilter) -> Self {
+        JsonWriter { out, filter }
+    }
+
+    /// Writes any serialisable record as one line (process records use this too).
+    pub fn write_value<T: serde::Serialize>(&mut self, v: &T) {
+        if let Ok(s) = serde_json::to_string(v) {
+            let _ = writeln!(self.out, "{s}");
+        }
+    }
+}
+
+impl SyscallObserver for JsonWriter {
+    fn on_complete(&mut self, c: &Completed) {
+        if self.filter.matches(c.entry.nr) {
+            let rec = JsonRecord::from_completed(c);
+            self.write_value(&rec);
+        }
+    }
+
+    fn finish(&mut self) {
+        let _ = self.out.flush();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn filters_parse_and_reject_unknown_names() {
+        let f = NameFilter::parse("openat, read").unwrap();
+        assert!(f.matches(257) && f.matches(0) && !f.matches(1));
+        assert!(NameFilter::parse("openat,bogus")
+            .unwrap_err()
+            .contains("bogus"));
+        assert!(NameFilter::parse(",").is_err());
+        assert!(NameFilter::all().matches(12345));
+    }
+}

@@ -1,0 +1,343 @@
+//! The trace session: drains the plugin's rings, pairs entries with returns, and feeds the
+//! observers (strace-style writer, JSON writer, later insight engines).
+//!
+//! Records from different vCPU rings are merged by timestamp with a short hold-back, so an
+//! entry seen on one vCPU is processed before its return on another (Sky §4.2).
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use serde::Serialize;
+use vmsight_introspect::syscall::{
+    ArgData, EntryEvent, NameFilter, ReturnEvent, SyscallObserver, Tracker, TrackerStats,
+};
+use vmsight_ring::{ChannelHost, Record};
+
+/// What to monitor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TraceTarget {
+    /// The command `vmsight run` runs, and its descendants.
+    Command,
+    /// A guest process by PID, and its descendants.
+    Pid(u32),
+    /// Processes whose command name (`comm`) is this, and their descendants.
+    Comm(String),
+}
+
+impl std::str::FromStr for TraceTarget {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.is_empty() || s == "@cmd" {
+            return Ok(TraceTarget::Command);
+        }
+        if let Some(rest) = s.strip_prefix('@') {
+            return Err(format!(
+                "unknown trace target @{rest} (use @cmd, a PID or a command name)"
+            ));
+        }
+        if s.chars().all(|c| c.is_ascii_digit()) {
+            let pid: u32 = s.parse().map_err(|_| format!("PID {s} is out of range"))?;
+            if pid == 0 {
+                return Err("PID 0 cannot be traced".into());
+            }
+            return Ok(TraceTarget::Pid(pid));
+        }
+        if s.len() > 15 {
+            return Err(format!(
+                "command name {s:?} is longer than the kernel's 15-character comm"
+            ));
+        }
+        Ok(TraceTarget::Comm(s.to_string()))
+    }
+}
+
+/// `--trace*` options.
+#[derive(Debug, Clone)]
+pub struct TraceConfig {
+    pub target: TraceTarget,
+    /// strace-style lines go here (`None`: stderr).
+    pub out: Option<PathBuf>,
+    /// Write strace-style lines at all (off when only JSON is wanted).
+    pub text: bool,
+    pub json: Option<PathBuf>,
+    pub filter: NameFilter,
+}
+
+/// Counters of a finished trace.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct TraceSummary {
+    pub records: u64,
+    pub entries: u64,
+    pub returns: u64,
+    pub data_pieces: u64,
+    pub orphan_data: u64,
+    pub tracker: TrackerStats,
+}
+
+/// A decoded ring record.
+#[derive(Debug, Clone)]
+pub enum RawEvent {
+    Entry(EntryEvent),
+    /// A piece of an argument's bytes, belonging to the last entry of the same vCPU.
+    Data {
+        vcpu: u32,
+        piece: ArgData,
+        offset: u32,
+    },
+    Return(ReturnEvent),
+}
+
+impl RawEvent {
+    fn ts(&self) -> u64 {
+        match self {
+            RawEvent::Entry(e) => e.ts_ns,
+            RawEvent::Return(r) => r.ts_ns,
+            RawEvent::Data { .. } => 0,
+        }
+    }
+}
+
+/// Running trace: call [`TraceSession::finish`] after QEMU has exited.
+pub struct TraceSession {
+    stop: Arc<AtomicBool>,
+    handle: JoinHandle<TraceSummary>,
+}
+
+/// Hold-back before processing, so other vCPUs' rings catch up (a vCPU thread may have taken
+/// its timestamp but not yet pushed the record).
+const HOLD_BACK_NS: u64 = 20_000_000;
+
+impl TraceSession {
+    pub fn start(
+        channel: Arc<Mutex<ChannelHost>>,
+        observers: Vec<Box<dyn SyscallObserver>>,
+    ) -> std::io::Result<TraceSession> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let s2 = stop.clone();
+        let handle = std::thread::Builder::new()
+            .name("vmsight-trace".into())
+            .spawn(move || run(channel, observers, s2))?;
+        Ok(TraceSession { stop, handle })
+    }
+
+    /// Drains what is left, ends pending calls and returns the counters.
+    pub fn finish(self) -> TraceSummary {
+        self.stop.store(true, Ordering::Release);
+        self.handle.join().unwrap_or_default()
+    }
+}
+
+fn run(
+    channel: Arc<Mutex<ChannelHost>>,
+    mut observers: Vec<Box<dyn SyscallObserver>>,
+    stop: Arc<AtomicBool>,
+) -> TraceSummary {
+    let mut sum = TraceSummary::default();
+    let mut tracker = Tracker::new();
+    let mut queue: Vec<RawEvent> = Vec::new();
+    // The entry being assembled on each vCPU (its data pieces follow it in that ring).
+    let mut open: Vec<Option<EntryEvent>> = Vec::new();
+    let mut batch: Vec<Record> = Vec::with_capacity(4096);
+    loop {
+        let stopping = stop.load(Ordering::Acquire);
+        batch.clear();
+        if let Ok(mut ch) = channel.lock() {
+            ch.drain(|r| batch.push(*r));
+        }
+        sum.records += batch.len() as u64;
+        for r in &batch {
+            let Some(ev) = crate::trace_records::convert(r) else {
+                continue;
+            };
+            let vcpu = match &ev {
+                RawEvent::Entry(e) => e.vcpu,
+                RawEvent::Return(r) => r.vcpu,
+                RawEvent::Data { vcpu, .. } => *vcpu,
+            } as usize;
+            if vcpu >= 1024 {
+                continue; // corrupt record: the ring guards indices, this guards the vector
+            }
+            if open.len() <= vcpu {
+                open.resize(vcpu + 1, None);
+            }
+            match ev {
+                RawEvent::Data { piece, offset, .. } => {
+                    sum.data_pieces += 1;
+                    match open[vcpu].as_mut() {
+                        Some(e) => append_piece(e, piece, offset),
+                        None => sum.orphan_data += 1,
+                    }
+                }
+                other => {
+                    // A new record on this vCPU closes the entry being assembled.
+                    if let Some(e) = open[vcpu].take() {
+                        queue.push(RawEvent::Entry(e));
+                    }
+                    match other {
+                        RawEvent::Entry(e) => {
+                            sum.entries += 1;
+                            open[vcpu] = Some(e);
+                        }
+                        RawEvent::Return(r) => {
+                            sum.returns += 1;
+                            queue.push(RawEvent::Return(r));
+                        }
+                        RawEvent::Data { .. } => {}
+                    }
+                }
+            }
+        }
+        let now = vmsight_ring::monotonic_ns();
+        for slot in open.iter_mut() {
+            // Pieces follow their entry within microseconds; an entry this old is complete
+            // (its vCPU may simply have gone idle after it).
+            if slot
+                .as_ref()
+                .is_some_and(|e| e.ts_ns.saturating_add(HOLD_BACK_NS) < now)
+            {
+                if let Some(e) = slot.take() {
+                    queue.push(RawEvent::Entry(e));
+                }
+            }
+        }
+        let horizon = if stopping {
+            for slot in open.iter_mut() {
+                if let Some(e) = slot.take() {
+                    queue.push(RawEvent::Entry(e));
+                }
+            }
+            u64::MAX
+        } else {
+            now.saturating_sub(HOLD_BACK_NS)
+        };
+        // Entries still being assembled hold back everything after them on all vCPUs.
+        let horizon = open
+            .iter()
+            .flatten()
+            .map(|e| e.ts_ns.saturating_sub(1))
+            .fold(horizon, u64::min);
+        queue.sort_by_key(RawEvent::ts);
+        let n = queue.partition_point(|e| e.ts() <= horizon);
+        for ev in queue.drain(..n) {
+            match ev {
+                RawEvent::Entry(e) => {
+                    tracing::trace!(
+                        "entry task={:#x} tid={} nr={} pc={:#x} ts={}",
+                        e.task,
+                        e.tid,
+                        e.nr,
+                        e.pc,
+                        e.ts_ns
+                    );
+                    for o in observers.iter_mut() {
+                        o.on_entry(&e);
+                    }
+                    for c in tracker.on_entry(e) {
+                        for o in observers.iter_mut() {
+                            o.on_complete(&c);
+                        }
+                    }
+                }
+                RawEvent::Return(r) => {
+                    tracing::trace!(
+                        "return task={:#x} tid={} rip={:#x} rax={:#x} via={:?} ts={}",
+                        r.task,
+                        r.tid,
+                        r.rip,
+                        r.rax,
+                        r.via,
+                        r.ts_ns
+                    );
+                    for c in tracker.on_return(&r) {
+                        for o in observers.iter_mut() {
+                            o.on_complete(&c);
+                        }
+                    }
+                }
+                RawEvent::Data { .. } => {}
+            }
+        }
+        if stopping && batch.is_empty() && queue.is_empty() {
+            break;
+        }
+        if batch.len() < 1024 {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    for c in tracker.finish() {
+        for o in observers.iter_mut() {
+            o.on_complete(&c);
+        }
+    }
+    for o in observers.iter_mut() {
+        o.finish();
+    }
+    sum.tracker = tracker.stats();
+    sum
+}
+
+/// Adds a piece of argument bytes to an entry, in order; out-of-order pieces are dropped
+/// (a ring overflow lost the piece before), marking the argument truncated.
+fn append_piece(e: &mut EntryEvent, piece: ArgData, offset: u32) {
+    const MAX_ARG_BYTES: usize = 64 * 1024;
+    match e.data.iter_mut().find(|d| d.arg == piece.arg) {
+        Some(d) => {
+            if d.bytes.len() == offset as usize
+                && d.bytes.len() + piece.bytes.len() <= MAX_ARG_BYTES
+            {
+                d.bytes.extend_from_slice(&piece.bytes);
+                d.truncated = piece.truncated;
+                d.fault |= piece.fault;
+            } else {
+                d.truncated = true;
+            }
+        }
+        None if offset == 0 => e.data.push(piece),
+        None => e.data.push(ArgData {
+            arg: piece.arg,
+            bytes: Vec::new(),
+            truncated: true,
+            fault: piece.fault,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trace_targets_parse() {
+        assert_eq!("@cmd".parse::<TraceTarget>().unwrap(), TraceTarget::Command);
+        assert_eq!("".parse::<TraceTarget>().unwrap(), TraceTarget::Command);
+        assert_eq!("123".parse::<TraceTarget>().unwrap(), TraceTarget::Pid(123));
+        assert_eq!(
+            "gpg".parse::<TraceTarget>().unwrap(),
+            TraceTarget::Comm("gpg".into())
+        );
+        assert!("0".parse::<TraceTarget>().is_err());
+        assert!("@all".parse::<TraceTarget>().is_err());
+        assert!("averyveryverylongname".parse::<TraceTarget>().is_err());
+    }
+
+    #[test]
+    fn pieces_are_appended_in_order() {
+        let mut e = EntryEvent::default();
+        let p = |b: &[u8], t| ArgData {
+            arg: 1,
+            bytes: b.to_vec(),
+            truncated: t,
+            fault: false,
+        };
+        append_piece(&mut e, p(b"/etc/", true), 0);
+        append_piece(&mut e, p(b"passwd", false), 5);
+        assert_eq!(e.arg_data(1).unwrap().bytes, b"/etc/passwd");
+        assert!(!e.arg_data(1).unwrap().truncated);
+        append_piece(&mut e, p(b"zz", false), 99);
+        assert!(e.arg_data(1).unwrap().truncated);
+    }
+}
