@@ -3,3 +3,4 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 python3 foundation.py "$@"
+python3 interception.py "$@"

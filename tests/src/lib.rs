@@ -63,7 +63,7 @@ pub fn guest_sh(extra: &[&str], script: &str) -> Run {
     args.extend_from_slice(&["--", "sh", "-c", script]);
     let r = run(&args);
     assert!(
-        !r.stderr.contains("guest image not built"),
+        !r.stderr.contains("vmsight image build"),
         "the guest image is missing: run `vmsight image build` (make test does): {}",
         r.stderr
     );

@@ -43,7 +43,9 @@ const WORKLOADS: &[Workload] = &[
     },
     Workload {
         name: "gpg-symmetric",
-        prep: "head -c 2000000 /dev/urandom > /tmp/secret && mkdir -p -m 700 /root/.gnupg",
+        // The agent is started outside the traced tree: a daemon that outlives the workload
+        // would keep `strace -f` waiting for it.
+        prep: "head -c 2000000 /dev/urandom > /tmp/secret && mkdir -p -m 700 /root/.gnupg && gpgconf --launch gpg-agent",
         script: "gpg --batch --yes --pinentry-mode loopback --passphrase pw --symmetric -o /tmp/secret.gpg /tmp/secret",
         filter: FILTER,
     },
@@ -132,41 +134,66 @@ fn run_all_under_both(vcpus: u32) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Groups JSON lines by process tree: a `wl` process whose parent is not traced starts a
-/// new tree; children are attached through the creators' return values.
+/// Groups JSON lines by process tree. Records are in completion order, so a child's calls can
+/// precede its creator's return: parent links (creator returns, process records' ppid) are
+/// collected first, then every thread is attached to the root of its chain.
 fn split_by_root(json: &str) -> Vec<String> {
     use std::collections::HashMap;
-    let mut tree_of: HashMap<u64, usize> = HashMap::new();
-    let mut trees: Vec<String> = Vec::new();
-    let mut pending_children: HashMap<u64, usize> = HashMap::new();
-    for line in json.lines() {
-        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
-            continue;
-        };
+    let values: Vec<serde_json::Value> = json
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let mut parent: HashMap<u64, u64> = HashMap::new();
+    let mut traced: std::collections::HashSet<u64> = Default::default();
+    for v in &values {
         let tid = v["tid"].as_u64().unwrap_or(0);
-        let t = match tree_of.get(&tid) {
-            Some(t) => *t,
-            None => match pending_children.get(&tid) {
-                Some(t) => *t,
-                None => {
-                    trees.push(String::new());
-                    trees.len() - 1
-                }
-            },
-        };
-        tree_of.insert(tid, t);
-        if matches!(
-            v["name"].as_str(),
-            Some("clone" | "clone3" | "fork" | "vfork")
-        ) {
+        traced.insert(tid);
+        if v["type"] == "syscall"
+            && matches!(
+                v["name"].as_str(),
+                Some("clone" | "clone3" | "fork" | "vfork")
+            )
+        {
             if let Some(c) = v["ret"].as_i64().filter(|r| *r > 0) {
-                pending_children.insert(c as u64, t);
+                parent.insert(c as u64, tid);
             }
         }
-        trees[t].push_str(line);
-        trees[t].push('\n');
     }
-    trees
+    for v in &values {
+        if v["type"] == "process" {
+            let (tid, ppid) = (
+                v["tid"].as_u64().unwrap_or(0),
+                v["ppid"].as_u64().unwrap_or(0),
+            );
+            if traced.contains(&ppid) && tid != ppid {
+                parent.entry(tid).or_insert(ppid);
+            }
+        }
+    }
+    let root_of = |mut t: u64| {
+        for _ in 0..1000 {
+            match parent.get(&t) {
+                Some(p) => t = *p,
+                None => break,
+            }
+        }
+        t
+    };
+    let mut order: Vec<u64> = Vec::new();
+    let mut trees: HashMap<u64, String> = HashMap::new();
+    for (line, v) in json.lines().filter(|l| !l.trim().is_empty()).zip(&values) {
+        if v["type"] != "syscall" {
+            continue;
+        }
+        let r = root_of(v["tid"].as_u64().unwrap_or(0));
+        if !trees.contains_key(&r) {
+            order.push(r);
+        }
+        let t = trees.entry(r).or_default();
+        t.push_str(line);
+        t.push('\n');
+    }
+    order.into_iter().filter_map(|r| trees.remove(&r)).collect()
 }
 
 fn check_all(vcpus: u32) {

@@ -5,6 +5,7 @@ pub mod accel;
 pub mod config;
 pub mod error;
 pub mod guestio;
+pub mod process;
 pub mod qemu;
 pub mod qmp;
 pub mod runtime;

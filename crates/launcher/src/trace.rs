@@ -88,6 +88,13 @@ pub enum RawEvent {
         piece: ArgData,
         offset: u32,
     },
+    /// A piece re-read at the call's return, for the call that entered at `entry_ts`.
+    LateData {
+        vcpu: u32,
+        entry_ts: u64,
+        piece: ArgData,
+        offset: u32,
+    },
     Return(ReturnEvent),
 }
 
@@ -97,6 +104,7 @@ impl RawEvent {
             RawEvent::Entry(e) => e.ts_ns,
             RawEvent::Return(r) => r.ts_ns,
             RawEvent::Data { .. } => 0,
+            RawEvent::LateData { entry_ts, .. } => *entry_ts,
         }
     }
 }
@@ -156,7 +164,7 @@ fn run(
             let vcpu = match &ev {
                 RawEvent::Entry(e) => e.vcpu,
                 RawEvent::Return(r) => r.vcpu,
-                RawEvent::Data { vcpu, .. } => *vcpu,
+                RawEvent::Data { vcpu, .. } | RawEvent::LateData { vcpu, .. } => *vcpu,
             } as usize;
             if vcpu >= 1024 {
                 continue; // corrupt record: the ring guards indices, this guards the vector
@@ -165,6 +173,25 @@ fn run(
                 open.resize(vcpu + 1, None);
             }
             match ev {
+                RawEvent::LateData {
+                    entry_ts,
+                    piece,
+                    offset,
+                    vcpu: v,
+                } => {
+                    sum.data_pieces += 1;
+                    match open[vcpu].as_mut() {
+                        Some(e) if e.ts_ns == entry_ts => append_piece(e, piece, offset),
+                        // Queued after its entry (same timestamp, stable sort) or attached to
+                        // the pending call in the tracker.
+                        _ => queue.push(RawEvent::LateData {
+                            vcpu: v,
+                            entry_ts,
+                            piece,
+                            offset,
+                        }),
+                    }
+                }
                 RawEvent::Data { piece, offset, .. } => {
                     sum.data_pieces += 1;
                     match open[vcpu].as_mut() {
@@ -186,7 +213,7 @@ fn run(
                             sum.returns += 1;
                             queue.push(RawEvent::Return(r));
                         }
-                        RawEvent::Data { .. } => {}
+                        RawEvent::Data { .. } | RawEvent::LateData { .. } => {}
                     }
                 }
             }
@@ -258,6 +285,16 @@ fn run(
                         }
                     }
                 }
+                RawEvent::LateData {
+                    entry_ts,
+                    piece,
+                    offset,
+                    ..
+                } => {
+                    if !tracker.attach_late_data(entry_ts, piece, offset) {
+                        sum.orphan_data += 1;
+                    }
+                }
                 RawEvent::Data { .. } => {}
             }
         }
@@ -280,31 +317,7 @@ fn run(
     sum
 }
 
-/// Adds a piece of argument bytes to an entry, in order; out-of-order pieces are dropped
-/// (a ring overflow lost the piece before), marking the argument truncated.
-fn append_piece(e: &mut EntryEvent, piece: ArgData, offset: u32) {
-    const MAX_ARG_BYTES: usize = 64 * 1024;
-    match e.data.iter_mut().find(|d| d.arg == piece.arg) {
-        Some(d) => {
-            if d.bytes.len() == offset as usize
-                && d.bytes.len() + piece.bytes.len() <= MAX_ARG_BYTES
-            {
-                d.bytes.extend_from_slice(&piece.bytes);
-                d.truncated = piece.truncated;
-                d.fault |= piece.fault;
-            } else {
-                d.truncated = true;
-            }
-        }
-        None if offset == 0 => e.data.push(piece),
-        None => e.data.push(ArgData {
-            arg: piece.arg,
-            bytes: Vec::new(),
-            truncated: true,
-            fault: piece.fault,
-        }),
-    }
-}
+use vmsight_introspect::syscall::event::append_piece;
 
 #[cfg(test)]
 mod tests {

@@ -4,9 +4,14 @@
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
+use std::path::Path;
+
 use vmsight_introspect::syscall::{
-    ArgData, EntryEvent, JsonWriter, ReturnEvent, ReturnVia, StraceWriter, SyscallObserver,
+    ArgData, EntryEvent, JsonSink, JsonWriter, ReturnEvent, ReturnVia, StraceWriter,
+    SyscallObserver,
 };
+
+use crate::process::ProcessObserver;
 use vmsight_ring::{kind, ChannelHost, MonitorFilters, Record};
 
 use crate::trace::{RawEvent, TraceConfig, TraceSession, TraceTarget};
@@ -42,16 +47,28 @@ pub fn convert(r: &Record) -> Option<RawEvent> {
                 _ => ReturnVia::Sysret,
             },
         })),
-        kind::DATA => Some(RawEvent::Data {
-            vcpu: r.vcpu,
-            offset: r.data_offset(),
-            piece: ArgData {
+        kind::DATA => {
+            let piece = ArgData {
                 arg: r.data_arg(),
                 bytes: r.data_bytes(),
                 truncated: r.flags & vmsight_ring::flags::TRUNCATED != 0,
                 fault: r.flags & vmsight_ring::flags::FAULT != 0,
-            },
-        }),
+            };
+            Some(if r.flags & vmsight_ring::flags::LATE != 0 {
+                RawEvent::LateData {
+                    vcpu: r.vcpu,
+                    entry_ts: r.timestamp_ns,
+                    piece,
+                    offset: r.data_offset(),
+                }
+            } else {
+                RawEvent::Data {
+                    vcpu: r.vcpu,
+                    offset: r.data_offset(),
+                    piece,
+                }
+            })
+        }
         _ => None,
     }
 }
@@ -77,22 +94,50 @@ pub fn set_target(
         .map_err(|e| e.to_string())
 }
 
-/// Starts the trace session with the writers `cfg` asks for.
+/// Starts the trace session with the writers `cfg` asks for, plus process tracking through
+/// guest memory (QEMU's RAM, found by `qemu_pid`).
 pub fn start_session(
     host: Arc<Mutex<ChannelHost>>,
     cfg: &TraceConfig,
+    qemu_pid: u32,
+    profile: &Path,
 ) -> std::io::Result<TraceSession> {
     let mut observers: Vec<Box<dyn SyscallObserver>> = Vec::new();
-    if cfg.text {
-        let out: Box<dyn Write + Send> = match &cfg.out {
-            Some(p) => Box::new(std::io::BufWriter::new(std::fs::File::create(p)?)),
+    let text_out = |cfg: &TraceConfig| -> std::io::Result<Box<dyn Write + Send>> {
+        Ok(match &cfg.out {
+            Some(p) => Box::new(std::io::LineWriter::new(
+                std::fs::OpenOptions::new()
+                    .append(true)
+                    .create(true)
+                    .open(p)?,
+            )),
             None => Box::new(std::io::stderr()),
-        };
-        observers.push(Box::new(StraceWriter::new(out, cfg.filter.clone())));
+        })
+    };
+    if let Some(p) = &cfg.out {
+        // Start empty; both writers below append.
+        std::fs::File::create(p)?;
     }
-    if let Some(p) = &cfg.json {
-        let out = Box::new(std::io::BufWriter::new(std::fs::File::create(p)?));
-        observers.push(Box::new(JsonWriter::new(out, cfg.filter.clone())));
+    let json = match &cfg.json {
+        Some(p) => Some(JsonSink::new(Box::new(std::io::BufWriter::new(
+            std::fs::File::create(p)?,
+        )))),
+        None => None,
+    };
+    observers.push(Box::new(ProcessObserver::new(
+        qemu_pid,
+        profile.to_path_buf(),
+        json.clone(),
+        if cfg.text { Some(text_out(cfg)?) } else { None },
+    )));
+    if cfg.text {
+        observers.push(Box::new(StraceWriter::new(
+            text_out(cfg)?,
+            cfg.filter.clone(),
+        )));
+    }
+    if let Some(j) = json {
+        observers.push(Box::new(JsonWriter::new(j, cfg.filter.clone())));
     }
     TraceSession::start(host, observers)
 }

@@ -383,12 +383,7 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
         }),
         hold,
     };
-    let trace = match (&cfg.trace, &channel) {
-        (Some(t), Some((_, host))) => {
-            Some(crate::trace_records::start_session(host.clone(), t).map_err(LaunchError::Io)?)
-        }
-        _ => None,
-    };
+
     let args = qemu::build_args(&plan);
     tracing::debug!("{} {}", qemu_bin.display(), args.join(" "));
     std::fs::write(
@@ -437,6 +432,21 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
     }
     let mut child = cmd.spawn().map_err(LaunchError::Spawn)?;
     let qemu_pid = child.id();
+    // After QEMU exists: process tracking reads guest RAM through QEMU's memfd. Records the
+    // plugin pushed in the meantime wait in the ring.
+    let trace = match (&cfg.trace, &channel, &trace_profile) {
+        (Some(t), Some((_, host)), Some(profile)) => {
+            match crate::trace_records::start_session(host.clone(), t, qemu_pid, profile) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    // QEMU is already running; report and carry on rather than orphan it.
+                    eprintln!("vmsight: tracing is off: cannot open the trace output: {e}");
+                    None
+                }
+            }
+        }
+        _ => None,
+    };
     let qemu_log = std::fs::File::create(rt.join("qemu.log")).ok();
     let (qemu_stderr, stderr_thread) = match child.stderr.take() {
         Some(e) => {

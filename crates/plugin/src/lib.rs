@@ -311,6 +311,20 @@ struct VcpuState {
     hot: UnsafeCell<Hot>,
 }
 
+/// A syscall whose string argument could not be read at entry (its page was not present yet:
+/// a plugin cannot fault pages in, but the kernel does while handling the call).
+#[derive(Clone, Copy)]
+struct Retry {
+    task: u64,
+    entry_ts: u64,
+    cr3: u64,
+    pc: u64,
+    nr: u32,
+    /// (argument index, guest address), `n` of them used.
+    args: [(u8, u64); 4],
+    n: usize,
+}
+
 struct Hot {
     producer: Producer,
     regbuf: guest::ByteBuf,
@@ -321,6 +335,8 @@ struct Hot {
     /// Scratch for string/buffer arguments and the DATA records built from them.
     strbuf: Vec<u8>,
     pieces: Vec<Record>,
+    /// String arguments whose page was not present at entry, re-read at the call's return.
+    retry: Option<Retry>,
     /// CR3 base as last written (known from the CR3-write callbacks while tracking), valid
     /// while `cr3_gen` equals the applied filter generation (tracking was on throughout).
     cur_cr3: u64,
@@ -601,6 +617,7 @@ fn vcpu_init(vcpu: c_uint) {
                     last: (0, [0; COMM_LEN]),
                     strbuf: Vec::with_capacity(MAX_STRING),
                     pieces: Vec::with_capacity(64),
+                    retry: None,
                     cur_cr3: u64::MAX,
                     cr3_gen: u64::MAX,
                     kgs: 0,
@@ -1156,13 +1173,26 @@ impl Ctx<'_> {
     }
 
     /// Captures the string and buffer arguments of syscall `nr` into `pieces`.
-    fn capture(&mut self, ts: u64, cr3: u64, nr: u32, args: &[u64; 6]) {
+    fn capture(&mut self, ts: u64, cr3: u64, nr: u32, args: &[u64; 6]) -> Option<Retry> {
         self.hot.pieces.clear();
+        let mut retry = Retry {
+            task: 0,
+            entry_ts: ts,
+            cr3,
+            pc: 0,
+            nr,
+            args: [(0, 0); 4],
+            n: 0,
+        };
         for &a in string_args(nr) {
             let addr = args[usize::from(a)];
             let f = self.read_string(addr);
             if f & flags::FAULT != 0 {
                 self.count(Counter::MemReadErrors, 1);
+                if addr != 0 && self.hot.strbuf.is_empty() && retry.n < retry.args.len() {
+                    retry.args[retry.n] = (a, addr);
+                    retry.n += 1;
+                }
             }
             self.emit_pieces(ts, cr3, addr, a, f);
         }
@@ -1175,6 +1205,82 @@ impl Ctx<'_> {
                 }
                 self.emit_pieces(ts, cr3, addr, p as u8, f);
             }
+        }
+        (retry.n > 0).then_some(retry)
+    }
+
+    /// Re-reads the strings of `rt` at the call's return and pushes them as LATE pieces. For a
+    /// successful execve the old address space is gone; its filename is the new image's
+    /// AT_EXECFN, which the kernel copied to the top of the new stack at `usp`.
+    fn retry_strings(&mut self, rt: &Retry, rip: u64, rax: u64, usp: u64) {
+        self.hot.pieces.clear();
+        let exec_done =
+            matches!(rt.nr, nr::EXECVE | nr::EXECVEAT) && rip != rt.pc.wrapping_add(2) && rax == 0;
+        for &(a, addr) in &rt.args[..rt.n] {
+            let first_string_arg = string_args(rt.nr).first() == Some(&a);
+            let src = if exec_done {
+                if !first_string_arg {
+                    continue;
+                }
+                match self.execfn(usp) {
+                    Some(p) => p,
+                    None => continue,
+                }
+            } else {
+                addr
+            };
+            let f = self.read_string(src);
+            if f & flags::FAULT != 0 && self.hot.strbuf.is_empty() {
+                continue;
+            }
+            self.emit_pieces(rt.entry_ts, rt.cr3, src, a, f | flags::LATE);
+        }
+        let n = self.hot.pieces.len();
+        let p = &mut self.hot.producer;
+        if p.free(n as u64) >= n as u64 {
+            for d in &self.hot.pieces[..n] {
+                p.push(d);
+            }
+            self.count(Counter::DataRecords, n as u64);
+        }
+        self.hot.pieces.clear();
+    }
+
+    /// The AT_EXECFN pointer of a process that just started at stack pointer `usp`:
+    /// `argc, argv[], NULL, envp[], NULL, auxv pairs`.
+    fn execfn(&mut self, usp: u64) -> Option<u64> {
+        const AT_NULL: u64 = 0;
+        const AT_EXECFN: u64 = 31;
+        const MAX_WORDS: u64 = 16 * 1024;
+        let mut word = |i: u64| -> Option<u64> {
+            let mut b = [0u8; 8];
+            match self
+                .hot
+                .membuf
+                .read_guest(usp.checked_add(i.checked_mul(8)?)?, &mut b)
+            {
+                Ok(8) => Some(u64::from_le_bytes(b)),
+                _ => None,
+            }
+        };
+        let argc = word(0)?;
+        let mut i = argc.checked_add(2)?; // argv[] and its NULL
+        while word(i)? != 0 {
+            i += 1;
+            if i > MAX_WORDS {
+                return None;
+            }
+        }
+        i += 1;
+        loop {
+            let (t, v) = (word(i)?, word(i + 1)?);
+            if t == AT_EXECFN {
+                return Some(v);
+            }
+            if t == AT_NULL || i > MAX_WORDS {
+                return None;
+            }
+            i += 2;
         }
     }
 }
@@ -1243,7 +1349,11 @@ fn syscall_entry(vcpu: c_uint, translated_pc: u64) {
     // The kernel decodes the syscall number from EAX (it is an int).
     let nr = r[E_RAX] as u32;
     if failed == 0 {
-        c.capture(ts, cr3, nr, &args);
+        c.hot.retry = c.capture(ts, cr3, nr, &args).map(|mut rt| {
+            rt.task = t.task;
+            rt.pc = pc;
+            rt
+        });
     } else {
         c.hot.pieces.clear();
     }
@@ -1393,6 +1503,10 @@ fn kernel_return(vcpu: c_uint, insn: u64, via: ReturnVia) {
     let Some(t) = c.current(kgs) else { return };
     if !c.decide(state, &t, cr3) {
         return;
+    }
+    if let Some(rt) = c.hot.retry.filter(|rt| rt.task == t.task) {
+        c.hot.retry = None;
+        c.retry_strings(&rt, rip, rax, usp);
     }
     let mut rec = Record::syscall_return(vcpu, monotonic_ns(), cr3, via, insn, rip, rax);
     rec.set_task(t.task, t.f.pid, t.f.tgid, None);

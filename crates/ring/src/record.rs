@@ -43,6 +43,10 @@ pub mod flags {
     /// DATA: reading guest memory failed at the end of this piece (unmapped or not present);
     /// the bytes before the fault are in the piece.
     pub const FAULT: u16 = 1 << 7;
+    /// On a DATA piece: captured at the call's return, not at its entry (the string's page
+    /// was not present at entry; the kernel faulted it in while handling the call). Its
+    /// timestamp is the entry's; it follows other records in the ring.
+    pub const LATE: u16 = 1 << 8;
 }
 
 /// Payload word indices of a [`kind::SYSCALL_ENTRY`] record.
@@ -217,7 +221,7 @@ impl Record {
         }
         Self {
             kind: kind::DATA,
-            flags: extra & (flags::FINAL | flags::TRUNCATED | flags::FAULT),
+            flags: extra & (flags::FINAL | flags::TRUNCATED | flags::FAULT | flags::LATE),
             vcpu,
             timestamp_ns: entry_ts,
             cr3,

@@ -61,3 +61,31 @@ pub struct ReturnEvent {
     pub rax: u64,
     pub via: ReturnVia,
 }
+
+/// Adds a piece of argument bytes to an entry, in order; a piece that does not continue the
+/// bytes so far (a lost piece before it) marks the argument truncated instead.
+pub fn append_piece(e: &mut EntryEvent, piece: ArgData, offset: u32) {
+    const MAX_ARG_BYTES: usize = 64 * 1024;
+    match e.data.iter_mut().find(|d| d.arg == piece.arg) {
+        // A late re-read replaces a capture that faulted with nothing in it.
+        Some(d) if d.fault && d.bytes.is_empty() && offset == 0 => *d = piece,
+        Some(d) => {
+            if d.bytes.len() == offset as usize
+                && d.bytes.len() + piece.bytes.len() <= MAX_ARG_BYTES
+            {
+                d.bytes.extend_from_slice(&piece.bytes);
+                d.truncated = piece.truncated;
+                d.fault = piece.fault;
+            } else {
+                d.truncated = true;
+            }
+        }
+        None if offset == 0 => e.data.push(piece),
+        None => e.data.push(ArgData {
+            arg: piece.arg,
+            bytes: Vec::new(),
+            truncated: true,
+            fault: piece.fault,
+        }),
+    }
+}

@@ -14,7 +14,7 @@ pub mod tracker;
 
 pub use event::{ArgData, EntryEvent, ReturnEvent, ReturnVia};
 pub use format::{strace_line, JsonRecord};
-pub use observe::{JsonWriter, NameFilter, StraceWriter, SyscallObserver};
+pub use observe::{JsonSink, JsonWriter, NameFilter, StraceWriter, SyscallObserver};
 pub use spec::{ArgKind, SyscallSpec};
 pub use tracker::{Completed, Outcome, Tracker, TrackerStats};
 
@@ -47,6 +47,8 @@ pub mod nr {
     pub const EXIT_GROUP: u64 = 231;
     pub const RESTART_SYSCALL: u64 = 219;
     pub const EXECVEAT: u64 = 322;
+    pub const CHDIR: u64 = 80;
+    pub const FCHDIR: u64 = 81;
     pub const CLONE3: u64 = 435;
 }
 

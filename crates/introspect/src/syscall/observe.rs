@@ -5,6 +5,7 @@
 
 use std::collections::HashSet;
 use std::io::Write;
+use std::sync::{Arc, Mutex};
 
 use super::event::EntryEvent;
 use super::format::{strace_line, JsonRecord};
@@ -83,35 +84,50 @@ impl SyscallObserver for StraceWriter {
     }
 }
 
+/// A JSON-lines output shared by several observers (syscalls, process records).
+#[derive(Clone)]
+pub struct JsonSink(Arc<Mutex<Box<dyn Write + Send>>>);
+
+impl JsonSink {
+    pub fn new(out: Box<dyn Write + Send>) -> Self {
+        JsonSink(Arc::new(Mutex::new(out)))
+    }
+
+    /// Writes any serialisable record as one line.
+    pub fn write_value<T: serde::Serialize>(&self, v: &T) {
+        if let (Ok(s), Ok(mut out)) = (serde_json::to_string(v), self.0.lock()) {
+            let _ = writeln!(out, "{s}");
+        }
+    }
+
+    pub fn flush(&self) {
+        if let Ok(mut out) = self.0.lock() {
+            let _ = out.flush();
+        }
+    }
+}
+
 /// Writes one JSON object per completed call (`--trace-json`).
 pub struct JsonWriter {
-    out: Box<dyn Write + Send>,
+    out: JsonSink,
     filter: NameFilter,
 }
 
 impl JsonWriter {
-    pub fn new(out: Box<dyn Write + Send>, filter: NameFilter) -> Self {
+    pub fn new(out: JsonSink, filter: NameFilter) -> Self {
         JsonWriter { out, filter }
-    }
-
-    /// Writes any serialisable record as one line (process records use this too).
-    pub fn write_value<T: serde::Serialize>(&mut self, v: &T) {
-        if let Ok(s) = serde_json::to_string(v) {
-            let _ = writeln!(self.out, "{s}");
-        }
     }
 }
 
 impl SyscallObserver for JsonWriter {
     fn on_complete(&mut self, c: &Completed) {
         if self.filter.matches(c.entry.nr) {
-            let rec = JsonRecord::from_completed(c);
-            self.write_value(&rec);
+            self.out.write_value(&JsonRecord::from_completed(c));
         }
     }
 
     fn finish(&mut self) {
-        let _ = self.out.flush();
+        self.out.flush();
     }
 }
 

@@ -73,11 +73,25 @@ pub struct TrackerStats {
 
 /// Bound on nested pending syscalls of one task (signal handlers inside handlers).
 const MAX_DEPTH: usize = 64;
+/// Bound on completions held behind one interrupted call.
+const MAX_HELD: usize = 4096;
+
+/// A call waiting for its return.
+#[derive(Debug)]
+struct Pending {
+    e: EntryEvent,
+    /// A signal handler was entered while this call was pending: (time, vCPU) of that return.
+    /// Its outcome is only known when the handler's sigreturn comes back, but it happened
+    /// first, so it is reported before the handler's own calls (like strace).
+    interrupted: Option<(u64, u32)>,
+    /// The handler's completed calls, reported after this one.
+    held: Vec<Completed>,
+}
 
 /// The pairing state.
 #[derive(Debug, Default)]
 pub struct Tracker {
-    pending: HashMap<u64, Vec<EntryEvent>>,
+    pending: HashMap<u64, Vec<Pending>>,
     stats: TrackerStats,
 }
 
@@ -113,21 +127,26 @@ impl Tracker {
         self.stats.entries += 1;
         let mut out = Vec::new();
         match e.nr {
-            nr::EXIT => out.push(self.done(e, Outcome::NoReturn, None)),
+            nr::EXIT => {
+                let task = e.task;
+                if let Some(stack) = self.pending.remove(&task) {
+                    self.flush_stack(stack, &mut out);
+                }
+                out.push(self.done(e, Outcome::NoReturn, None));
+            }
             nr::EXIT_GROUP => {
                 // Every other thread of the process dies with it: their calls never return.
                 let tgid = e.tgid;
-                let tasks: Vec<u64> = self
+                let mut tasks: Vec<u64> = self
                     .pending
                     .iter()
-                    .filter(|(_, v)| v.first().is_some_and(|p| p.tgid == tgid))
+                    .filter(|(t, v)| **t == e.task || v.first().is_some_and(|p| p.e.tgid == tgid))
                     .map(|(t, _)| *t)
                     .collect();
+                tasks.sort_unstable();
                 for t in tasks {
                     if let Some(stack) = self.pending.remove(&t) {
-                        for p in stack.into_iter().rev() {
-                            out.push(self.done(p, Outcome::NoReturn, None));
-                        }
+                        self.flush_stack(stack, &mut out);
                     }
                 }
                 out.push(self.done(e, Outcome::NoReturn, None));
@@ -138,12 +157,41 @@ impl Tracker {
                     stack.remove(0);
                     self.stats.overflowed += 1;
                 }
-                stack.push(e);
+                stack.push(Pending {
+                    e,
+                    interrupted: None,
+                    held: Vec::new(),
+                });
                 self.stats.peak_pending_tasks =
                     self.stats.peak_pending_tasks.max(self.pending.len() as u64);
             }
         }
         out
+    }
+
+    /// Ends a whole stack without returns, outermost call first (it started first).
+    fn flush_stack(&mut self, stack: Vec<Pending>, out: &mut Vec<Completed>) {
+        for p in stack {
+            let exit = p.interrupted;
+            let mut c = self.done(p.e, Outcome::NoReturn, None);
+            if let Some((ts, vcpu)) = exit {
+                c.exit_ts_ns = Some(ts);
+                c.exit_vcpu = Some(vcpu);
+            }
+            out.push(c);
+            out.extend(p.held);
+        }
+    }
+
+    /// Completes a pending call; an interrupted one ends at its signal delivery.
+    fn resolve(&mut self, p: Pending, outcome: Outcome, r: &ReturnEvent, out: &mut Vec<Completed>) {
+        let mut c = self.done(p.e, outcome, Some(r));
+        if let Some((ts, vcpu)) = p.interrupted {
+            c.exit_ts_ns = Some(ts);
+            c.exit_vcpu = Some(vcpu);
+        }
+        out.push(c);
+        out.extend(p.held);
     }
 
     /// A monitored task returned to user mode. Returns what completed.
@@ -156,19 +204,17 @@ impl Tracker {
         };
         let rax = r.rax as i64;
         // An rt_sigreturn on top "returns" the restored rax to wherever the signal frame points;
-        // the same rip then decides the call it interrupted, if any.
-        let mut after_sigreturn = false;
-        if stack.last().is_some_and(|e| e.nr == nr::RT_SIGRETURN) {
-            if let Some(e) = stack.pop() {
-                out.push(self.done(e, Outcome::Returned(rax), Some(r)));
-            }
-            after_sigreturn = true;
-        }
-        if let Some(top) = stack.last() {
-            let is_exec = matches!(top.nr, nr::EXECVE | nr::EXECVEAT);
-            let outcome = if r.rip == top.pc.wrapping_add(2) {
+        // the same rip then decides the call it interrupted, if any, which is reported first.
+        let sigreturn = match stack.last() {
+            Some(p) if p.e.nr == nr::RT_SIGRETURN => stack.pop(),
+            _ => None,
+        };
+        let after_sigreturn = sigreturn.is_some();
+        if let Some(top) = stack.last_mut() {
+            let is_exec = matches!(top.e.nr, nr::EXECVE | nr::EXECVEAT);
+            let outcome = if r.rip == top.e.pc.wrapping_add(2) {
                 Some(Outcome::Returned(rax))
-            } else if r.rip == top.pc {
+            } else if r.rip == top.e.pc {
                 Some(Outcome::Restarted)
             } else if is_exec && rax == 0 && !after_sigreturn {
                 Some(Outcome::Returned(0))
@@ -176,13 +222,25 @@ impl Tracker {
                 // A signal handler starts (or a sigreturn lands in user code): still pending.
                 if !after_sigreturn {
                     self.stats.signal_deliveries += 1;
+                    if top.interrupted.is_none() {
+                        top.interrupted = Some((r.ts_ns, r.vcpu));
+                    }
                 }
                 None
             };
             if let Some(o) = outcome {
-                if let Some(e) = stack.pop() {
-                    out.push(self.done(e, o, Some(r)));
+                if let Some(p) = stack.pop() {
+                    self.resolve(p, o, r, &mut out);
                 }
+            }
+        }
+        if let Some(p) = sigreturn {
+            self.resolve(p, Outcome::Returned(rax), r, &mut out);
+        }
+        // Completions inside a handler wait behind the call that handler interrupted.
+        if let Some(holder) = stack.iter_mut().rev().find(|p| p.interrupted.is_some()) {
+            if holder.held.len() + out.len() <= MAX_HELD {
+                holder.held.append(&mut out);
             }
         }
         if !stack.is_empty() {
@@ -194,13 +252,30 @@ impl Tracker {
     /// Ends everything still pending (the VM stopped): those calls never returned.
     pub fn finish(&mut self) -> Vec<Completed> {
         let mut out = Vec::new();
-        let all: Vec<(u64, Vec<EntryEvent>)> = self.pending.drain().collect();
+        let mut all: Vec<(u64, Vec<Pending>)> = self.pending.drain().collect();
+        all.sort_by_key(|(t, _)| *t);
         for (_, stack) in all {
-            for e in stack.into_iter().rev() {
-                out.push(self.done(e, Outcome::NoReturn, None));
-            }
+            self.flush_stack(stack, &mut out);
         }
         out
+    }
+
+    /// Attaches argument bytes captured after the entry (the plugin re-reads a string whose
+    /// page was not present at entry once the kernel has faulted it in) to the pending call
+    /// that entered at `entry_ts`. Returns false when no such call is pending.
+    pub fn attach_late_data(
+        &mut self,
+        entry_ts: u64,
+        piece: super::event::ArgData,
+        offset: u32,
+    ) -> bool {
+        for stack in self.pending.values_mut() {
+            if let Some(p) = stack.iter_mut().find(|p| p.e.ts_ns == entry_ts) {
+                super::event::append_piece(&mut p.e, piece, offset);
+                return true;
+            }
+        }
+        false
     }
 }
 
@@ -277,15 +352,17 @@ mod tests {
         assert!(t.on_return(&ret(1, 0x7000, 0, 0)).is_empty()); // handler starts
         assert_eq!(t.stats().signal_deliveries, 1);
         t.on_entry(entry(1, 10, 1, 0x7010, 2)); // write in the handler
-        assert_eq!(
-            names(&t.on_return(&ret(1, 0x7012, 4, 0))),
-            vec![(1, Some(4))]
-        );
+                                                // Held until the interrupted read's outcome is known.
+        assert!(t.on_return(&ret(1, 0x7012, 4, 0)).is_empty());
         t.on_entry(entry(1, 10, nr::RT_SIGRETURN, 0x7020, 3));
         // sigreturn resumes at the read's syscall instruction: the read is restarted.
         let c = t.on_return(&ret(1, 0x1000, 0, 0));
-        assert_eq!(names(&c), vec![(nr::RT_SIGRETURN, Some(0)), (0, None)]);
-        assert_eq!(c[1].outcome, Outcome::Restarted);
+        // Reported like strace: the interrupted read, the handler's write, then sigreturn.
+        assert_eq!(
+            names(&c),
+            vec![(0, None), (1, Some(4)), (nr::RT_SIGRETURN, Some(0))]
+        );
+        assert_eq!(c[0].outcome, Outcome::Restarted);
         t.on_entry(entry(1, 10, 0, 0x1000, 4)); // re-executed read
         assert_eq!(
             names(&t.on_return(&ret(1, 0x1002, 1, 1))),
@@ -301,7 +378,7 @@ mod tests {
         t.on_return(&ret(1, 0x7000, 0, 0));
         t.on_entry(entry(1, 10, nr::RT_SIGRETURN, 0x7020, 2));
         let c = t.on_return(&ret(1, 0x1002, -4, 0));
-        assert_eq!(names(&c), vec![(nr::RT_SIGRETURN, Some(-4)), (0, Some(-4))]);
+        assert_eq!(names(&c), vec![(0, Some(-4)), (nr::RT_SIGRETURN, Some(-4))]);
     }
 
     #[test]
