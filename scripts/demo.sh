@@ -20,3 +20,8 @@ echo "== vmsight run --stats -- <demo workload>   (QEMU 10, TCG, vhost-user-blk 
   getppid_loop 100000 && echo "ran 100000 getppid syscalls"
   sync
 '
+
+echo
+echo "== vmsight run --trace: the command's syscalls, seen from outside the guest (no agent, no ptrace)"
+"$VMSIGHT" run --name demo-trace --trace --trace-filter execve,openat,read,write,close,exit_group -- \
+  sh -c 'head -c 64 /etc/os-release | tr a-z A-Z' 2>&1 | grep -v '^vmsight:' | tail -25

@@ -60,6 +60,40 @@ pub struct RunStats {
     pub disks: Vec<DiskStats>,
     /// Syscall tracing counters, when `--trace` was on.
     pub trace: Option<TraceSummary>,
+    /// vmsight's own memory at exit (guest RAM is QEMU's shared memfd and shows as shmem).
+    pub memory: ProcessMemory,
+}
+
+/// Resident memory of the vmsight process, from /proc/self/status (KiB).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ProcessMemory {
+    /// Peak resident set, all kinds.
+    pub peak_rss_kib: u64,
+    /// Private anonymous memory (heap, stacks): what vmsight itself allocates.
+    pub anon_kib: u64,
+    /// File-backed pages (the vmsight binary and libraries).
+    pub file_kib: u64,
+    /// Shared memory: the plugin channel and mapped guest RAM, shared with QEMU.
+    pub shmem_kib: u64,
+}
+
+impl ProcessMemory {
+    pub fn read_self() -> ProcessMemory {
+        let text = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let field = |name: &str| -> u64 {
+            text.lines()
+                .find(|l| l.starts_with(name))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        };
+        ProcessMemory {
+            peak_rss_kib: field("VmHWM:"),
+            anon_kib: field("RssAnon:"),
+            file_kib: field("RssFile:"),
+            shmem_kib: field("RssShmem:"),
+        }
+    }
 }
 
 impl RunStats {
@@ -108,6 +142,7 @@ impl RunStats {
             records_drained: trace.as_ref().map(|t| t.records).unwrap_or(0),
             disks,
             trace,
+            memory: ProcessMemory::read_self(),
         }
     }
 
@@ -154,6 +189,11 @@ impl fmt::Display for RunStats {
                 writeln!(f, "    total: syscalls={}", self.total_syscalls())?;
             }
         }
+        writeln!(
+            f,
+            "  vmsight memory: {} KiB private, {} KiB file, {} KiB shared (channel, guest RAM views); peak RSS {} KiB",
+            self.memory.anon_kib, self.memory.file_kib, self.memory.shmem_kib, self.memory.peak_rss_kib
+        )?;
         for (i, d) in self.disks.iter().enumerate() {
             let m = &d.metrics;
             writeln!(

@@ -282,7 +282,7 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
 
     let channel = if use_plugin {
         let shm = rt.join("plugin.shm");
-        let mut host = vmsight_ring::Channel::create(&shm, 64, 1 << 14)
+        let mut host = vmsight_ring::Channel::create(&shm, cfg.vcpus, 1 << 14)
             .map_err(|e| LaunchError::Channel(e.to_string()))?;
         if let Some(t) = &cfg.trace {
             crate::trace_records::set_target(&mut host, &t.target, None)
