@@ -303,3 +303,15 @@ fn several_disks_keep_their_order_and_serials() {
     assert_eq!(r.code, Some(0), "{r:?}");
     assert_eq!(r.stdout, "vdb first 32768 0\nvdc second 65536 1\n", "{r:?}");
 }
+
+#[test]
+fn a_qemu_failure_exits_nonzero_with_qemus_reason() {
+    // A file that is not a kernel: QEMU refuses it at start-up.
+    let dir = tempfile::tempdir().unwrap();
+    let bogus = dir.path().join("not-a-kernel");
+    std::fs::write(&bogus, vec![0x5au8; 4096]).unwrap();
+    let r = run(&["run", "--kernel", bogus.to_str().unwrap(), "--", "true"]);
+    assert_eq!(r.code, Some(125), "{r:?}");
+    assert!(r.stderr.contains("QEMU failed"), "{r:?}");
+    assert!(!r.stderr.trim().is_empty());
+}
