@@ -117,11 +117,11 @@ fn reduce(name: &str, args: &[String], ret: String) -> Call {
     };
     let (fds, paths) = key_arg_positions(name);
     let mut key_args = Vec::new();
-    for i in 0..args.len() {
+    for (i, a) in args.iter().enumerate() {
         if fds.contains(&i) {
-            key_args.push(args[i].clone());
+            key_args.push(a.clone());
         } else if paths.contains(&i) {
-            key_args.push(unquote(&args[i]));
+            key_args.push(unquote(a));
         }
     }
     Call {

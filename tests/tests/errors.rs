@@ -1,4 +1,5 @@
 //! Bad input gets a one-line error and a non-zero exit, before any guest boots.
+#![allow(clippy::unwrap_used)] // Test code: a failed unwrap is a failed test.
 
 use vmsight_tests::*;
 

@@ -1,5 +1,6 @@
 //! Foundation behaviour, checked on a real Debian guest booted under vmsight (QEMU 10, TCG,
 //! vhost-user-blk disks, the vmsight plugin).
+#![allow(clippy::unwrap_used)] // Test code: a failed unwrap is a failed test.
 
 use std::io::Write;
 use std::path::Path;
@@ -210,7 +211,7 @@ fn pid_alive(pid: u64) -> bool {
 #[test]
 fn sigterm_leaves_no_orphan_processes_or_sockets() {
     let name = vm_name("sigterm");
-    let mut child = vmsight()
+    let child = vmsight()
         .args(["run", "--name", &name, "--", "sleep", "600"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

@@ -23,7 +23,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Cmd {
     /// Boot a guest under vmsight; run CMD in it (or give an interactive console) and power off.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Build or inspect the default guest image.
     Image {
         #[command(subcommand)]
@@ -179,7 +179,7 @@ pub fn main() -> i32 {
     };
     init_logging(cli.verbose);
     let res = match cli.command {
-        Cmd::Run(a) => cmd_run(a),
+        Cmd::Run(a) => cmd_run(*a),
         Cmd::Image { action } => cmd_image(action),
         Cmd::Ps { json } => cmd_ps(json),
     };

@@ -1,5 +1,6 @@
 //! The index against e2fsprogs on real images made with mkfs.ext4 -d, mkfs.ext2, mke2fs -O
 //! ^extent, inline_data, 1k/4k blocks, GPT and MBR partitions.
+#![allow(clippy::unwrap_used)] // Test code: a failed unwrap is a failed test.
 
 mod common;
 

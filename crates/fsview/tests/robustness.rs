@@ -1,4 +1,5 @@
 //! Corrupt, truncated and malicious images: clear errors, no panics, bounded work.
+#![allow(clippy::unwrap_used)] // Test code: a failed unwrap is a failed test.
 
 mod common;
 

@@ -2,6 +2,7 @@
 //! decoding, argument tables, classification). The module is compiled into this test
 //! directly: the library itself references QEMU's API, which only exists inside QEMU, so a
 //! test binary linking it could not start.
+#![allow(clippy::unwrap_used)] // Test code: a failed unwrap is a failed test.
 
 #[path = "../src/logic.rs"]
 #[allow(dead_code)]

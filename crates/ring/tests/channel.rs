@@ -1,4 +1,5 @@
 //! Channel tests on real `MAP_SHARED` mappings of temporary files.
+#![allow(clippy::unwrap_used)] // Test code: a failed unwrap is a failed test.
 
 use std::fs::OpenOptions;
 use std::io::{Seek, SeekFrom, Write};

@@ -12,6 +12,7 @@
 //! - `rip == E.pc`: the kernel rewound the instruction to restart `E` (`-ERESTART*`): `E` ended
 //!   without a value and will be entered again;
 //! - anything else: a signal handler starts; `E` stays pending.
+//!
 //! `exit`/`exit_group` never return and are completed at entry; `exit_group` also ends the
 //! pending calls of the other threads of its process. A return with nothing pending (an
 //! interrupt return, a new thread's first return after `clone`) is not a syscall exit.
