@@ -93,8 +93,14 @@ struct Pending {
 #[derive(Debug, Default)]
 pub struct Tracker {
     pending: HashMap<u64, Vec<Pending>>,
+    /// Signal-handler entry points seen per process, to tell a signal delivered on the way out
+    /// of `rt_sigreturn` (the kernel enters the handler with rax = 0) from its own return.
+    handlers: HashMap<u32, Vec<u64>>,
     stats: TrackerStats,
 }
+
+/// Bound on remembered handler addresses per process.
+const MAX_HANDLERS: usize = 64;
 
 impl Tracker {
     pub fn new() -> Self {
@@ -204,14 +210,41 @@ impl Tracker {
             return out;
         };
         let rax = r.rax as i64;
+        let known_handler = self
+            .handlers
+            .get(&r.tgid)
+            .is_some_and(|h| h.contains(&r.rip));
         // An rt_sigreturn on top "returns" the restored rax to wherever the signal frame points;
-        // the same rip then decides the call it interrupted, if any, which is reported first.
-        let sigreturn = match stack.last() {
+        // the same rip then decides the calls it interrupted, which are reported first. But if
+        // another signal is delivered on the way out, the return goes to a handler with rax 0:
+        // then the sigreturn is itself interrupted, and completes when that handler's own
+        // sigreturn restores the context.
+        let sigreturn = match stack.last_mut() {
+            Some(p) if p.e.nr == nr::RT_SIGRETURN && rax == 0 && known_handler => {
+                self.stats.signal_deliveries += 1;
+                if p.interrupted.is_none() {
+                    p.interrupted = Some((r.ts_ns, r.vcpu));
+                }
+                None
+            }
             Some(p) if p.e.nr == nr::RT_SIGRETURN => stack.pop(),
             _ => None,
         };
         let after_sigreturn = sigreturn.is_some();
-        if let Some(top) = stack.last_mut() {
+        // Calls this return completes, innermost first.
+        let mut resolved: Vec<(Pending, Outcome)> = Vec::new();
+        while let Some(top) = stack.last_mut() {
+            if after_sigreturn && top.e.nr == nr::RT_SIGRETURN && top.interrupted.is_some() {
+                // An outer sigreturn interrupted by the signal whose sigreturn just returned:
+                // it returns the same restored context.
+                if let Some(p) = stack.pop() {
+                    resolved.push((p, Outcome::Returned(rax)));
+                }
+                continue;
+            }
+            if sigreturn.is_none() && top.e.nr == nr::RT_SIGRETURN {
+                break; // interrupted just above
+            }
             let is_exec = matches!(top.e.nr, nr::EXECVE | nr::EXECVEAT);
             let outcome = if r.rip == top.e.pc.wrapping_add(2) {
                 Some(Outcome::Returned(rax))
@@ -226,14 +259,23 @@ impl Tracker {
                     if top.interrupted.is_none() {
                         top.interrupted = Some((r.ts_ns, r.vcpu));
                     }
+                    let h = self.handlers.entry(r.tgid).or_default();
+                    if !h.contains(&r.rip) && h.len() < MAX_HANDLERS {
+                        h.push(r.rip);
+                    }
                 }
                 None
             };
             if let Some(o) = outcome {
                 if let Some(p) = stack.pop() {
-                    self.resolve(p, o, r, &mut out);
+                    resolved.push((p, o));
                 }
             }
+            break;
+        }
+        // Outermost first: each interrupted call precedes its handler's calls (held in it).
+        for (p, o) in resolved.into_iter().rev() {
+            self.resolve(p, o, r, &mut out);
         }
         if let Some(p) = sigreturn {
             self.resolve(p, Outcome::Returned(rax), r, &mut out);
@@ -380,6 +422,34 @@ mod tests {
         t.on_entry(entry(1, 10, nr::RT_SIGRETURN, 0x7020, 2));
         let c = t.on_return(&ret(1, 0x1002, -4, 0));
         assert_eq!(names(&c), vec![(0, Some(-4)), (nr::RT_SIGRETURN, Some(-4))]);
+    }
+
+    #[test]
+    fn signal_delivered_on_the_way_out_of_sigreturn() {
+        // wait4 blocks; SIGCHLD #1: handler, sigreturn; on its way out SIGCHLD #2 is delivered
+        // (rax 0, same handler); the second sigreturn finally returns wait4's value.
+        let mut t = Tracker::new();
+        t.on_entry(entry(1, 10, 61, 0x1000, 1)); // wait4
+        assert!(t.on_return(&ret(1, 0x7000, 0, 0)).is_empty()); // handler #1
+        t.on_entry(entry(1, 10, 1, 0x7010, 2)); // write in handler #1
+        assert!(t.on_return(&ret(1, 0x7012, 3, 0)).is_empty());
+        t.on_entry(entry(1, 10, nr::RT_SIGRETURN, 0x7020, 3));
+        assert!(t.on_return(&ret(1, 0x7000, 0, 0)).is_empty()); // handler #2 instead
+        t.on_entry(entry(1, 10, 1, 0x7010, 4)); // write in handler #2
+        assert!(t.on_return(&ret(1, 0x7012, 3, 0)).is_empty());
+        t.on_entry(entry(1, 10, nr::RT_SIGRETURN, 0x7020, 5));
+        let c = t.on_return(&ret(1, 0x1002, 189, 0));
+        assert_eq!(
+            names(&c),
+            vec![
+                (61, Some(189)),
+                (1, Some(3)),
+                (nr::RT_SIGRETURN, Some(189)),
+                (1, Some(3)),
+                (nr::RT_SIGRETURN, Some(189)),
+            ]
+        );
+        assert_eq!(t.pending_tasks(), 0);
     }
 
     #[test]
