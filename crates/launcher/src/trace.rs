@@ -247,7 +247,8 @@ fn run(
             .flatten()
             .map(|e| e.ts_ns.saturating_sub(1))
             .fold(horizon, u64::min);
-        queue.sort_by_key(RawEvent::ts);
+        // A late piece shares its entry's timestamp and must sort after it.
+        queue.sort_by_key(|e| (e.ts(), matches!(e, RawEvent::LateData { .. })));
         let n = queue.partition_point(|e| e.ts() <= horizon);
         for ev in queue.drain(..n) {
             match ev {

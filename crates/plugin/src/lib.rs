@@ -325,6 +325,36 @@ struct Retry {
     n: usize,
 }
 
+/// Pending late re-reads, keyed by task: a call (execve especially) may block and return on
+/// another vCPU, so this is global. Only calls whose string was unreadable at entry are here,
+/// which is rare; the return path checks the count before taking the lock.
+static RETRIES: std::sync::Mutex<Vec<Retry>> = std::sync::Mutex::new(Vec::new());
+static RETRY_COUNT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+/// Bound on pending re-reads (oldest dropped): calls that never return must not accumulate.
+const MAX_RETRIES: usize = 256;
+
+fn retries_add(rt: Retry) {
+    if let Ok(mut v) = RETRIES.lock() {
+        v.retain(|r| r.task != rt.task);
+        if v.len() >= MAX_RETRIES {
+            v.remove(0);
+        }
+        v.push(rt);
+        RETRY_COUNT.store(v.len(), Ordering::Release);
+    }
+}
+
+fn retries_take(task: u64) -> Option<Retry> {
+    if RETRY_COUNT.load(Ordering::Acquire) == 0 {
+        return None;
+    }
+    let mut v = RETRIES.lock().ok()?;
+    let i = v.iter().position(|r| r.task == task)?;
+    let rt = v.swap_remove(i);
+    RETRY_COUNT.store(v.len(), Ordering::Release);
+    Some(rt)
+}
+
 struct Hot {
     producer: Producer,
     regbuf: guest::ByteBuf,
@@ -335,8 +365,7 @@ struct Hot {
     /// Scratch for string/buffer arguments and the DATA records built from them.
     strbuf: Vec<u8>,
     pieces: Vec<Record>,
-    /// String arguments whose page was not present at entry, re-read at the call's return.
-    retry: Option<Retry>,
+
     /// CR3 base as last written (known from the CR3-write callbacks while tracking), valid
     /// while `cr3_gen` equals the applied filter generation (tracking was on throughout).
     cur_cr3: u64,
@@ -617,7 +646,6 @@ fn vcpu_init(vcpu: c_uint) {
                     last: (0, [0; COMM_LEN]),
                     strbuf: Vec::with_capacity(MAX_STRING),
                     pieces: Vec::with_capacity(64),
-                    retry: None,
                     cur_cr3: u64::MAX,
                     cr3_gen: u64::MAX,
                     kgs: 0,
@@ -1349,11 +1377,11 @@ fn syscall_entry(vcpu: c_uint, translated_pc: u64) {
     // The kernel decodes the syscall number from EAX (it is an int).
     let nr = r[E_RAX] as u32;
     if failed == 0 {
-        c.hot.retry = c.capture(ts, cr3, nr, &args).map(|mut rt| {
+        if let Some(mut rt) = c.capture(ts, cr3, nr, &args) {
             rt.task = t.task;
             rt.pc = pc;
-            rt
-        });
+            retries_add(rt);
+        }
     } else {
         c.hot.pieces.clear();
     }
@@ -1504,8 +1532,7 @@ fn kernel_return(vcpu: c_uint, insn: u64, via: ReturnVia) {
     if !c.decide(state, &t, cr3) {
         return;
     }
-    if let Some(rt) = c.hot.retry.filter(|rt| rt.task == t.task) {
-        c.hot.retry = None;
+    if let Some(rt) = retries_take(t.task) {
         c.retry_strings(&rt, rip, rax, usp);
     }
     let mut rec = Record::syscall_return(vcpu, monotonic_ns(), cr3, via, insn, rip, rax);
