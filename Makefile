@@ -32,6 +32,9 @@ guest-test: image
 
 test: image
 	$(CARGO) test --release --workspace -- --test-threads=$(TEST_THREADS)
+	# The crawler's ignored-by-default check against an existing image, run on the real guest root disk.
+	VMSIGHT_FSVIEW_IMAGE="$$($(VMSIGHT) image info --json | jq -r .dir)/rootfs.img" \
+		$(CARGO) test --release -p vmsight-fsview --test real_images -- --ignored external_image
 
 lint:
 	$(CARGO) fmt --all -- --check

@@ -68,7 +68,8 @@ for f in "$RECIPE_DIR/init" "$RECIPE_DIR/initramfs-init"; do
 done
 
 # The first "URIs:" (deb822) or "deb" line that serves the main Debian archive (same logic as
-# scripts/setup-host.sh).
+# scripts/setup-host.sh; repeated because this script is embedded in the vmsight binary and runs
+# from a temporary directory, where the repository's scripts are not available).
 debian_mirror() {
     local uri=""
     if compgen -G "/etc/apt/sources.list.d/*.sources" >/dev/null; then
