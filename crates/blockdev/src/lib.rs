@@ -27,6 +27,7 @@
 mod device;
 mod error;
 pub mod file;
+pub mod insight;
 pub mod metrics;
 pub mod pipeline;
 pub mod request;

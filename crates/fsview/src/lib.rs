@@ -19,12 +19,15 @@
 mod block;
 mod crc;
 mod error;
+mod event;
 mod ext4;
 mod index;
 mod partition;
+mod view;
 
 pub use block::{BlockSource, FileSource, MemSource, Window};
 pub use error::{Error, Result};
+pub use event::{EventKind, FsEvent, Value};
 pub use ext4::CrawlOptions;
 pub use index::{
     DirEntry, FileExtent, FileKind, FsInfo, Index, IndexStats, InodeMeta, Owner, Warning,
@@ -32,3 +35,4 @@ pub use index::{
 pub use partition::{
     guid_string, read_partitions, Partition, PartitionTable, PartitionType, Scheme,
 };
+pub use view::{FsRead, StaticView, ViewEntry};
