@@ -31,6 +31,7 @@ pub mod insight;
 pub mod metrics;
 pub mod pipeline;
 pub mod request;
+pub mod tap;
 
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::UnixStream;
