@@ -123,6 +123,16 @@ struct RunArgs {
     /// Report only these syscalls (comma-separated names), e.g. openat,read,write.
     #[arg(long, value_name = "NAMES")]
     trace_filter: Option<String>,
+    /// Do not stream file updates from boot on (the write taps stay idle until a live attach).
+    #[arg(long)]
+    no_stream: bool,
+    /// Record the write stream of disk N (0 = root disk) to FILE (repeatable); see `vmsight replay`.
+    #[arg(long = "record-writes", value_name = "N:FILE", value_parser = vmsight_launcher::stream::parse_record_spec)]
+    record_writes: Vec<(usize, PathBuf)>,
+    /// Most MiB of written data waiting in one disk's stream queue (beyond it writes are
+    /// queued without their bytes and re-read from the image).
+    #[arg(long, value_name = "MIB", default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=65536))]
+    stream_queue_mb: u64,
     /// Command to run in the guest as root; its stdout/stderr/exit status become vmsight's.
     #[arg(last = true, value_name = "CMD")]
     command: Vec<String>,
@@ -280,6 +290,11 @@ fn cmd_run(a: RunArgs) -> Result<i32, String> {
         console_log: a.console_log,
         trace,
         profile,
+        stream: vmsight_launcher::stream::StreamConfig {
+            enabled: !a.no_stream,
+            record: a.record_writes,
+            queue_bytes: a.stream_queue_mb << 20,
+        },
     };
     if cfg.command.is_none() && !std::io::IsTerminal::is_terminal(&std::io::stdin()) {
         return Err("no command given and stdin is not a terminal: use `vmsight run -- CMD ...`, or run it from a terminal for a console".into());

@@ -135,6 +135,8 @@ pub struct VmConfig {
     pub trace: Option<crate::trace::TraceConfig>,
     /// The guest kernel's profile (symbols and struct offsets), for task identification.
     pub profile: Option<PathBuf>,
+    /// File-update streaming (write taps, recording, inference, delivery).
+    pub stream: crate::stream::StreamConfig,
 }
 
 impl VmConfig {

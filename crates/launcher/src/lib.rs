@@ -10,6 +10,7 @@ pub mod qemu;
 pub mod qmp;
 pub mod runtime;
 pub mod stats;
+pub mod stream;
 pub mod term;
 pub mod trace;
 pub mod trace_records;

@@ -18,7 +18,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use vmsight_blockdev::{spawn_backend, BackendHandle, DiskConfig};
+use vmsight_blockdev::tap::WriteTap;
+use vmsight_blockdev::{spawn_backend_with, BackendHandle, DiskConfig, Stage};
 
 use crate::accel::{self, Accel, AccelChoice};
 use crate::config::VmConfig;
@@ -252,11 +253,25 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
             d.direct,
         ));
     }
+    if let Some((n, _)) = cfg.stream.record.iter().find(|(n, _)| *n >= disk_paths.len()) {
+        return Err(LaunchError::Config(format!(
+            "--record-writes names disk {n}, but there are only {} disks (0 = root)",
+            disk_paths.len()
+        )));
+    }
     let mut backends: Vec<(PathBuf, BackendHandle)> = Vec::new();
+    let mut streams: Vec<crate::stream::DiskStream> = Vec::new();
     let mut planned = Vec::new();
     for (i, (path, ro, serial, queues, direct)) in disk_paths.iter().enumerate() {
         let sock = rt.join(&format!("disk{i}.sock"));
-        let handle = spawn_backend(
+        let mut stages: Vec<Box<dyn Stage>> = Vec::new();
+        if !*ro {
+            // The tap sits last, next to the image: it sees exactly what the image receives.
+            let ds = crate::stream::DiskStream::new(i, path, &cfg.stream);
+            stages.push(Box::new(WriteTap::new(ds.queue())));
+            streams.push(ds);
+        }
+        let handle = spawn_backend_with(
             DiskConfig {
                 path: path.clone(),
                 read_only: *ro,
@@ -266,6 +281,7 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
                 direct_io: *direct,
             },
             &sock,
+            stages,
         )
         .map_err(|source| LaunchError::Backend {
             index: i,
@@ -278,6 +294,11 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
             num_queues: *queues,
             queue_size: QUEUE_SIZE,
         });
+    }
+
+    for ds in streams.iter_mut() {
+        ds.start(&cfg.stream, Vec::new())
+            .map_err(|e| LaunchError::Config(format!("disk {}: {e}", ds.index)))?;
     }
 
     let channel = if use_plugin {
@@ -631,6 +652,10 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
             }
         }
         disk_stats.push(DiskStats::from_metrics(path, &metrics));
+    }
+    // The backends are gone, so no tap pushes any more: drain and stop the consumers.
+    for ds in streams {
+        let _ = ds.finish();
     }
     let trace_summary = trace.map(|t| t.finish());
     // Late console lines (the panic message can trail the ctl events) are in `tail` now.
