@@ -3,6 +3,7 @@
 
 pub mod accel;
 pub mod config;
+pub mod control;
 pub mod error;
 pub mod guestio;
 pub mod process;
