@@ -3,6 +3,8 @@
 //! ```text
 //! cargo run -p vmsight-blockdev --example serve -- IMAGE SOCKET [--ro] [--serial S]
 //!     [--queues N] [--queue-size N] [--direct] [--metrics-every SECS]
+//!     [--cache-size MIB] [--cache-policy lru|priority] [--cache-mode write-through|write-back]
+//!     [--disk-model hdd|ssd|none]
 //! ```
 //! Prints the final metrics as JSON on stdout when the frontend goes away.
 
@@ -10,11 +12,13 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use vmsight_blockdev::{spawn_backend, DiskConfig};
+use vmsight_blockdev::stages::{CacheConfig, DiskModel, DiskModelConfig, ICache};
+use vmsight_blockdev::{spawn_backend_with, DiskConfig, Stage};
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: serve IMAGE SOCKET [--ro] [--serial S] [--queues N] [--queue-size N] [--direct] [--metrics-every SECS]"
+        "usage: serve IMAGE SOCKET [--ro] [--serial S] [--queues N] [--queue-size N] [--direct] [--metrics-every SECS] \
+         [--cache-size MIB] [--cache-policy lru|priority] [--cache-mode write-through|write-back] [--disk-model hdd|ssd|none]"
     );
     ExitCode::from(2)
 }
@@ -33,6 +37,10 @@ fn main() -> ExitCode {
     };
     let mut cfg = DiskConfig::new(PathBuf::from(image));
     let mut every: Option<u64> = None;
+    let mut cache: Option<CacheConfig> = None;
+    let mut policy = None;
+    let mut mode = None;
+    let mut model = DiskModelConfig::None;
     while let Some(a) = args.next() {
         let mut num = |what: &str| -> Option<u64> {
             let v = args.next().and_then(|v| v.parse().ok());
@@ -60,10 +68,67 @@ fn main() -> ExitCode {
                 Some(n) => every = Some(n.max(1)),
                 None => return usage(),
             },
+            "--cache-size" => match num("--cache-size") {
+                Some(n) => cache = Some(CacheConfig::from_mib(n)),
+                None => return usage(),
+            },
+            "--cache-policy" => match args.next().map(|v| v.parse()) {
+                Some(Ok(p)) => policy = Some(p),
+                Some(Err(e)) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::from(2);
+                }
+                None => return usage(),
+            },
+            "--cache-mode" => match args.next().map(|v| v.parse()) {
+                Some(Ok(m)) => mode = Some(m),
+                Some(Err(e)) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::from(2);
+                }
+                None => return usage(),
+            },
+            "--disk-model" => match args.next().map(|v| v.parse()) {
+                Some(Ok(m)) => model = m,
+                Some(Err(e)) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::from(2);
+                }
+                None => return usage(),
+            },
             _ => return usage(),
         }
     }
-    let handle = match spawn_backend(cfg, std::path::Path::new(&socket)) {
+    let mut stages: Vec<Box<dyn Stage>> = Vec::new();
+    let mut cache_metrics = None;
+    if let Some(mut c) = cache {
+        if let Some(p) = policy {
+            c.policy = p;
+        }
+        if let Some(m) = mode {
+            c.mode = m;
+        }
+        match ICache::stage(c) {
+            Ok((s, m)) => {
+                eprintln!("cache: {c}");
+                stages.push(s);
+                cache_metrics = Some(m);
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let mut model_metrics = None;
+    if model != DiskModelConfig::None {
+        let capacity = std::fs::metadata(&cfg.path).map_or(0, |m| m.len() / 512 * 512);
+        let (s, m) = DiskModel::stage(model, capacity);
+        eprintln!("disk model: {}", m.describe());
+        stages.push(s);
+        model_metrics = Some(m);
+    }
+    let handle = match spawn_backend_with(cfg, std::path::Path::new(&socket), stages) {
         Ok(h) => h,
         Err(e) => {
             eprintln!("error: {e}");
@@ -83,6 +148,16 @@ fn main() -> ExitCode {
     match serde_json::to_string_pretty(&metrics.snapshot()) {
         Ok(j) => println!("{j}"),
         Err(e) => eprintln!("cannot serialise metrics: {e}"),
+    }
+    if let Some(m) = cache_metrics {
+        if let Ok(j) = serde_json::to_string(&m.snapshot()) {
+            println!("cache: {j}");
+        }
+    }
+    if let Some(m) = model_metrics {
+        if let Ok(j) = serde_json::to_string(&m.snapshot()) {
+            println!("disk model: {j}");
+        }
     }
     match res {
         Ok(()) => ExitCode::SUCCESS,

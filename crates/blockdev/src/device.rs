@@ -67,6 +67,18 @@ impl BlockDevice {
         }
     }
 
+    /// Lets every stage write out what it still holds (e.g. a write-back cache's dirty blocks)
+    /// when the backend stops; failures are logged, there is nobody left to tell.
+    pub(crate) fn shutdown_pipeline(&self) {
+        let mut p = match self.pipeline.lock() {
+            Ok(p) => p,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if let Err(e) = p.shutdown() {
+            warn!(error = %e, "a pipeline stage failed to shut down cleanly");
+        }
+    }
+
     /// Virtio feature bits offered to the driver.
     pub(crate) fn virtio_features(&self) -> u64 {
         let mut f = (1u64 << VIRTIO_F_VERSION_1)

@@ -31,6 +31,7 @@ pub mod insight;
 pub mod metrics;
 pub mod pipeline;
 pub mod request;
+pub mod stages;
 pub mod tap;
 
 use std::os::unix::fs::FileTypeExt;
@@ -292,7 +293,7 @@ pub fn spawn_backend_with(
     };
     let daemon = VhostUserDaemon::new(
         format!("vmsight-blk-{}", cfg.serial),
-        device,
+        device.clone(),
         GuestMemoryAtomic::new(GuestMemoryMmap::new()),
     )
     .map_err(|e| daemon_err(e.to_string()))?;
@@ -312,7 +313,12 @@ pub fn spawn_backend_with(
     let image = cfg.path.clone();
     let thread = std::thread::Builder::new()
         .name("vmsight-blk".into())
-        .spawn(move || serve(daemon, listener, &thread_shutdown, &image))
+        .spawn(move || {
+            let result = serve(daemon, listener, &thread_shutdown, &image);
+            // The queue workers are joined: let stages write out what they hold (write-back).
+            device.shutdown_pipeline();
+            result
+        })
         .map_err(|source| BlockError::Thread {
             path: cfg.path.clone(),
             source,

@@ -88,6 +88,15 @@ pub trait Stage: Send {
     /// Handles one request.
     fn process(&mut self, req: &mut Request<'_>, next: &mut dyn Next)
         -> Result<Status, StageError>;
+
+    /// Called once when the backend stops (the frontend disconnected or the backend was shut
+    /// down), front to back, with the stages below still usable: a stage holding state that
+    /// must reach the image (e.g. a write-back cache's dirty blocks) writes it here. The
+    /// default does nothing.
+    fn shutdown(&mut self, next: &mut dyn Next) -> Result<(), StageError> {
+        let _ = next;
+        Ok(())
+    }
 }
 
 /// The end of the pipeline: the component that really stores the data.
@@ -135,6 +144,27 @@ impl Pipeline {
             .map(|s| s.name().to_owned())
             .chain(std::iter::once(self.terminal.name().to_owned()))
             .collect()
+    }
+
+    /// Calls [`Stage::shutdown`] on every stage, front to back, each with the stages after it
+    /// and the terminal as its `next`. Every stage is called even if an earlier one failed;
+    /// the first error is returned.
+    pub fn shutdown(&mut self) -> Result<(), StageError> {
+        let mut first_err = None;
+        for i in 0..self.stages.len() {
+            let Some((stage, rest)) = self.stages.get_mut(i..).and_then(|s| s.split_first_mut())
+            else {
+                break;
+            };
+            let mut next = Rest {
+                stages: rest,
+                terminal: self.terminal.as_mut(),
+            };
+            if let Err(e) = stage.shutdown(&mut next) {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
     }
 
     /// Runs `req` through every stage and the terminal.
