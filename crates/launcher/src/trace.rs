@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 use vmsight_introspect::syscall::{
-    ArgData, EntryEvent, NameFilter, ReturnEvent, SyscallObserver, Tracker, TrackerStats,
+    ArgData, EntryEvent, NameFilter, ReturnEvent, SumsPiece, SyscallObserver, Tracker, TrackerStats,
 };
 use vmsight_ring::{ChannelHost, Record};
 
@@ -96,6 +96,14 @@ pub enum RawEvent {
         offset: u32,
     },
     Return(ReturnEvent),
+    /// Buffer checksums: at entry (writes; follow their entry like `Data`) or `late` at the
+    /// return (reads; attached to the pending call that entered at `entry_ts`).
+    Sums {
+        vcpu: u32,
+        entry_ts: u64,
+        late: bool,
+        piece: SumsPiece,
+    },
 }
 
 impl RawEvent {
@@ -105,6 +113,8 @@ impl RawEvent {
             RawEvent::Return(r) => r.ts_ns,
             RawEvent::Data { .. } => 0,
             RawEvent::LateData { entry_ts, .. } => *entry_ts,
+            RawEvent::Sums { late: false, .. } => 0,
+            RawEvent::Sums { entry_ts, .. } => *entry_ts,
         }
     }
 }
@@ -164,7 +174,9 @@ fn run(
             let vcpu = match &ev {
                 RawEvent::Entry(e) => e.vcpu,
                 RawEvent::Return(r) => r.vcpu,
-                RawEvent::Data { vcpu, .. } | RawEvent::LateData { vcpu, .. } => *vcpu,
+                RawEvent::Data { vcpu, .. }
+                | RawEvent::LateData { vcpu, .. }
+                | RawEvent::Sums { vcpu, .. } => *vcpu,
             } as usize;
             if vcpu >= 1024 {
                 continue; // corrupt record: the ring guards indices, this guards the vector
@@ -192,6 +204,21 @@ fn run(
                         }),
                     }
                 }
+                RawEvent::Sums {
+                    vcpu: v,
+                    entry_ts,
+                    late,
+                    piece,
+                } => match open[vcpu].as_mut() {
+                    Some(e) if !late || e.ts_ns == entry_ts => append_sums(e, piece),
+                    _ if late => queue.push(RawEvent::Sums {
+                        vcpu: v,
+                        entry_ts,
+                        late,
+                        piece,
+                    }),
+                    _ => sum.orphan_data += 1,
+                },
                 RawEvent::Data { piece, offset, .. } => {
                     sum.data_pieces += 1;
                     match open[vcpu].as_mut() {
@@ -213,7 +240,9 @@ fn run(
                             sum.returns += 1;
                             queue.push(RawEvent::Return(r));
                         }
-                        RawEvent::Data { .. } | RawEvent::LateData { .. } => {}
+                        RawEvent::Data { .. }
+                        | RawEvent::LateData { .. }
+                        | RawEvent::Sums { .. } => {}
                     }
                 }
             }
@@ -248,7 +277,12 @@ fn run(
             .map(|e| e.ts_ns.saturating_sub(1))
             .fold(horizon, u64::min);
         // A late piece shares its entry's timestamp and must sort after it.
-        queue.sort_by_key(|e| (e.ts(), matches!(e, RawEvent::LateData { .. })));
+        queue.sort_by_key(|e| {
+            (
+                e.ts(),
+                matches!(e, RawEvent::LateData { .. } | RawEvent::Sums { .. }),
+            )
+        });
         let n = queue.partition_point(|e| e.ts() <= horizon);
         for ev in queue.drain(..n) {
             match ev {
@@ -296,6 +330,13 @@ fn run(
                         sum.orphan_data += 1;
                     }
                 }
+                RawEvent::Sums {
+                    entry_ts, piece, ..
+                } => {
+                    if !tracker.attach_late_sums(entry_ts, piece) {
+                        sum.orphan_data += 1;
+                    }
+                }
                 RawEvent::Data { .. } => {}
             }
         }
@@ -318,7 +359,7 @@ fn run(
     sum
 }
 
-use vmsight_introspect::syscall::event::append_piece;
+use vmsight_introspect::syscall::event::{append_piece, append_sums};
 
 #[cfg(test)]
 mod tests {

@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::path::Path;
 
 use vmsight_introspect::syscall::{
-    ArgData, EntryEvent, JsonSink, JsonWriter, ReturnEvent, ReturnVia, StraceWriter,
-    SyscallObserver,
+    ArgData, EntryEvent, IoSums, JsonSink, JsonWriter, PosSource, ReturnEvent, ReturnVia,
+    StraceWriter, SumsPiece, SyscallObserver,
 };
 
 use crate::process::ProcessObserver;
@@ -32,6 +32,7 @@ pub fn convert(r: &Record) -> Option<RawEvent> {
             args: r.syscall_args(),
             sp: r.user_sp(),
             data: Vec::new(),
+            io: None,
         })),
         kind::SYSCALL_RETURN => Some(RawEvent::Return(ReturnEvent {
             ts_ns: r.timestamp_ns,
@@ -67,6 +68,39 @@ pub fn convert(r: &Record) -> Option<RawEvent> {
                     offset: r.data_offset(),
                     piece,
                 }
+            })
+        }
+        kind::SUMS => {
+            let h = r.sums_header();
+            let f = r.flags;
+            let piece = SumsPiece {
+                header: IoSums {
+                    fd: h.fd,
+                    read: h.read,
+                    append: h.append,
+                    pos_source: match h.pos_source {
+                        vmsight_ring::sums::POS_ARG => PosSource::Arg,
+                        vmsight_ring::sums::POS_FPOS => PosSource::FilePos,
+                        vmsight_ring::sums::POS_ISIZE => PosSource::InodeSize,
+                        _ => PosSource::Unknown,
+                    },
+                    file_pos: h.pos,
+                    len: h.len,
+                    inode: h.inode,
+                    i_size: h.i_size,
+                    chunks: Vec::new(),
+                    truncated: f & vmsight_ring::flags::TRUNCATED != 0,
+                    fault: f & vmsight_ring::flags::FAULT != 0,
+                    complete: false,
+                },
+                sums: r.sums_values(),
+                last: f & vmsight_ring::flags::FINAL != 0,
+            };
+            Some(RawEvent::Sums {
+                vcpu: r.vcpu,
+                entry_ts: r.timestamp_ns,
+                late: f & vmsight_ring::flags::LATE != 0,
+                piece,
             })
         }
         _ => None,

@@ -42,7 +42,7 @@ use qemu_plugin::sys::{
 use qemu_plugin::{register, PluginId};
 use vmsight_ring::{
     data, flags, layout::plugin_flags, monotonic_ns, Channel, ChannelPlugin, Counter, CounterSink,
-    MonitorFilters, Producer, Record, ReturnVia, COMM_LEN,
+    MonitorFilters, Producer, Record, ReturnVia, SumsHeader, COMM_LEN,
 };
 
 pub use guest::{MemError, MAX_GUEST_READ};
@@ -103,6 +103,8 @@ const MAX_MONITORED_SET: usize = 4096;
 /// Most cached (TGID, comm) verdicts; the cache is cleared when full.
 const MAX_VERDICTS: usize = 16384;
 const PAGE: u64 = 4096;
+/// Checksum chunk (Sky §3.4: 4 KiB file-offset-aligned).
+const CHUNK: u64 = vmsight_ring::sums::CHUNK;
 /// Bytes read per step while looking for a string's NUL.
 const STRING_STEP: usize = 256;
 
@@ -355,6 +357,56 @@ fn retries_take(task: u64) -> Option<Retry> {
     Some(rt)
 }
 
+/// A monitored `read`/`pread64` of a regular file whose buffer is checksummed at its return
+/// (the data is there only then). Keyed by task: a blocking read may return on another vCPU.
+#[derive(Clone, Copy)]
+struct PendingRead {
+    task: u64,
+    entry_ts: u64,
+    cr3: u64,
+    pc: u64,
+    buf: u64,
+    len: u64,
+    hdr: SumsHeader,
+}
+
+static READS: std::sync::Mutex<Vec<PendingRead>> = std::sync::Mutex::new(Vec::new());
+static READ_COUNT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+/// Bound on pending reads (oldest dropped): a task killed inside a read never returns.
+const MAX_READS: usize = 256;
+
+fn reads_add(pr: PendingRead) {
+    if let Ok(mut v) = READS.lock() {
+        v.retain(|r| r.task != pr.task);
+        if v.len() >= MAX_READS {
+            v.remove(0);
+        }
+        v.push(pr);
+        READ_COUNT.store(v.len(), Ordering::Release);
+    }
+}
+
+fn reads_take(task: u64) -> Option<PendingRead> {
+    if READ_COUNT.load(Ordering::Acquire) == 0 {
+        return None;
+    }
+    let mut v = READS.lock().ok()?;
+    let i = v.iter().position(|r| r.task == task)?;
+    let pr = v.swap_remove(i);
+    READ_COUNT.store(v.len(), Ordering::Release);
+    Some(pr)
+}
+
+/// What the fd table says about one open file.
+#[derive(Clone, Copy)]
+struct FileInfo {
+    pos: u64,
+    flags: u32,
+    inode: u64,
+    i_size: u64,
+    regular: bool,
+}
+
 struct Hot {
     producer: Producer,
     regbuf: guest::ByteBuf,
@@ -365,6 +417,8 @@ struct Hot {
     /// Scratch for string/buffer arguments and the DATA records built from them.
     strbuf: Vec<u8>,
     pieces: Vec<Record>,
+    /// Scratch for one 4 KiB chunk being checksummed.
+    chunk: Box<[u8]>,
 
     /// CR3 base as last written (known from the CR3-write callbacks while tracking), valid
     /// while `cr3_gen` equals the applied filter generation (tracking was on throughout).
@@ -646,6 +700,7 @@ fn vcpu_init(vcpu: c_uint) {
                     last: (0, [0; COMM_LEN]),
                     strbuf: Vec::with_capacity(MAX_STRING),
                     pieces: Vec::with_capacity(64),
+                    chunk: vec![0u8; CHUNK as usize].into_boxed_slice(),
                     cur_cr3: u64::MAX,
                     cr3_gen: u64::MAX,
                     kgs: 0,
@@ -1237,6 +1292,208 @@ impl Ctx<'_> {
         (retry.n > 0).then_some(retry)
     }
 
+    /// Reads `current->files->fdt->fd[fd]` and the file's position, flags and inode size.
+    /// `None` for a closed fd or a failed read (counted by the caller through `errors`).
+    fn file_info(
+        &mut self,
+        fl: &FileLayout,
+        task: u64,
+        fd: u64,
+        errors: &mut u64,
+    ) -> Option<FileInfo> {
+        let mut m = self.kmem();
+        let r = (|| {
+            let files = m.u64_at(task.wrapping_add(fl.task_files))?;
+            let fdt = m.u64_at(files.wrapping_add(fl.files_fdt))?;
+            let mut b4 = [0u8; 4];
+            if !m.read(fdt.wrapping_add(fl.fdt_max_fds), &mut b4) {
+                return None;
+            }
+            if fd >= u64::from(u32::from_le_bytes(b4)) {
+                return None;
+            }
+            let arr = m.u64_at(fdt.wrapping_add(fl.fdt_fd))?;
+            let file = m.u64_at(arr.wrapping_add(fd.wrapping_mul(8)))?;
+            if file == 0 {
+                return None; // not open: the call fails with EBADF
+            }
+            let pos = m.u64_at(file.wrapping_add(fl.f_pos))?;
+            if !m.read(file.wrapping_add(fl.f_flags), &mut b4) {
+                return None;
+            }
+            let flags = u32::from_le_bytes(b4);
+            let inode = m.u64_at(file.wrapping_add(fl.f_inode))?;
+            let mut b2 = [0u8; 2];
+            if !m.read(inode.wrapping_add(fl.i_mode), &mut b2) {
+                return None;
+            }
+            let regular = u16::from_le_bytes(b2) & S_IFMT == S_IFREG;
+            let i_size = m.u64_at(inode.wrapping_add(fl.i_size))?;
+            Some(FileInfo {
+                pos,
+                flags,
+                inode,
+                i_size,
+                regular,
+            })
+        })();
+        *errors += m.errors;
+        r
+    }
+
+    /// Buffer checksums for a monitored read/write entry: a write's SUMS records and partial
+    /// head/tail DATA pieces are appended to `pieces` (pushed with the entry); a read is
+    /// remembered until its return.
+    fn entry_sums(&mut self, t: &TaskInfo, ts: u64, cr3: u64, pc: u64, nr: u32, args: &[u64; 6]) {
+        let Some((read, positional)) = sum_kind(nr) else {
+            return;
+        };
+        let Some(fl) = self.lay.files else { return };
+        let mut errors = 0;
+        let fi = self.file_info(&fl, t.task, args[0], &mut errors);
+        if errors > 0 {
+            self.count(Counter::KernelReadErrors, errors);
+        }
+        let Some(fi) = fi.filter(|f| f.regular) else {
+            return;
+        };
+        let append = fi.flags & O_APPEND != 0;
+        // Linux appends even for pwrite64 on an O_APPEND file.
+        let (pos, src) = if !read && append {
+            (fi.i_size, vmsight_ring::sums::POS_ISIZE)
+        } else if positional {
+            (args[3], vmsight_ring::sums::POS_ARG)
+        } else {
+            (fi.pos, vmsight_ring::sums::POS_FPOS)
+        };
+        let hdr = SumsHeader {
+            fd: args[0] as u32,
+            pos_source: src,
+            read,
+            append,
+            pos,
+            len: args[2],
+            inode: fi.inode,
+            i_size: fi.i_size,
+            ..SumsHeader::default()
+        };
+        if read {
+            reads_add(PendingRead {
+                task: t.task,
+                entry_ts: ts,
+                cr3,
+                pc,
+                buf: args[1],
+                len: args[2],
+                hdr,
+            });
+        } else {
+            self.buffer_sums(ts, cr3, args[1], hdr, 0);
+            self.partial_bytes(ts, cr3, args[1], hdr);
+        }
+    }
+
+    /// Checksums the whole 4 KiB file-aligned chunks of the buffer at `buf` described by
+    /// `hdr` (at most `sumcap` bytes) and appends SUMS records to `pieces`. Always appends at
+    /// least one record, so vmsight learns the position and inode even for small writes.
+    fn buffer_sums(&mut self, ts: u64, cr3: u64, buf: u64, mut hdr: SumsHeader, extra: u16) {
+        let plan = chunk_plan(hdr.pos, hdr.len);
+        let cap = self.st.opts.sum_cap / CHUNK;
+        let n = plan.whole.min(cap);
+        let mut end_flags = if n < plan.whole { flags::TRUNCATED } else { 0 };
+        let mut i = 0u64;
+        loop {
+            let mut vals = [0u64; vmsight_ring::sums::PER_RECORD];
+            let take = (n - i).min(vals.len() as u64) as usize;
+            let mut valid = 0u8;
+            for (k, v) in vals.iter_mut().enumerate().take(take) {
+                let addr = buf
+                    .wrapping_add(plan.first_buf)
+                    .wrapping_add((i + k as u64) * CHUNK);
+                let h = &mut *self.hot;
+                match h.membuf.read_guest(addr, &mut h.chunk[..]) {
+                    Ok(got) if got == h.chunk.len() => {
+                        *v = vmsight_ring::fnv1a64(&h.chunk[..]);
+                        valid |= 1 << k;
+                    }
+                    _ => end_flags |= flags::FAULT,
+                }
+            }
+            if end_flags & flags::FAULT != 0 && valid.count_ones() as usize != take {
+                self.count(Counter::MemReadErrors, 1);
+            }
+            hdr.count = take;
+            hdr.valid = valid;
+            hdr.first = plan.first_chunk + i;
+            i += take as u64;
+            let last = i >= n;
+            let f = extra | if last { flags::FINAL | end_flags } else { 0 };
+            let rec = Record::sums(self.vcpu, ts, cr3, buf, &hdr, &vals[..take], f);
+            self.hot.pieces.push(rec);
+            if last {
+                break;
+            }
+        }
+    }
+
+    /// Appends DATA pieces with the bytes of a write's partial head and tail chunks, so
+    /// vmsight can complete them from its recent-I/O cache (Sky §3.4.4).
+    fn partial_bytes(&mut self, ts: u64, cr3: u64, buf: u64, hdr: SumsHeader) {
+        let plan = chunk_plan(hdr.pos, hdr.len);
+        for (arg, off, len) in [
+            (data::HEAD_ARG, 0, plan.head_len),
+            (data::TAIL_ARG, plan.tail_start, plan.tail_len),
+        ] {
+            if len == 0 || len >= CHUNK {
+                continue;
+            }
+            let addr = buf.wrapping_add(off);
+            let h = &mut *self.hot;
+            h.strbuf.clear();
+            h.strbuf.resize(len as usize, 0);
+            let f = match h.membuf.read_guest(addr, &mut h.strbuf[..]) {
+                Ok(n) if n == len as usize => 0,
+                Ok(n) => {
+                    h.strbuf.truncate(n);
+                    flags::FAULT
+                }
+                Err(_) => {
+                    h.strbuf.clear();
+                    flags::FAULT
+                }
+            };
+            if f != 0 {
+                self.count(Counter::MemReadErrors, 1);
+            }
+            self.emit_pieces(ts, cr3, addr, arg, f);
+        }
+    }
+
+    /// At a monitored task's return: if it is the return of a pending read (`rip` right
+    /// after its `syscall`, a positive result), pushes the LATE SUMS of the filled buffer.
+    fn read_return_sums(&mut self, pr: &PendingRead, rip: u64, rax: u64) {
+        let got = rax as i64;
+        if rip != pr.pc.wrapping_add(2) || got <= 0 {
+            return; // an error, EOF, a restart or a signal handler: nothing was read
+        }
+        let mut hdr = pr.hdr;
+        hdr.len = (got as u64).min(pr.len);
+        self.hot.pieces.clear();
+        self.buffer_sums(pr.entry_ts, pr.cr3, pr.buf, hdr, flags::LATE);
+        let n = self.hot.pieces.len();
+        let p = &mut self.hot.producer;
+        if p.free(n as u64) >= n as u64 {
+            for d in &self.hot.pieces[..n] {
+                p.push(d);
+            }
+            self.count(Counter::DataRecords, n as u64);
+        } else {
+            p.counters()
+                .add_single_writer(Counter::RecordsDropped, n as u64);
+        }
+        self.hot.pieces.clear();
+    }
+
     /// Re-reads the strings of `rt` at the call's return and pushes them as LATE pieces. For a
     /// successful execve the old address space is gone; its filename is the new image's
     /// AT_EXECFN, which the kernel copied to the top of the new stack at `usp`.
@@ -1381,6 +1638,9 @@ fn syscall_entry(vcpu: c_uint, translated_pc: u64) {
             rt.task = t.task;
             rt.pc = pc;
             retries_add(rt);
+        }
+        if c.st.opts.sums {
+            c.entry_sums(&t, ts, cr3, pc, nr, &args);
         }
     } else {
         c.hot.pieces.clear();
@@ -1534,6 +1794,9 @@ fn kernel_return(vcpu: c_uint, insn: u64, via: ReturnVia) {
     }
     if let Some(rt) = retries_take(t.task) {
         c.retry_strings(&rt, rip, rax, usp);
+    }
+    if let Some(pr) = reads_take(t.task) {
+        c.read_return_sums(&pr, rip, rax);
     }
     let mut rec = Record::syscall_return(vcpu, monotonic_ns(), cr3, via, insn, rip, rax);
     rec.set_task(t.task, t.f.pid, t.f.tgid, None);

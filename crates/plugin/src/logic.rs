@@ -19,8 +19,15 @@ pub const MAX_STRING: usize = 4096;
 /// Most `real_parent` hops a classification walks.
 pub const MAX_ANCESTOR_HOPS: u32 = 64;
 
+/// Default cap of bytes checksummed per syscall (`sumcap=`, KiB).
+pub const DEFAULT_SUM_CAP_KIB: u64 = 1024;
+/// Largest `sumcap=` (KiB): keeps a call's SUMS + head/tail DATA records within the 255 an
+/// entry can announce.
+pub const MAX_SUM_CAP_KIB: u64 = 2048;
+
 pub(crate) const USAGE: &str = "usage: -plugin libvmsight_plugin.so,shm=PATH[,profile=PATH]\
-                     [,records=on|off][,buf=N][,sync=N][,verbose=on|off]";
+                     [,records=on|off][,buf=N][,sync=N][,verbose=on|off][,sums=on|off]\
+                     [,sumcap=KIB]";
 
 /// Errors that make the plugin refuse to install.
 #[derive(Debug, thiserror::Error)]
@@ -43,7 +50,8 @@ pub enum PluginError {
     },
     /// An unknown argument.
     #[error(
-        "The plugin argument {0:?} is unknown (known: shm, profile, records, buf, sync, verbose)."
+        "The plugin argument {0:?} is unknown (known: shm, profile, records, buf, sync, verbose, \
+         sums, sumcap)."
     )]
     Unknown(String),
     /// The channel file could not be attached.
@@ -91,6 +99,11 @@ pub struct Options {
     pub sync_every: u64,
     /// Print a per-vCPU summary to stderr at exit (`verbose=`).
     pub verbose: bool,
+    /// Checksum read/write buffers of regular files (`sums=`, default on; needs the fd-table
+    /// members in the profile).
+    pub sums: bool,
+    /// Most bytes checksummed per syscall (`sumcap=` in KiB, 4..=2048, default 1024).
+    pub sum_cap: u64,
 }
 
 impl Options {
@@ -104,6 +117,8 @@ impl Options {
             buf: DEFAULT_BUF_BYTES,
             sync_every: DEFAULT_SYNC_EVERY,
             verbose: false,
+            sums: true,
+            sum_cap: DEFAULT_SUM_CAP_KIB * 1024,
         };
         for arg in args {
             let (k, v) = arg
@@ -125,6 +140,15 @@ impl Options {
                 "profile" => o.profile = Some(PathBuf::from(v)),
                 "records" => o.records = boolean()?,
                 "verbose" => o.verbose = boolean()?,
+                "sums" => o.sums = boolean()?,
+                "sumcap" => {
+                    o.sum_cap = v
+                        .parse::<u64>()
+                        .ok()
+                        .filter(|n| (4..=MAX_SUM_CAP_KIB).contains(n))
+                        .ok_or_else(|| bad("expected KiB between 4 and 2048"))?
+                        * 1024;
+                }
                 "buf" => {
                     o.buf = v
                         .parse::<usize>()
@@ -171,6 +195,32 @@ pub struct KernelLayout {
     pub mm_pgd: u64,
     /// Address of the `page_offset_base` variable (holds the direct-map base).
     pub page_offset_base: u64,
+    /// The fd-table path to a file's position and inode, when the profile has it (buffer
+    /// checksums need it).
+    pub files: Option<FileLayout>,
+}
+
+/// Offsets along `current->files->fdt->fd[fd]->{f_pos,f_flags,f_inode->{i_size,i_mode}}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileLayout {
+    /// `task_struct.files` (pointer).
+    pub task_files: u64,
+    /// `files_struct.fdt` (pointer).
+    pub files_fdt: u64,
+    /// `fdtable.max_fds` (u32).
+    pub fdt_max_fds: u64,
+    /// `fdtable.fd` (pointer to the `struct file *` array).
+    pub fdt_fd: u64,
+    /// `file.f_pos` (loff_t).
+    pub f_pos: u64,
+    /// `file.f_flags` (u32).
+    pub f_flags: u64,
+    /// `file.f_inode` (pointer).
+    pub f_inode: u64,
+    /// `inode.i_size` (loff_t).
+    pub i_size: u64,
+    /// `inode.i_mode` (u16).
+    pub i_mode: u64,
 }
 
 fn parse_hex(v: &serde_json::Value) -> Option<u64> {
@@ -231,6 +281,19 @@ impl KernelLayout {
             mm: member("task_struct", "mm", 8)?,
             mm_pgd: member("mm_struct", "pgd", 8)?,
             page_offset_base: sym("page_offset_base")?,
+            files: (|| {
+                Some(FileLayout {
+                    task_files: member("task_struct", "files", 8).ok()?,
+                    files_fdt: member("files_struct", "fdt", 8).ok()?,
+                    fdt_max_fds: member("fdtable", "max_fds", 4).ok()?,
+                    fdt_fd: member("fdtable", "fd", 8).ok()?,
+                    f_pos: member("file", "f_pos", 8).ok()?,
+                    f_flags: member("file", "f_flags", 4).ok()?,
+                    f_inode: member("file", "f_inode", 8).ok()?,
+                    i_size: member("inode", "i_size", 8).ok()?,
+                    i_mode: member("inode", "i_mode", 2).ok()?,
+                })
+            })(),
         })
     }
 
@@ -324,7 +387,9 @@ pub fn is_kernel_addr(a: u64) -> bool {
 /// Linux x86-64 syscall numbers the plugin acts on.
 pub mod nr {
     #![allow(missing_docs)]
+    pub const READ: u32 = 0;
     pub const WRITE: u32 = 1;
+    pub const PREAD64: u32 = 17;
     pub const PWRITE64: u32 = 18;
     pub const CLONE: u32 = 56;
     pub const FORK: u32 = 57;
@@ -364,6 +429,75 @@ pub fn buffer_arg(nr: u32) -> Option<(usize, usize)> {
     match nr {
         nr::WRITE | nr::PWRITE64 => Some((1, 2)),
         _ => None,
+    }
+}
+
+/// `O_APPEND` in `file->f_flags`.
+pub const O_APPEND: u32 = 0o2000;
+/// `S_IFMT` / `S_IFREG` of `inode->i_mode`.
+pub const S_IFMT: u16 = 0o170000;
+/// Regular file.
+pub const S_IFREG: u16 = 0o100000;
+
+/// Buffer checksums the plugin computes for syscall `nr`: `Some(true)` read, `Some(false)`
+/// write, with whether the file position is the 4th argument (`pread64`/`pwrite64`).
+pub fn sum_kind(nr: u32) -> Option<(bool, bool)> {
+    match nr {
+        nr::READ => Some((true, false)),
+        nr::PREAD64 => Some((true, true)),
+        nr::WRITE => Some((false, false)),
+        nr::PWRITE64 => Some((false, true)),
+        _ => None,
+    }
+}
+
+/// How a buffer of `len` bytes written at file position `pos` splits into 4 KiB
+/// file-offset-aligned chunks (Sky §3.4.4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkPlan {
+    /// Buffer offset of the first whole chunk.
+    pub first_buf: u64,
+    /// Chunk index (file offset / 4096) of the first whole chunk.
+    pub first_chunk: u64,
+    /// Whole chunks inside the buffer.
+    pub whole: u64,
+    /// Bytes before the first whole chunk (the partial head; the whole buffer when it has
+    /// no whole chunk and does not cross a boundary).
+    pub head_len: u64,
+    /// Buffer offset and length of the partial tail after the last whole chunk (0 length:
+    /// none). When the buffer has no whole chunk but crosses one boundary, head and tail are
+    /// the two sides of it.
+    pub tail_start: u64,
+    /// Length of the tail.
+    pub tail_len: u64,
+}
+
+/// Plans the chunks of a buffer of `len` bytes at file position `pos`.
+pub fn chunk_plan(pos: u64, len: u64) -> ChunkPlan {
+    const C: u64 = 4096;
+    let end = pos.saturating_add(len);
+    let first_off = pos.div_ceil(C).saturating_mul(C); // first boundary at or after pos
+    let last_off = end / C * C; // last boundary at or before end
+    if first_off >= end || first_off > last_off {
+        // No boundary strictly inside: one partial piece.
+        return ChunkPlan {
+            first_buf: len,
+            first_chunk: first_off / C,
+            whole: 0,
+            head_len: len,
+            tail_start: len,
+            tail_len: 0,
+        };
+    }
+    let head_len = first_off - pos;
+    let whole = (last_off - first_off) / C;
+    ChunkPlan {
+        first_buf: head_len,
+        first_chunk: first_off / C,
+        whole,
+        head_len,
+        tail_start: last_off - pos,
+        tail_len: end - last_off,
     }
 }
 

@@ -322,3 +322,29 @@ fn classification_is_bounded_and_survives_bad_memory() {
     let c = classify(&none, |_| false, &me, &mut Tree(m, 0));
     assert_eq!(c.hops, 1);
 }
+
+#[test]
+fn chunk_plans_split_buffers_at_file_offset_boundaries() {
+    // Aligned: two whole chunks, no partial pieces.
+    let p = chunk_plan(8192, 8192);
+    assert_eq!((p.first_chunk, p.whole, p.head_len, p.tail_len), (2, 2, 0, 0));
+    // Small, inside one chunk: all head.
+    let p = chunk_plan(100, 50);
+    assert_eq!((p.whole, p.head_len, p.tail_len), (0, 50, 0));
+    // Crossing one boundary without a whole chunk: head and tail on both sides.
+    let p = chunk_plan(4000, 200);
+    assert_eq!((p.whole, p.head_len, p.tail_start, p.tail_len), (0, 96, 96, 104));
+    // Misaligned with whole chunks in the middle.
+    let p = chunk_plan(100, 10000);
+    assert_eq!((p.first_buf, p.first_chunk, p.whole), (3996, 1, 1));
+    assert_eq!((p.tail_start, p.tail_len), (8092, 1908));
+    assert_eq!(chunk_plan(0, 0).whole, 0);
+    assert_eq!(chunk_plan(u64::MAX - 10, 100).whole, 0);
+    assert_eq!(sum_kind(1), Some((false, false)));
+    assert_eq!(sum_kind(17), Some((true, true)));
+    assert_eq!(sum_kind(2), None);
+    let o = Options::parse(["shm=/a", "sums=off", "sumcap=8"]).expect("sums options");
+    assert!(!o.sums);
+    assert_eq!(o.sum_cap, 8192);
+    assert!(Options::parse(["shm=/a", "sumcap=4096"]).is_err());
+}

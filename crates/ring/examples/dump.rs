@@ -119,6 +119,29 @@ impl Stats {
                     self.ret_samples.push(*r);
                 }
             }
+            kind::SUMS => {
+                // Buffer checksums (layout 3): one line per record, for checking by hand.
+                let h = r.sums_header();
+                println!(
+                    "sums vcpu={} ts={} fd={} read={} append={} src={} pos={} len={} inode={:#x} \
+                     i_size={} chunks={:?} flags={:#x}",
+                    r.vcpu,
+                    r.timestamp_ns,
+                    h.fd,
+                    h.read,
+                    h.append,
+                    h.pos_source,
+                    h.pos,
+                    h.len,
+                    h.inode,
+                    h.i_size,
+                    r.sums_values(),
+                    r.flags
+                );
+                if let Some((_, left, _)) = self.pending.get_mut(&r.vcpu) {
+                    *left = left.saturating_sub(1);
+                }
+            }
             kind::DATA => {
                 self.data += 1;
                 if r.flags & flags::FAULT != 0 {

@@ -26,6 +26,10 @@ pub mod kind {
     pub const SYSCALL_RETURN: u16 = 2;
     /// A piece of a string or buffer argument of the preceding [`SYSCALL_ENTRY`].
     pub const DATA: u16 = 3;
+    /// FNV-1a 64 checksums of the 4 KiB file-offset-aligned chunks of a `write`/`pwrite64`
+    /// buffer (at entry, following the entry like DATA) or of a `read`/`pread64` buffer (at
+    /// the return, flagged [`super::flags::LATE`]). Layout version 3. See [`super::sums`].
+    pub const SUMS: u16 = 4;
 }
 
 /// Bits of [`Record::flags`] (bits 0..8; bits 8..16 of an entry hold the DATA count).
@@ -94,6 +98,90 @@ pub mod data {
     pub const BYTES: usize = 1;
     /// Capacity of one piece in bytes.
     pub const CAPACITY: usize = 88;
+    /// Argument index of the DATA pieces holding the partial *head* chunk of a write: the
+    /// bytes from the write's file position up to the next 4 KiB file boundary (or the whole
+    /// buffer if it ends before it). Sent with [`super::kind::SUMS`] records.
+    pub const HEAD_ARG: u8 = 16;
+    /// Argument index of the DATA pieces holding the partial *tail* chunk of a write: the
+    /// bytes from the last 4 KiB file boundary inside the buffer to its end.
+    pub const TAIL_ARG: u8 = 17;
+}
+
+/// Payload layout of a [`kind::SUMS`] record (layout version 3).
+///
+/// Chunk `i` of a call covers file bytes `[first + i*4096, first + (i+1)*4096)` where `first`
+/// is the file position rounded up to 4 KiB; only chunks lying wholly inside the buffer are
+/// summed. A call's sums are spread over consecutive records; the last has `FINAL`.
+pub mod sums {
+    /// Word 0: fd (bits 0..32), sums used in this record (32..36), position source (36..40,
+    /// see [`POS_ARG`] ...), read direction (bit 40), `O_APPEND` (bit 41), valid-sum mask
+    /// (48..54: bit k set when slot k holds a checksum; a chunk that could not be read is
+    /// skipped and its bit is clear).
+    pub const META: usize = 0;
+    /// Word 1: file position of the buffer's first byte.
+    pub const POS: usize = 1;
+    /// Word 2: buffer length considered (write: the length argument; read: bytes returned).
+    pub const LEN: usize = 2;
+    /// Word 3: index of the chunk in slot 0.
+    pub const FIRST: usize = 3;
+    /// Word 4: guest `struct inode *` of the file (0 if unknown): a file identity shared by
+    /// every process and fd while the inode is in memory.
+    pub const INODE: usize = 4;
+    /// Word 5: `inode->i_size` at the time of the call.
+    pub const ISIZE: usize = 5;
+    /// First checksum word.
+    pub const SUMS: usize = 6;
+    /// Checksums per record.
+    pub const PER_RECORD: usize = 6;
+    /// Chunk size the sums cover.
+    pub const CHUNK: u64 = 4096;
+    /// Position unknown (the fd table could not be read).
+    pub const POS_UNKNOWN: u8 = 0;
+    /// Position from the syscall's offset argument (`pread64`/`pwrite64`).
+    pub const POS_ARG: u8 = 1;
+    /// Position from `file->f_pos`.
+    pub const POS_FPOS: u8 = 2;
+    /// Position from `inode->i_size` (`O_APPEND` writes).
+    pub const POS_ISIZE: u8 = 3;
+}
+
+/// FNV-1a 64 of `bytes` (the checksum of Sky §3.4, used by the plugin and the classifier).
+pub fn fnv1a64(bytes: &[u8]) -> u64 {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let mut h = OFFSET;
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(PRIME);
+    }
+    h
+}
+
+/// Decoded [`kind::SUMS`] record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SumsHeader {
+    /// File descriptor of the call.
+    pub fd: u32,
+    /// Checksums used in this record (0..=6).
+    pub count: usize,
+    /// One of `sums::POS_*`.
+    pub pos_source: u8,
+    /// A read (sums of the filled buffer at the return), else a write.
+    pub read: bool,
+    /// The file was opened with `O_APPEND`.
+    pub append: bool,
+    /// Bit k: slot k holds a checksum.
+    pub valid: u8,
+    /// File position of the buffer's first byte.
+    pub pos: u64,
+    /// Buffer length considered.
+    pub len: u64,
+    /// Chunk index of slot 0.
+    pub first: u64,
+    /// Guest inode pointer (0 unknown).
+    pub inode: u64,
+    /// `i_size` at the call.
+    pub i_size: u64,
 }
 
 /// How a [`kind::SYSCALL_RETURN`] went back to user mode.
@@ -228,6 +316,71 @@ impl Record {
             pc: addr,
             payload,
         }
+    }
+
+    /// Builds a [`kind::SUMS`] record carrying `h` and up to [`sums::PER_RECORD`] checksums
+    /// (`h.count` and `h.valid` describe which slots are used). `extra` may hold
+    /// [`flags::FINAL`], [`flags::LATE`], [`flags::FAULT`], [`flags::TRUNCATED`].
+    pub fn sums(
+        vcpu: u32,
+        entry_ts: u64,
+        cr3: u64,
+        buf_addr: u64,
+        h: &SumsHeader,
+        vals: &[u64],
+        extra: u16,
+    ) -> Self {
+        let mut payload = [0u64; 12];
+        let count = h.count.min(sums::PER_RECORD).min(vals.len());
+        payload[sums::META] = u64::from(h.fd)
+            | ((count as u64) << 32)
+            | (u64::from(h.pos_source & 0xf) << 36)
+            | (u64::from(h.read) << 40)
+            | (u64::from(h.append) << 41)
+            | (u64::from(h.valid & 0x3f) << 48);
+        payload[sums::POS] = h.pos;
+        payload[sums::LEN] = h.len;
+        payload[sums::FIRST] = h.first;
+        payload[sums::INODE] = h.inode;
+        payload[sums::ISIZE] = h.i_size;
+        payload[sums::SUMS..sums::SUMS + count].copy_from_slice(&vals[..count]);
+        Self {
+            kind: kind::SUMS,
+            flags: extra & (flags::FINAL | flags::TRUNCATED | flags::FAULT | flags::LATE),
+            vcpu,
+            timestamp_ns: entry_ts,
+            cr3,
+            pc: buf_addr,
+            payload,
+        }
+    }
+
+    /// The header fields of a [`kind::SUMS`] record (counts clamped: the slot may have been
+    /// scribbled on).
+    pub fn sums_header(&self) -> SumsHeader {
+        let m = self.payload[sums::META];
+        SumsHeader {
+            fd: m as u32,
+            count: (((m >> 32) & 0xf) as usize).min(sums::PER_RECORD),
+            pos_source: ((m >> 36) & 0xf) as u8,
+            read: m & (1 << 40) != 0,
+            append: m & (1 << 41) != 0,
+            valid: ((m >> 48) & 0x3f) as u8,
+            pos: self.payload[sums::POS],
+            len: self.payload[sums::LEN],
+            first: self.payload[sums::FIRST],
+            inode: self.payload[sums::INODE],
+            i_size: self.payload[sums::ISIZE],
+        }
+    }
+
+    /// The valid checksums of a [`kind::SUMS`] record as (chunk index, checksum).
+    pub fn sums_values(&self) -> Vec<(u64, u64)> {
+        let h = self.sums_header();
+        (0..h.count)
+            .filter(|k| h.valid & (1 << k) != 0)
+            .map(|k| (h.first.wrapping_add(k as u64), self.payload[sums::SUMS + k]))
+            .collect()
     }
 
     /// Stores the task identity of an entry or return record.
@@ -449,6 +602,46 @@ mod tests {
         assert_eq!(r.data_count(), 0);
         let s = Record::syscall_return(0, 5, 0, ReturnVia::Sysret, 1, 2, 3);
         assert_eq!(s.return_via(), Some(ReturnVia::Sysret));
+    }
+
+    #[test]
+    fn sums_round_trip() {
+        let h = SumsHeader {
+            fd: 7,
+            count: 3,
+            pos_source: sums::POS_FPOS,
+            read: true,
+            append: true,
+            valid: 0b101,
+            pos: 100,
+            len: 20000,
+            first: 6,
+            inode: 0xffff_8880_1234_0000,
+            i_size: 1 << 33,
+        };
+        let r = Record::sums(
+            1,
+            2,
+            3,
+            0x7000,
+            &h,
+            &[10, 11, 12],
+            flags::FINAL | flags::LATE,
+        );
+        assert_eq!(r.kind, kind::SUMS);
+        assert_eq!(r.sums_header(), h);
+        assert_eq!(r.sums_values(), vec![(6, 10), (8, 12)]);
+        assert_eq!(r.flags, flags::FINAL | flags::LATE);
+        let mut s = r;
+        s.payload[sums::META] |= 0xf << 32; // scribbled count
+        assert_eq!(s.sums_header().count, sums::PER_RECORD);
+    }
+
+    #[test]
+    fn fnv1a64_matches_reference_vectors() {
+        assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(fnv1a64(b"foobar"), 0x8594_4171_f739_67e8);
     }
 
     #[test]

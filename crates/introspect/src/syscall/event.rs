@@ -30,6 +30,71 @@ pub struct EntryEvent {
     pub args: [u64; 6],
     pub sp: u64,
     pub data: Vec<ArgData>,
+    /// Buffer checksums of a `read`/`write`/`pread64`/`pwrite64` on a regular file (write:
+    /// at entry; read: at the return, attached before the call completes).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub io: Option<IoSums>,
+}
+
+/// Argument index under which the plugin ships a write's partial head chunk bytes (DATA).
+pub const HEAD_ARG: u8 = 16;
+/// Argument index under which the plugin ships a write's partial tail chunk bytes (DATA).
+pub const TAIL_ARG: u8 = 17;
+
+/// Where the file position of an [`IoSums`] came from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PosSource {
+    #[default]
+    Unknown,
+    /// The offset argument of `pread64`/`pwrite64`.
+    Arg,
+    /// `file->f_pos` read from the guest kernel at entry.
+    FilePos,
+    /// `inode->i_size` (an `O_APPEND` write).
+    InodeSize,
+}
+
+/// FNV-1a 64 of one 4 KiB file-offset-aligned chunk of an I/O buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ChunkSum {
+    /// File offset of the chunk (multiple of 4096).
+    pub offset: u64,
+    pub fnv: u64,
+}
+
+/// The checksums the plugin computed for one read/write call (Sky §3.4), and what it read
+/// from the guest's fd table.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct IoSums {
+    pub fd: u32,
+    pub read: bool,
+    /// `O_APPEND` was set on the file.
+    pub append: bool,
+    pub pos_source: PosSource,
+    /// File position of the buffer's first byte.
+    pub file_pos: u64,
+    /// Bytes of the buffer considered (write: length argument; read: bytes returned).
+    pub len: u64,
+    /// Guest `struct inode *` (stable file identity while the inode is cached; 0 unknown).
+    pub inode: u64,
+    /// `inode->i_size` at the call.
+    pub i_size: u64,
+    /// Whole chunks, in file order (a chunk that could not be read is missing).
+    pub chunks: Vec<ChunkSum>,
+    /// The plugin stopped at its per-call cap (`sumcap=`).
+    pub truncated: bool,
+    /// Some chunk could not be read from guest memory.
+    pub fault: bool,
+    /// The last record of the call arrived.
+    pub complete: bool,
+}
+
+impl IoSums {
+    /// File offset of the first byte after the buffer.
+    pub fn end(&self) -> u64 {
+        self.file_pos.saturating_add(self.len)
+    }
 }
 
 impl EntryEvent {
@@ -60,6 +125,40 @@ pub struct ReturnEvent {
     pub rip: u64,
     pub rax: u64,
     pub via: ReturnVia,
+}
+
+/// One SUMS record, decoded: the header of the call plus (chunk index, checksum) pairs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SumsPiece {
+    pub header: IoSums,
+    /// (chunk index = file offset / 4096, checksum).
+    pub sums: Vec<(u64, u64)>,
+    /// Last record of the call.
+    pub last: bool,
+}
+
+/// Adds a SUMS record to an entry: the first creates [`EntryEvent::io`], later ones append
+/// their chunks. A record that does not belong (another fd or direction) is ignored.
+pub fn append_sums(e: &mut EntryEvent, p: SumsPiece) {
+    const MAX_CHUNKS: usize = 1 << 16;
+    let io = e.io.get_or_insert_with(|| IoSums {
+        chunks: Vec::new(),
+        ..p.header.clone()
+    });
+    if io.fd != p.header.fd || io.read != p.header.read {
+        return;
+    }
+    for (idx, fnv) in p.sums {
+        if io.chunks.len() < MAX_CHUNKS {
+            io.chunks.push(ChunkSum {
+                offset: idx.saturating_mul(4096),
+                fnv,
+            });
+        }
+    }
+    io.truncated |= p.header.truncated;
+    io.fault |= p.header.fault;
+    io.complete |= p.last;
 }
 
 /// Adds a piece of argument bytes to an entry, in order; a piece that does not continue the

@@ -12,7 +12,9 @@ pub mod spec;
 pub mod tables;
 pub mod tracker;
 
-pub use event::{ArgData, EntryEvent, ReturnEvent, ReturnVia};
+pub use event::{
+    ArgData, ChunkSum, EntryEvent, IoSums, PosSource, ReturnEvent, ReturnVia, SumsPiece,
+};
 pub use format::{strace_line, JsonRecord};
 pub use observe::{JsonSink, JsonWriter, NameFilter, StraceWriter, SyscallObserver};
 pub use spec::{ArgKind, SyscallSpec};

@@ -306,6 +306,18 @@ impl Tracker {
     /// Attaches argument bytes captured after the entry (the plugin re-reads a string whose
     /// page was not present at entry once the kernel has faulted it in) to the pending call
     /// that entered at `entry_ts`. Returns false when no such call is pending.
+    /// Attaches checksums computed at a call's return (reads) to the pending call that
+    /// entered at `entry_ts`; false if no such call is pending.
+    pub fn attach_late_sums(&mut self, entry_ts: u64, piece: super::event::SumsPiece) -> bool {
+        for stack in self.pending.values_mut() {
+            if let Some(p) = stack.iter_mut().find(|p| p.e.ts_ns == entry_ts) {
+                super::event::append_sums(&mut p.e, piece);
+                return true;
+            }
+        }
+        false
+    }
+
     pub fn attach_late_data(
         &mut self,
         entry_ts: u64,

@@ -1,0 +1,476 @@
+//! Classifier tests on crafted syscall / block-request sequences, with an injected clock.
+#![allow(
+    clippy::unwrap_used,
+    clippy::too_many_arguments,
+    clippy::single_range_in_vec_init
+)]
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use vmsight_blockdev::insight::{Content, InsightRecord, Pattern};
+use vmsight_introspect::syscall::event::{ArgData, HEAD_ARG, TAIL_ARG};
+use vmsight_introspect::syscall::{
+    ChunkSum, Completed, EntryEvent, IoSums, Outcome, PosSource, SyscallObserver,
+};
+use vmsight_ring::fnv1a64;
+
+use super::*;
+use crate::config::InsightConfig;
+use crate::hint::VMSIGHT_HINT_MAGIC;
+use crate::log::InsightLog;
+
+const INODE: u64 = 0xffff_8880_0000_1000;
+
+struct World {
+    engine: InsightEngine,
+    clock: Arc<AtomicU64>,
+    classifier: Classifier,
+    log: std::path::PathBuf,
+    writer: Option<crate::log::LogWriter>,
+    _dir: std::path::PathBuf,
+    ts: u64,
+}
+
+fn world(cfg: InsightConfig) -> World {
+    let dir = std::env::temp_dir().join(format!(
+        "vmsight-insight-test-{}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join("insights.jsonl");
+    let (l, writer) = InsightLog::create(&log).unwrap();
+    let clock = Arc::new(AtomicU64::new(1_000_000_000));
+    let c2 = clock.clone();
+    let engine = InsightEngine::with_clock(cfg, l, Arc::new(move || c2.load(Ordering::SeqCst)));
+    let classifier = Classifier::build(engine.clone(), 0, vec![1 << 20..2 << 20]);
+    World {
+        engine,
+        clock,
+        classifier,
+        log,
+        writer: Some(writer),
+        _dir: dir,
+        ts: 1,
+    }
+}
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+fn content(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| seed.wrapping_mul(31).wrapping_add((i * 7 + i / 4096) as u8))
+        .collect()
+}
+
+impl World {
+    fn advance(&self, d: Duration) {
+        self.clock.fetch_add(d.as_nanos() as u64, Ordering::SeqCst);
+    }
+
+    fn call(&mut self, pid: u32, comm: &str, nr: u64, args: [u64; 6], ret: i64) -> Completed {
+        self.ts += 1;
+        Completed {
+            entry: EntryEvent {
+                ts_ns: self.ts,
+                tid: pid,
+                tgid: pid,
+                comm: comm.into(),
+                nr,
+                args,
+                ..Default::default()
+            },
+            outcome: Outcome::Returned(ret),
+            exit_ts_ns: Some(self.ts),
+            exit_vcpu: Some(0),
+        }
+    }
+
+    fn open(&mut self, pid: u32, comm: &str, path: &str, fd: i64, flags: u64) {
+        let mut c = self.call(
+            pid,
+            comm,
+            257,
+            [(-100i64) as u64, 0x1000, flags, 0o644, 0, 0],
+            fd,
+        );
+        c.entry.data.push(ArgData {
+            arg: 1,
+            bytes: path.as_bytes().to_vec(),
+            truncated: false,
+            fault: false,
+        });
+        self.engine.on_entry(&c.entry);
+        self.engine.on_complete(&c);
+    }
+
+    /// What the plugin would send for a write of `buf` at file position `pos`.
+    fn io_event(
+        &mut self,
+        pid: u32,
+        comm: &str,
+        fd: u32,
+        pos: u64,
+        buf: &[u8],
+        i_size: u64,
+        read: bool,
+    ) -> Completed {
+        let nr = if read { 17 } else { 18 };
+        let mut c = self.call(
+            pid,
+            comm,
+            nr,
+            [u64::from(fd), 0x7000, buf.len() as u64, pos, 0, 0],
+            buf.len() as i64,
+        );
+        let first = pos.div_ceil(4096) * 4096;
+        let mut chunks = Vec::new();
+        let mut off = first;
+        while off + 4096 <= pos + buf.len() as u64 {
+            let s = (off - pos) as usize;
+            chunks.push(ChunkSum {
+                offset: off,
+                fnv: fnv1a64(&buf[s..s + 4096]),
+            });
+            off += 4096;
+        }
+        if !read {
+            let end = pos + buf.len() as u64;
+            let last = end / 4096 * 4096;
+            if chunks.is_empty() && (pos / 4096 == (end.saturating_sub(1)) / 4096) {
+                c.entry.data.push(ArgData {
+                    arg: HEAD_ARG,
+                    bytes: buf.to_vec(),
+                    ..Default::default()
+                });
+            } else {
+                let head = (first - pos) as usize;
+                if head > 0 {
+                    c.entry.data.push(ArgData {
+                        arg: HEAD_ARG,
+                        bytes: buf[..head].to_vec(),
+                        ..Default::default()
+                    });
+                }
+                if last > first.max(pos) || (chunks.is_empty() && last > pos) {
+                    let t = (last - pos) as usize;
+                    if t < buf.len() {
+                        c.entry.data.push(ArgData {
+                            arg: TAIL_ARG,
+                            bytes: buf[t..].to_vec(),
+                            ..Default::default()
+                        });
+                    }
+                }
+            }
+        }
+        c.entry.io = Some(IoSums {
+            fd,
+            read,
+            append: false,
+            pos_source: PosSource::Arg,
+            file_pos: pos,
+            len: buf.len() as u64,
+            inode: INODE + u64::from(fd) * 0x1000,
+            i_size,
+            chunks,
+            truncated: false,
+            fault: false,
+            complete: true,
+        });
+        c
+    }
+
+    fn syscall(&mut self, c: &Completed) {
+        self.engine.on_entry(&c.entry);
+        self.engine.on_complete(c);
+    }
+
+    fn block_write(&mut self, offset: u64, data: &[u8]) -> RequestInsight {
+        let j = self.classifier.in_journal(offset, data.len() as u64);
+        self.engine.lock().classify_write(0, offset, data, j)
+    }
+
+    fn block_read(&mut self, offset: u64, data: &[u8]) -> RequestInsight {
+        self.engine.lock().classify_read(0, offset, data)
+    }
+
+    fn records(&mut self) -> Vec<InsightRecord> {
+        SyscallObserver::finish(&mut self.engine);
+        // The engine holds the only sender: closing it ends the writer thread.
+        self.engine.lock().close_log();
+        self.writer.take().unwrap().finish().unwrap();
+        std::fs::read_to_string(&self.log)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+}
+
+#[test]
+fn aligned_write_is_data_with_size_class_and_file() {
+    let mut w = world(InsightConfig::default());
+    w.open(100, "app", "/data/a", 3, 0o101);
+    let buf = content(1, 8192);
+    let c = w.io_event(100, "app", 3, 0, &buf, 0, false);
+    w.syscall(&c);
+    let meta = content(99, 4096);
+    let i = w.block_write(40960, &buf);
+    assert_eq!(i.content, Content::Data);
+    assert_eq!(i.class, 4, "an 8 KiB file is in the <1 MiB class");
+    assert_eq!(i.file.as_deref(), Some("/data/a"));
+    assert_eq!((i.pid, i.file_offset), (Some(100), Some(0)));
+    assert!(!i.journal);
+    // Matched sums are consumed: the same content again is not data.
+    assert_eq!(w.block_write(40960, &buf).content, Content::Metadata);
+    let m = w.block_write(1 << 20, &meta);
+    assert_eq!(
+        (m.content, m.class, m.journal),
+        (Content::Metadata, 5, true)
+    );
+    // Half matched (after the grace of the unmatched request above, which would otherwise
+    // take the late syscall's chunk).
+    w.advance(Duration::from_secs(2));
+    let c = w.io_event(100, "app", 3, 8192, &buf[..4096], 8192, false);
+    w.syscall(&c);
+    let mut mixed = buf[..4096].to_vec();
+    mixed.extend_from_slice(&meta);
+    let x = w.block_write(0, &mixed);
+    assert_eq!((x.content, x.class), (Content::Mixed, 5));
+    let recs = w.records();
+    let writes = recs
+        .iter()
+        .filter(|r| matches!(r, InsightRecord::Write(_)))
+        .count();
+    assert_eq!(writes, 4);
+    let cnt = w.engine.counters();
+    assert_eq!(cnt.write_chunks_data, 3);
+    assert_eq!(cnt.writes.get(&4).unwrap().requests, 1);
+}
+
+#[test]
+fn misaligned_and_small_appends_are_completed_from_the_recent_io_cache() {
+    let mut w = world(InsightConfig::default());
+    w.open(7, "mail", "/var/mail/box", 4, 0o2101);
+    // First append: 100 bytes to an empty file -> a partial head chunk, zeros after EOF.
+    let a = content(2, 100);
+    let c = w.io_event(7, "mail", 4, 0, &a, 0, false);
+    w.syscall(&c);
+    let mut block = vec![0u8; 4096];
+    block[..100].copy_from_slice(&a);
+    assert_eq!(w.block_write(8192, &block).content, Content::Data);
+    // Second append: 5000 bytes at offset 100 -> head completes chunk 0 from the cache,
+    // tail (1004 bytes) starts chunk 1.
+    let b = content(3, 5000);
+    let c = w.io_event(7, "mail", 4, 100, &b, 100, false);
+    w.syscall(&c);
+    let mut file = a.clone();
+    file.extend_from_slice(&b);
+    file.resize(8192, 0);
+    let i = w.block_write(8192, &file);
+    assert_eq!(i.content, Content::Data, "{i:?}");
+    assert_eq!(i.file_offset, Some(0));
+    let cnt = w.engine.counters();
+    assert_eq!(cnt.partial_completed, 3);
+    assert_eq!(cnt.partial_unknown, 0);
+    // An overwrite in the middle of a chunk whose old contents were never seen cannot be
+    // completed: counted, and the block is (wrongly but safely) metadata.
+    w.open(7, "mail", "/var/mail/other", 5, 0o2);
+    let c = w.io_event(7, "mail", 5, 50, &a, 1 << 20, false);
+    w.syscall(&c);
+    assert_eq!(w.engine.counters().partial_unknown, 1);
+}
+
+#[test]
+fn block_write_before_the_syscall_event_is_reclassified_in_the_log() {
+    let mut w = world(InsightConfig::default());
+    w.open(100, "app", "/x", 3, 0o101);
+    let buf = content(4, 4096);
+    // The block thread is ahead of the trace thread.
+    let early = w.block_write(0, &buf);
+    assert_eq!(
+        early.content,
+        Content::Metadata,
+        "the request itself saw metadata"
+    );
+    w.advance(Duration::from_millis(300));
+    let c = w.io_event(100, "app", 3, 0, &buf, 0, false);
+    w.syscall(&c);
+    // Outside the grace it stays metadata.
+    let other = content(5, 4096);
+    w.block_write(4096, &other);
+    w.advance(Duration::from_secs(2));
+    let c = w.io_event(100, "app", 3, 4096, &other, 4096, false);
+    w.syscall(&c);
+    let recs = w.records();
+    let contents: Vec<(u64, Content)> = recs
+        .iter()
+        .filter_map(|r| match r {
+            InsightRecord::Write(b) => Some((b.offset, b.insight.content)),
+            _ => None,
+        })
+        .collect();
+    assert!(contents.contains(&(0, Content::Data)), "{contents:?}");
+    assert!(
+        contents.contains(&(4096, Content::Metadata)),
+        "{contents:?}"
+    );
+    assert_eq!(w.engine.counters().late_matches, 1);
+}
+
+#[test]
+fn chunks_of_one_write_split_across_requests_and_vcpus_all_match() {
+    let mut w = world(InsightConfig::default());
+    w.open(5, "app", "/big", 3, 0o101);
+    let buf = content(6, 3 << 20); // 3 MiB -> class 2
+    let mut c = w.io_event(5, "app", 3, 0, &buf, 0, false);
+    c.entry.vcpu = 1;
+    w.syscall(&c);
+    // Writeback in reverse order and odd sizes.
+    let i1 = w.block_write(10 << 20, &buf[2 << 20..]);
+    let i2 = w.block_write(9 << 20, &buf[4096..2 << 20]);
+    let i3 = w.block_write(8 << 20, &buf[..4096]);
+    for i in [&i1, &i2, &i3] {
+        assert_eq!((i.content, i.class), (Content::Data, 2), "{i:?}");
+    }
+    assert_eq!(i1.file_offset, Some(2 << 20));
+}
+
+#[test]
+fn reads_match_retroactively_within_the_window_only() {
+    let mut w = world(InsightConfig::default());
+    w.open(9, "cat", "/etc/big", 3, 0);
+    let d1 = content(7, 8192);
+    let d2 = content(8, 4096);
+    let r = w.block_read(0, &d1);
+    assert_eq!(r.content, Content::Metadata, "nothing known yet");
+    let r2 = w.block_read(8192, &d2);
+    w.advance(Duration::from_secs(1));
+    let c = w.io_event(9, "cat", 3, 0, &d1, 3 << 19, true);
+    w.syscall(&c);
+    w.advance(Duration::from_secs(5)); // d2's syscall comes too late
+    let c = w.io_event(9, "cat", 3, 8192, &d2, 3 << 19, true);
+    w.syscall(&c);
+    assert_eq!(r2.content, Content::Metadata);
+    // Content seen at a syscall is known: a later block read of it is data at once.
+    let again = w.block_read(4096, &d1[..4096]);
+    assert_eq!((again.content, again.class), (Content::Data, 3));
+    let recs = w.records();
+    let reads: Vec<(u64, Content)> = recs
+        .iter()
+        .filter_map(|r| match r {
+            InsightRecord::Read(b) => Some((b.offset, b.insight.content)),
+            _ => None,
+        })
+        .collect();
+    assert!(reads.contains(&(0, Content::Data)), "{reads:?}");
+    assert!(reads.contains(&(8192, Content::Metadata)), "{reads:?}");
+}
+
+#[test]
+fn copy_and_encrypt_patterns_and_app_hints() {
+    let mut w = world(InsightConfig::default());
+    // A process that writes what it just read is copying, whatever its name.
+    w.open(11, "mycopy", "/src", 3, 0);
+    w.open(11, "mycopy", "/dst", 4, 0o101);
+    let d = content(9, 4096);
+    let c = w.io_event(11, "mycopy", 3, 0, &d, 4096, true);
+    w.syscall(&c);
+    let c = w.io_event(11, "mycopy", 4, 0, &d, 0, false);
+    w.syscall(&c);
+    assert_eq!(w.block_write(0, &d).pattern, Some(Pattern::Copy));
+    // gpg output.
+    w.open(12, "gpg", "/secret.gpg", 3, 0o101);
+    let e = content(10, 4096);
+    let c = w.io_event(12, "gpg", 3, 0, &e, 0, false);
+    w.syscall(&c);
+    assert_eq!(w.block_write(4096, &e).pattern, Some(Pattern::Encrypt));
+    // A hinted pwrite64: args[4] = magic, args[5] = class -> class overrides.
+    w.open(13, "db", "/db/index", 3, 0o2);
+    let h = content(11, 4096);
+    let mut c = w.io_event(13, "db", 3, 0, &h, 0, false);
+    c.entry.args[4] = VMSIGHT_HINT_MAGIC;
+    c.entry.args[5] = 1;
+    w.syscall(&c);
+    let i = w.block_write(8192, &h);
+    assert_eq!(
+        (i.app_class, i.class, i.content),
+        (Some(1), 1, Content::Data)
+    );
+}
+
+#[test]
+fn fd_table_follows_dup_fork_chdir_and_path_selection() {
+    let cfg = InsightConfig {
+        paths: vec!["/sel".into()],
+        ..InsightConfig::default()
+    };
+    let mut w = world(cfg);
+    let c = {
+        let mut c = w.call(20, "sh", 80, [0x1000, 0, 0, 0, 0, 0], 0);
+        c.entry.data.push(ArgData {
+            arg: 0,
+            bytes: b"/sel/dir".to_vec(),
+            ..Default::default()
+        });
+        c
+    };
+    w.syscall(&c);
+    w.open(20, "sh", "f", 3, 0o101); // relative: /sel/dir/f
+    let c = w.call(20, "sh", 33, [3, 7, 0, 0, 0, 0], 7); // dup2(3, 7)
+    w.syscall(&c);
+    let c = w.call(20, "sh", 57, [0; 6], 21); // fork -> 21
+    w.syscall(&c);
+    let d = content(12, 4096);
+    let c = w.io_event(21, "sh", 7, 0, &d, 0, false);
+    w.syscall(&c);
+    let i = w.block_write(0, &d);
+    assert_eq!(i.file.as_deref(), Some("/sel/dir/f"));
+    assert_eq!(i.pid, Some(21));
+    // Not selected: not indexed.
+    w.open(20, "sh", "/other/g", 4, 0o101);
+    let e = content(13, 4096);
+    let c = w.io_event(20, "sh", 4, 0, &e, 0, false);
+    w.syscall(&c);
+    assert_eq!(w.block_write(4096, &e).content, Content::Metadata);
+    // unlink and ftruncate reach the log.
+    let c = w.call(20, "sh", 77, [3, 10, 0, 0, 0, 0], 0);
+    w.syscall(&c);
+    let mut c = w.call(20, "sh", 87, [0x1000, 0, 0, 0, 0, 0], 0);
+    c.entry.data.push(ArgData {
+        arg: 0,
+        bytes: b"f".to_vec(),
+        ..Default::default()
+    });
+    w.syscall(&c);
+    let recs = w.records();
+    assert!(recs.iter().any(
+        |r| matches!(r, InsightRecord::Truncate(f) if f.file == "/sel/dir/f" && f.size == 10)
+    ));
+    assert!(recs
+        .iter()
+        .any(|r| matches!(r, InsightRecord::Unlink(f) if f.file == "/sel/dir/f")));
+}
+
+#[test]
+fn overwritten_chunks_are_superseded_and_identical_chunks_counted() {
+    let mut w = world(InsightConfig::default());
+    w.open(30, "app", "/z", 3, 0o101);
+    let zeros = vec![0u8; 8192];
+    let c = w.io_event(30, "app", 3, 0, &zeros, 0, false);
+    w.syscall(&c);
+    // Two identical zero chunks: both block chunks match.
+    assert_eq!(w.block_write(0, &zeros).content, Content::Data);
+    let a = content(14, 4096);
+    let b = content(15, 4096);
+    let c = w.io_event(30, "app", 3, 8192, &a, 8192, false);
+    w.syscall(&c);
+    let c = w.io_event(30, "app", 3, 8192, &b, 12288, false);
+    w.syscall(&c);
+    assert_eq!(w.engine.counters().superseded, 1);
+    assert_eq!(w.block_write(4096, &a).content, Content::Metadata);
+    assert_eq!(w.block_write(4096, &b).content, Content::Data);
+}

@@ -1,0 +1,1043 @@
+//! The insight engine: per-process fd tables, file sizes, the checksum indexes and the
+//! pending-classification queue shared by the syscall side (a [`SyscallObserver`] on the
+//! trace thread) and the block side ([`crate::Classifier`] on the queue thread).
+//!
+//! Both sides lock one mutex for short, bounded work (hash lookups, no I/O): log records go
+//! to [`InsightLog`]'s writer thread through a non-blocking queue.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde::Serialize;
+use vmsight_blockdev::insight::{
+    BlockRecord, Content, FileRecord, InsightRecord, Pattern, RequestInsight,
+};
+use vmsight_introspect::syscall::event::{HEAD_ARG, TAIL_ARG};
+use vmsight_introspect::syscall::{Completed, EntryEvent, IoSums, SyscallObserver};
+use vmsight_ring::fnv1a64;
+
+use crate::config::InsightConfig;
+use crate::hint::hint_of;
+use crate::log::InsightLog;
+use crate::CHUNK;
+
+/// Source of "now" in host CLOCK_MONOTONIC ns (injectable for tests).
+pub type Clock = Arc<dyn Fn() -> u64 + Send + Sync>;
+
+/// What a write (or read) syscall said about one 4 KiB chunk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChunkMeta {
+    pub pid: u32,
+    pub file: Option<Arc<str>>,
+    /// Guest inode pointer (0 unknown).
+    pub inode: u64,
+    /// File offset of the chunk.
+    pub offset: u64,
+    pub size_class: u8,
+    pub pattern: Option<Pattern>,
+    pub app_class: Option<u8>,
+    /// When the syscall was seen (host ns).
+    pub at: u64,
+}
+
+#[derive(Debug, Clone)]
+struct Indexed {
+    meta: ChunkMeta,
+    /// Identical chunks written and not yet matched (e.g. zero-filled chunks).
+    count: u32,
+}
+
+/// Requests and bytes of one class.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Tally {
+    pub requests: u64,
+    pub bytes: u64,
+}
+
+/// Counters of the classification (per class, content and the matching machinery).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ClassCounters {
+    /// Write requests by final class.
+    pub writes: BTreeMap<u8, Tally>,
+    /// Read requests by final class.
+    pub reads: BTreeMap<u8, Tally>,
+    /// 4 KiB chunks of block writes that matched a write syscall (data) / did not.
+    pub write_chunks_data: u64,
+    pub write_chunks_metadata: u64,
+    /// 4 KiB chunks of block reads matched by a read syscall (data) / not within the window.
+    pub read_chunks_data: u64,
+    pub read_chunks_metadata: u64,
+    /// Chunks matched only after the block request was classified (trace thread lag).
+    pub late_matches: u64,
+    /// Partial chunks completed from the recent-I/O cache / that could not be completed.
+    pub partial_completed: u64,
+    pub partial_unknown: u64,
+    /// Index entries evicted by the bounds before they matched.
+    pub evicted: u64,
+    /// Write sums superseded by a newer write of the same file chunk.
+    pub superseded: u64,
+}
+
+#[derive(Debug, Clone)]
+struct FdEntry {
+    path: Option<Arc<str>>,
+    flags: u64,
+    cloexec: bool,
+    offset: u64,
+    highest: u64,
+    inode: u64,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Proc {
+    comm: String,
+    cwd: Option<String>,
+    fds: HashMap<u32, FdEntry>,
+    /// Checksums of chunks this process read recently (copy detection, Sky §3.5).
+    recent_reads: HashSet<u64>,
+    recent_order: VecDeque<u64>,
+}
+
+const RECENT_READS: usize = 4096;
+
+impl Proc {
+    fn note_read(&mut self, fnv: u64) {
+        if self.recent_reads.insert(fnv) {
+            self.recent_order.push_back(fnv);
+            if self.recent_order.len() > RECENT_READS {
+                if let Some(old) = self.recent_order.pop_front() {
+                    self.recent_reads.remove(&old);
+                }
+            }
+        }
+    }
+}
+
+/// A block request whose log record waits for late syscall events.
+#[derive(Debug, Clone)]
+struct Pending {
+    write: bool,
+    record: BlockRecord,
+    /// Per 4 KiB chunk: checksum and the match, once known.
+    chunks: Vec<(u64, Option<ChunkMeta>)>,
+    deadline: u64,
+}
+
+const O_APPEND: u64 = 0o2000;
+const O_TRUNC: u64 = 0o1000;
+const O_CLOEXEC: u64 = 0o2000000;
+const O_CREAT: u64 = 0o100;
+const O_WRONLY: u64 = 1;
+const AT_FDCWD: i64 = -100;
+const AT_REMOVEDIR: u64 = 0x200;
+const CLONE_THREAD: u64 = 0x10000;
+
+const COPY_TOOLS: &[&str] = &["cp", "dd", "rsync"];
+const ENCRYPT_TOOLS: &[&str] = &["gpg", "gpg2", "openssl", "age"];
+const ENCRYPT_EXT: &[&str] = &[".gpg", ".enc", ".age", ".aes", ".pgp"];
+
+/// The engine's state. Use it through [`InsightEngine`].
+pub struct Engine {
+    cfg: InsightConfig,
+    clock: Clock,
+    t0: u64,
+    log: InsightLog,
+    procs: HashMap<u32, Proc>,
+    sizes: HashMap<Arc<str>, u64>,
+    writes: HashMap<u64, Indexed>,
+    write_order: VecDeque<u64>,
+    /// (inode, chunk index) → the checksum last written there (older ones are superseded).
+    latest: HashMap<(u64, u64), u64>,
+    /// Data chunks seen recently (matched writes, read syscalls): the best-known insight for
+    /// block reads of the same content.
+    known: HashMap<u64, ChunkMeta>,
+    known_order: VecDeque<u64>,
+    pending: BTreeMap<u64, Pending>,
+    pending_by_fnv: HashMap<u64, Vec<u64>>,
+    next_pending: u64,
+    /// Recent-I/O cache: last known contents of file chunks (Sky §3.4.4).
+    chunks: HashMap<(u64, u64), Box<[u8]>>,
+    chunk_order: VecDeque<(u64, u64)>,
+    counters: ClassCounters,
+}
+
+fn comm_is(comm: &str, list: &[&str]) -> bool {
+    list.contains(&comm)
+}
+
+/// Normalises `.` and `..` components of an absolute path.
+fn normalize(p: &str) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    for c in p.split('/') {
+        match c {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            c => parts.push(c),
+        }
+    }
+    format!("/{}", parts.join("/"))
+}
+
+impl Engine {
+    fn new(cfg: InsightConfig, log: InsightLog, clock: Clock) -> Self {
+        let t0 = clock();
+        Self {
+            cfg,
+            clock,
+            t0,
+            log,
+            procs: HashMap::new(),
+            sizes: HashMap::new(),
+            writes: HashMap::new(),
+            write_order: VecDeque::new(),
+            latest: HashMap::new(),
+            known: HashMap::new(),
+            known_order: VecDeque::new(),
+            pending: BTreeMap::new(),
+            pending_by_fnv: HashMap::new(),
+            next_pending: 0,
+            chunks: HashMap::new(),
+            chunk_order: VecDeque::new(),
+            counters: ClassCounters::default(),
+        }
+    }
+
+    /// Host time now (the engine's clock).
+    pub fn now(&self) -> u64 {
+        (self.clock)()
+    }
+
+    /// The counters so far.
+    pub fn counters(&self) -> &ClassCounters {
+        &self.counters
+    }
+
+    /// Sets a process's working directory (e.g. read from the guest's `fs_struct`).
+    pub fn set_cwd(&mut self, pid: u32, cwd: &str) {
+        self.proc_mut(pid, None).cwd = Some(normalize(cwd));
+    }
+
+    fn proc_mut(&mut self, pid: u32, comm: Option<&str>) -> &mut Proc {
+        if !self.procs.contains_key(&pid) && self.procs.len() >= self.cfg.max_processes {
+            self.procs.clear(); // bounded memory beats stale tables
+        }
+        let p = self.procs.entry(pid).or_default();
+        if let Some(c) = comm {
+            if p.comm != c {
+                p.comm = c.to_string();
+            }
+        }
+        p
+    }
+
+    // --- syscall side ---------------------------------------------------------------------
+
+    fn resolve(&self, pid: u32, dirfd: Option<u64>, path: &[u8]) -> String {
+        let p = String::from_utf8_lossy(path);
+        if p.starts_with('/') {
+            return normalize(&p);
+        }
+        let proc = self.procs.get(&pid);
+        let base = match dirfd {
+            Some(d) if d as i64 as i32 != AT_FDCWD as i32 => proc
+                .and_then(|pr| pr.fds.get(&(d as u32)))
+                .and_then(|f| f.path.as_deref().map(str::to_string)),
+            _ => proc.and_then(|pr| pr.cwd.clone()),
+        };
+        match base {
+            Some(b) => normalize(&format!("{b}/{p}")),
+            None => p.into_owned(), // cwd unknown: the relative path as given
+        }
+    }
+
+    fn file_size(&self, path: Option<&Arc<str>>) -> Option<u64> {
+        path.and_then(|p| self.sizes.get(p).copied())
+    }
+
+    fn set_size(&mut self, path: Option<&Arc<str>>, size: u64) {
+        if let Some(p) = path {
+            if self.sizes.len() >= 1 << 16 && !self.sizes.contains_key(p) {
+                self.sizes.clear();
+            }
+            self.sizes.insert(p.clone(), size);
+        }
+    }
+
+    fn pattern_for(&self, comm: &str, path: Option<&str>) -> Option<Pattern> {
+        if comm_is(comm, ENCRYPT_TOOLS)
+            || path.is_some_and(|p| ENCRYPT_EXT.iter().any(|e| p.ends_with(e)))
+        {
+            Some(Pattern::Encrypt)
+        } else if comm_is(comm, COPY_TOOLS) {
+            Some(Pattern::Copy)
+        } else {
+            None
+        }
+    }
+
+    /// Indexes the chunks of a write at its entry (Sky §3.4.1: the buffer may change right
+    /// after the call, so the plugin summed it at entry).
+    fn on_write_entry(&mut self, e: &EntryEvent, io: &IoSums) {
+        let now = self.now();
+        let pid = e.tgid;
+        let fd = self.proc_mut(pid, Some(&e.comm)).fds.get(&io.fd).cloned();
+        let path = fd.as_ref().and_then(|f| f.path.clone());
+        if !self.cfg.paths.is_empty() && !path.as_deref().is_some_and(|p| self.cfg.selects(p)) {
+            return;
+        }
+        let size = io
+            .i_size
+            .max(io.end())
+            .max(self.file_size(path.as_ref()).unwrap_or(0));
+        self.set_size(path.as_ref(), size);
+        let base = ChunkMeta {
+            pid,
+            file: path.clone(),
+            inode: io.inode,
+            offset: 0,
+            size_class: self.cfg.size_classes.class_of(size),
+            pattern: self.pattern_for(&e.comm, path.as_deref()),
+            app_class: hint_of(e),
+            at: now,
+        };
+        for c in &io.chunks {
+            let mut m = base.clone();
+            m.offset = c.offset;
+            if m.pattern.is_none()
+                && self
+                    .procs
+                    .get(&pid)
+                    .is_some_and(|p| p.recent_reads.contains(&c.fnv))
+            {
+                m.pattern = Some(Pattern::Copy);
+            }
+            self.index_write(c.fnv, m);
+        }
+        // Partial head/tail chunks (Sky §3.4.4), completed from the recent-I/O cache.
+        let plan_end = io.end();
+        let head = e.arg_data(HEAD_ARG).filter(|d| !d.fault);
+        let tail = e.arg_data(TAIL_ARG).filter(|d| !d.fault);
+        if let Some(h) = head {
+            self.complete_partial(io, io.file_pos, &h.bytes.clone(), size, &base);
+        }
+        if let Some(t) = tail {
+            let start = plan_end.saturating_sub(t.bytes.len() as u64);
+            self.complete_partial(io, start, &t.bytes.clone(), size, &base);
+        }
+    }
+
+    /// Builds the whole 4 KiB chunk that a write of `bytes` at file offset `off` produces
+    /// (old contents from the cache, zeros beyond end of file `eof`) and indexes it.
+    fn complete_partial(
+        &mut self,
+        io: &IoSums,
+        off: u64,
+        bytes: &[u8],
+        eof: u64,
+        base: &ChunkMeta,
+    ) {
+        if bytes.is_empty() || bytes.len() as u64 >= CHUNK || io.inode == 0 {
+            return;
+        }
+        let idx = off / CHUNK;
+        let start = idx * CHUNK;
+        let within = (off - start) as usize;
+        if within + bytes.len() > CHUNK as usize {
+            return; // not a single chunk: the plugin never sends that
+        }
+        let old_size = io.i_size;
+        let needs_old = (off > start && start < old_size)
+            || (off + (bytes.len() as u64) < (start + CHUNK).min(old_size));
+        let mut buf: Box<[u8]> = match self.chunks.get(&(io.inode, idx)) {
+            Some(b) => b.clone(),
+            None if !needs_old => vec![0u8; CHUNK as usize].into_boxed_slice(),
+            None => {
+                self.counters.partial_unknown += 1;
+                return;
+            }
+        };
+        buf[within..within + bytes.len()].copy_from_slice(bytes);
+        // The page beyond end of file is zero on disk.
+        let valid = eof.saturating_sub(start).min(CHUNK) as usize;
+        buf[valid..].fill(0);
+        let fnv = fnv1a64(&buf);
+        self.cache_chunk(io.inode, idx, buf);
+        self.counters.partial_completed += 1;
+        let mut m = base.clone();
+        m.offset = start;
+        self.index_write(fnv, m);
+    }
+
+    fn cache_chunk(&mut self, inode: u64, idx: u64, bytes: Box<[u8]>) {
+        if self.chunks.insert((inode, idx), bytes).is_none() {
+            self.chunk_order.push_back((inode, idx));
+            while self.chunk_order.len() > self.cfg.max_cached_chunks {
+                if let Some(k) = self.chunk_order.pop_front() {
+                    self.chunks.remove(&k);
+                }
+            }
+        }
+    }
+
+    fn index_write(&mut self, fnv: u64, m: ChunkMeta) {
+        // Supersede what was written to the same file chunk before (it never reaches disk
+        // if the page is rewritten before writeback).
+        if m.inode != 0 {
+            let key = (m.inode, m.offset / CHUNK);
+            if let Some(old) = self.latest.insert(key, fnv) {
+                if old != fnv && self.unindex(old) {
+                    self.counters.superseded += 1;
+                }
+            }
+        }
+        // A block write that already went by (trace lag) waits for exactly this.
+        if self.match_pending(fnv, &m, true) {
+            return;
+        }
+        match self.writes.get_mut(&fnv) {
+            Some(ix) => {
+                ix.count = ix.count.saturating_add(1);
+                ix.meta = m;
+            }
+            None => {
+                self.writes.insert(fnv, Indexed { meta: m, count: 1 });
+                self.write_order.push_back(fnv);
+                while self.write_order.len() > self.cfg.max_write_sums {
+                    if let Some(old) = self.write_order.pop_front() {
+                        if self.writes.remove(&old).is_some() {
+                            self.counters.evicted += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn unindex(&mut self, fnv: u64) -> bool {
+        match self.writes.get_mut(&fnv) {
+            Some(ix) if ix.count > 1 => {
+                ix.count -= 1;
+                true
+            }
+            Some(_) => {
+                self.writes.remove(&fnv);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Takes one indexed write chunk with checksum `fnv` (Sky removes matched sums).
+    fn take_write(&mut self, fnv: u64) -> Option<ChunkMeta> {
+        let m = self.writes.get(&fnv)?.meta.clone();
+        self.unindex(fnv);
+        if m.inode != 0 && self.latest.get(&(m.inode, m.offset / CHUNK)) == Some(&fnv) {
+            self.latest.remove(&(m.inode, m.offset / CHUNK));
+        }
+        Some(m)
+    }
+
+    /// Marks the first pending block request (of the given direction) waiting for `fnv`.
+    fn match_pending(&mut self, fnv: u64, m: &ChunkMeta, write: bool) -> bool {
+        let Some(ids) = self.pending_by_fnv.get(&fnv).cloned() else {
+            return false;
+        };
+        for id in ids {
+            if let Some(p) = self.pending.get_mut(&id) {
+                if p.write != write {
+                    continue;
+                }
+                if let Some(slot) = p
+                    .chunks
+                    .iter_mut()
+                    .find(|(f, mm)| *f == fnv && mm.is_none())
+                {
+                    slot.1 = Some(m.clone());
+                    self.counters.late_matches += u64::from(write);
+                    if p.chunks.iter().all(|c| c.1.is_some()) {
+                        self.finish_pending(id);
+                    }
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
+    fn remember_known(&mut self, fnv: u64, m: ChunkMeta) {
+        if self.known.insert(fnv, m).is_none() {
+            self.known_order.push_back(fnv);
+            while self.known_order.len() > self.cfg.max_read_sums {
+                if let Some(old) = self.known_order.pop_front() {
+                    self.known.remove(&old);
+                }
+            }
+        }
+    }
+
+    /// A read returned: its chunks classify the block reads seen in the window (Sky §3.4.1)
+    /// and feed copy detection.
+    fn on_read_complete(&mut self, e: &EntryEvent, io: &IoSums) {
+        let now = self.now();
+        let pid = e.tgid;
+        let fd = self.proc_mut(pid, Some(&e.comm)).fds.get(&io.fd).cloned();
+        let path = fd.as_ref().and_then(|f| f.path.clone());
+        if !self.cfg.paths.is_empty() && !path.as_deref().is_some_and(|p| self.cfg.selects(p)) {
+            return;
+        }
+        let size = io.i_size.max(self.file_size(path.as_ref()).unwrap_or(0));
+        self.set_size(path.as_ref(), size);
+        let base = ChunkMeta {
+            pid,
+            file: path.clone(),
+            inode: io.inode,
+            offset: 0,
+            size_class: self.cfg.size_classes.class_of(size),
+            pattern: self.pattern_for(&e.comm, path.as_deref()),
+            app_class: hint_of(e),
+            at: now,
+        };
+        for c in &io.chunks {
+            let mut m = base.clone();
+            m.offset = c.offset;
+            self.match_pending(c.fnv, &m, false);
+            self.remember_known(c.fnv, m);
+            self.proc_mut(pid, None).note_read(c.fnv);
+        }
+    }
+
+    fn fd_copy(&mut self, pid: u32, from: u64, to: u64, cloexec: bool) {
+        let Some(p) = self.procs.get_mut(&pid) else {
+            return;
+        };
+        if let Some(mut f) = p.fds.get(&(from as u32)).cloned() {
+            f.cloexec = cloexec;
+            p.fds.insert(to as u32, f);
+        } else {
+            p.fds.remove(&(to as u32));
+        }
+    }
+
+    fn file_event(&mut self, truncate: bool, path: String, size: u64, pid: u32) {
+        let ts = self.now().saturating_sub(self.t0);
+        let r = FileRecord {
+            ts_ns: ts,
+            file: path,
+            size,
+            pid,
+        };
+        self.log.write(if truncate {
+            InsightRecord::Truncate(r)
+        } else {
+            InsightRecord::Unlink(r)
+        });
+    }
+
+    fn rename(&mut self, old: &str, new: &str) {
+        let new: Arc<str> = Arc::from(new);
+        for p in self.procs.values_mut() {
+            for f in p.fds.values_mut() {
+                if f.path.as_deref() == Some(old) {
+                    f.path = Some(new.clone());
+                }
+            }
+        }
+        if let Some(s) = self.sizes.remove(old) {
+            self.sizes.insert(new, s);
+        }
+    }
+
+    /// Updates fd tables and file sizes from a completed call.
+    fn on_complete(&mut self, c: &Completed) {
+        let e = &c.entry;
+        let pid = e.tgid;
+        let a = e.args;
+        let ret = c.ret();
+        let ok = ret.is_some_and(|r| r >= 0);
+        let path_arg = |i: u8| e.arg_data(i).filter(|d| !d.fault || !d.bytes.is_empty());
+        match e.nr {
+            // open, openat, creat, openat2
+            2 | 257 | 85 | 437 if ok => {
+                let (dirfd, pi, flags) = match e.nr {
+                    2 => (None, 0, a[1]),
+                    85 => (None, 0, O_CREAT | O_WRONLY | O_TRUNC),
+                    _ => (Some(a[0]), 1, if e.nr == 257 { a[2] } else { 0 }),
+                };
+                let Some(d) = path_arg(pi) else { return };
+                let path = self.resolve(pid, dirfd, &d.bytes);
+                let fd = ret.unwrap_or(0) as u32;
+                let p: Arc<str> = Arc::from(path.as_str());
+                if flags & O_TRUNC != 0 && flags & 3 != 0 {
+                    if self.file_size(Some(&p)).unwrap_or(1) > 0 {
+                        self.file_event(true, path.clone(), 0, pid);
+                    }
+                    self.set_size(Some(&p), 0);
+                }
+                self.proc_mut(pid, Some(&e.comm)).fds.insert(
+                    fd,
+                    FdEntry {
+                        path: Some(p),
+                        flags,
+                        cloexec: flags & O_CLOEXEC != 0,
+                        offset: 0,
+                        highest: 0,
+                        inode: 0,
+                    },
+                );
+            }
+            3 if ok => {
+                if let Some(p) = self.procs.get_mut(&pid) {
+                    p.fds.remove(&(a[0] as u32));
+                }
+            }
+            32 if ok => self.fd_copy(pid, a[0], ret.unwrap_or(0) as u64, false),
+            33 if ok => self.fd_copy(pid, a[0], a[1], false),
+            292 if ok => self.fd_copy(pid, a[0], a[1], a[2] & O_CLOEXEC != 0),
+            72 if ok => match a[1] {
+                0 | 1030 => self.fd_copy(pid, a[0], ret.unwrap_or(0) as u64, a[1] == 1030),
+                2 => {
+                    if let Some(f) = self
+                        .procs
+                        .get_mut(&pid)
+                        .and_then(|p| p.fds.get_mut(&(a[0] as u32)))
+                    {
+                        f.cloexec = a[2] & 1 != 0;
+                    }
+                }
+                4 => {
+                    if let Some(f) = self
+                        .procs
+                        .get_mut(&pid)
+                        .and_then(|p| p.fds.get_mut(&(a[0] as u32)))
+                    {
+                        f.flags = (f.flags & !O_APPEND) | (a[2] & O_APPEND);
+                    }
+                }
+                _ => {}
+            },
+            // read, write, pread64, pwrite64, readv, writev, lseek
+            0 | 1 | 17 | 18 | 19 | 20 | 8 if ok => {
+                let n = ret.unwrap_or(0) as u64;
+                let io = e.io.as_ref();
+                let positional = matches!(e.nr, 17 | 18);
+                let write = matches!(e.nr, 1 | 18 | 20);
+                let mut grow = None;
+                if let Some(f) = self
+                    .procs
+                    .get_mut(&pid)
+                    .and_then(|p| p.fds.get_mut(&(a[0] as u32)))
+                {
+                    if let Some(io) = io {
+                        f.inode = io.inode;
+                    }
+                    let start = match (e.nr, io) {
+                        (8, _) => {
+                            f.offset = n;
+                            return;
+                        }
+                        (_, Some(io)) => io.file_pos,
+                        _ if positional => a[3],
+                        _ => f.offset,
+                    };
+                    let end = start.saturating_add(n);
+                    if !positional {
+                        f.offset = end;
+                    }
+                    f.highest = f.highest.max(end);
+                    if write {
+                        grow = Some((f.path.clone(), end));
+                    }
+                }
+                if let Some((p, end)) = grow {
+                    let s = self.file_size(p.as_ref()).unwrap_or(0).max(end);
+                    self.set_size(p.as_ref(), s);
+                }
+                if let Some(io) = io.filter(|io| io.read) {
+                    self.on_read_complete(e, io);
+                }
+            }
+            77 if ok => {
+                let p = self
+                    .procs
+                    .get(&pid)
+                    .and_then(|p| p.fds.get(&(a[0] as u32)))
+                    .and_then(|f| f.path.clone());
+                self.set_size(p.as_ref(), a[1]);
+                if let Some(p) = p {
+                    self.file_event(true, p.to_string(), a[1], pid);
+                }
+            }
+            76 if ok => {
+                if let Some(d) = path_arg(0) {
+                    let path = self.resolve(pid, None, &d.bytes);
+                    self.set_size(Some(&Arc::from(path.as_str())), a[1]);
+                    self.file_event(true, path, a[1], pid);
+                }
+            }
+            87 if ok => {
+                if let Some(d) = path_arg(0) {
+                    let path = self.resolve(pid, None, &d.bytes);
+                    self.sizes.remove(path.as_str());
+                    self.file_event(false, path, 0, pid);
+                }
+            }
+            263 if ok && a[2] & AT_REMOVEDIR == 0 => {
+                if let Some(d) = path_arg(1) {
+                    let path = self.resolve(pid, Some(a[0]), &d.bytes);
+                    self.sizes.remove(path.as_str());
+                    self.file_event(false, path, 0, pid);
+                }
+            }
+            82 | 264 | 316 if ok => {
+                let (od, oi, nd, ni) = if e.nr == 82 {
+                    (None, 0, None, 1)
+                } else {
+                    (Some(a[0]), 1, Some(a[2]), 3)
+                };
+                if let (Some(o), Some(n)) = (path_arg(oi), path_arg(ni)) {
+                    let old = self.resolve(pid, od, &o.bytes);
+                    let new = self.resolve(pid, nd, &n.bytes);
+                    self.rename(&old, &new);
+                }
+            }
+            80 if ok => {
+                if let Some(d) = path_arg(0) {
+                    let cwd = self.resolve(pid, None, &d.bytes);
+                    if cwd.starts_with('/') {
+                        self.proc_mut(pid, None).cwd = Some(cwd);
+                    }
+                }
+            }
+            81 if ok => {
+                let p = self
+                    .procs
+                    .get(&pid)
+                    .and_then(|p| p.fds.get(&(a[0] as u32)))
+                    .and_then(|f| f.path.as_deref().map(str::to_string));
+                if let Some(p) = p {
+                    self.proc_mut(pid, None).cwd = Some(p);
+                }
+            }
+            59 | 322 if ok => {
+                if let Some(p) = self.procs.get_mut(&pid) {
+                    p.fds.retain(|_, f| !f.cloexec);
+                    p.recent_reads.clear();
+                    p.recent_order.clear();
+                }
+            }
+            // fork, vfork, clone (not a thread), clone3 (flags unknown here: a thread's
+            // copy is keyed by its tid and simply never used)
+            57 | 58 | 56 | 435 if ret.is_some_and(|r| r > 0) => {
+                if e.nr == 56 && a[0] & CLONE_THREAD != 0 {
+                    return;
+                }
+                let child = ret.unwrap_or(0) as u32;
+                if let Some(mut p) = self.procs.get(&pid).cloned() {
+                    p.recent_reads.clear();
+                    p.recent_order.clear();
+                    if self.procs.len() < self.cfg.max_processes {
+                        self.procs.insert(child, p);
+                    }
+                }
+            }
+            231 => {
+                self.procs.remove(&pid);
+            }
+            _ => {}
+        }
+    }
+
+    // --- block side -----------------------------------------------------------------------
+
+    /// Classifies a block write of `data` at disk byte `offset` (Sky §3.4.1): every 4 KiB
+    /// chunk is looked up among the write syscalls' checksums.
+    pub fn classify_write(
+        &mut self,
+        disk: u32,
+        offset: u64,
+        data: &[u8],
+        journal: bool,
+    ) -> RequestInsight {
+        let now = self.now();
+        let mut chunks = Vec::with_capacity(data.len() / CHUNK as usize + 1);
+        for (i, c) in data.chunks(CHUNK as usize).enumerate() {
+            let fnv = fnv1a64(c);
+            let m = if c.len() == CHUNK as usize {
+                self.take_write(fnv)
+            } else {
+                None
+            };
+            if let Some(m) = &m {
+                // The block now holds these bytes: they complete later partial writes.
+                if m.inode != 0 {
+                    self.cache_chunk(m.inode, m.offset / CHUNK, c.to_vec().into_boxed_slice());
+                }
+                self.remember_known(fnv, m.clone());
+            }
+            let _ = i;
+            chunks.push((fnv, m));
+        }
+        let insight = self.insight_of(&chunks, journal);
+        let record = BlockRecord {
+            ts_ns: now.saturating_sub(self.t0),
+            disk,
+            offset,
+            len: data.len() as u64,
+            insight: insight.clone(),
+        };
+        let all = chunks.iter().all(|c| c.1.is_some());
+        if all || self.cfg.write_grace.is_zero() {
+            self.emit(true, record, &chunks);
+        } else {
+            self.add_pending(
+                true,
+                record,
+                chunks,
+                now + self.cfg.write_grace.as_nanos() as u64,
+            );
+        }
+        self.expire(now);
+        insight
+    }
+
+    /// Classifies a block read of `data` (after the backend filled it). The read syscall that
+    /// consumes it returns later, so the final class is retroactive (log and counters); the
+    /// request gets the best-known insight now: data of a known file if its content was seen
+    /// at a syscall recently, else metadata.
+    pub fn classify_read(&mut self, disk: u32, offset: u64, data: &[u8]) -> RequestInsight {
+        let now = self.now();
+        let chunks: Vec<(u64, Option<ChunkMeta>)> = data
+            .chunks(CHUNK as usize)
+            .map(|c| {
+                let fnv = fnv1a64(c);
+                (fnv, self.known.get(&fnv).cloned())
+            })
+            .collect();
+        let insight = self.insight_of(&chunks, false);
+        let record = BlockRecord {
+            ts_ns: now.saturating_sub(self.t0),
+            disk,
+            offset,
+            len: data.len() as u64,
+            insight: insight.clone(),
+        };
+        if chunks.iter().all(|c| c.1.is_some()) || self.cfg.read_window.is_zero() {
+            self.emit(false, record, &chunks);
+        } else {
+            // Known chunks are final; the others wait for a read syscall in the window.
+            self.add_pending(
+                false,
+                record,
+                chunks,
+                now + self.cfg.read_window.as_nanos() as u64,
+            );
+        }
+        self.expire(now);
+        insight
+    }
+
+    fn add_pending(
+        &mut self,
+        write: bool,
+        record: BlockRecord,
+        chunks: Vec<(u64, Option<ChunkMeta>)>,
+        deadline: u64,
+    ) {
+        let id = self.next_pending;
+        self.next_pending += 1;
+        for (f, m) in &chunks {
+            if m.is_none() {
+                self.pending_by_fnv.entry(*f).or_default().push(id);
+            }
+        }
+        self.pending.insert(
+            id,
+            Pending {
+                write,
+                record,
+                chunks,
+                deadline,
+            },
+        );
+        let max = if write {
+            self.cfg.max_write_sums
+        } else {
+            self.cfg.max_read_sums
+        };
+        while self.pending.len() > max.max(1) {
+            let Some((&first, _)) = self.pending.iter().next() else {
+                break;
+            };
+            self.finish_pending(first);
+        }
+    }
+
+    fn finish_pending(&mut self, id: u64) {
+        if let Some(p) = self.pending.remove(&id) {
+            for (f, _) in &p.chunks {
+                if let Some(v) = self.pending_by_fnv.get_mut(f) {
+                    v.retain(|&x| x != id);
+                    if v.is_empty() {
+                        self.pending_by_fnv.remove(f);
+                    }
+                }
+            }
+            let mut r = p.record;
+            r.insight = self.insight_of(&p.chunks, r.insight.journal);
+            self.emit(p.write, r, &p.chunks);
+        }
+    }
+
+    /// Finalises pending requests whose window or grace has passed.
+    pub fn expire(&mut self, now: u64) {
+        let due: Vec<u64> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| p.deadline <= now)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in due {
+            self.finish_pending(id);
+        }
+    }
+
+    /// Logs a discard / write-zeroes range (ends block lifetimes in `vmsight report`).
+    pub fn log_discard(&mut self, disk: u32, offset: u64, len: u64) {
+        let ts = self.now().saturating_sub(self.t0);
+        self.log.write(InsightRecord::Discard(BlockRecord {
+            ts_ns: ts,
+            disk,
+            offset,
+            len,
+            insight: RequestInsight::metadata(),
+        }));
+    }
+
+    /// Stops logging (drops the log's sender so its writer thread can end).
+    pub fn close_log(&mut self) {
+        self.log = InsightLog::disabled();
+    }
+
+    /// Finalises everything (end of run).
+    pub fn flush(&mut self) {
+        let ids: Vec<u64> = self.pending.keys().copied().collect();
+        for id in ids {
+            self.finish_pending(id);
+        }
+    }
+
+    fn emit(&mut self, write: bool, r: BlockRecord, chunks: &[(u64, Option<ChunkMeta>)]) {
+        let data = chunks.iter().filter(|c| c.1.is_some()).count() as u64;
+        let meta = chunks.len() as u64 - data;
+        let (tally, d, m) = if write {
+            (
+                &mut self.counters.writes,
+                &mut self.counters.write_chunks_data,
+                &mut self.counters.write_chunks_metadata,
+            )
+        } else {
+            (
+                &mut self.counters.reads,
+                &mut self.counters.read_chunks_data,
+                &mut self.counters.read_chunks_metadata,
+            )
+        };
+        *d += data;
+        *m += meta;
+        let t = tally.entry(r.insight.class).or_default();
+        t.requests += 1;
+        t.bytes += r.len;
+        self.log.write(if write {
+            InsightRecord::Write(r)
+        } else {
+            InsightRecord::Read(r)
+        });
+    }
+
+    /// The insight of a request from its chunks' matches.
+    fn insight_of(&self, chunks: &[(u64, Option<ChunkMeta>)], journal: bool) -> RequestInsight {
+        let hits: Vec<(usize, &ChunkMeta)> = chunks
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| c.1.as_ref().map(|m| (i, m)))
+            .collect();
+        let mut ins = RequestInsight::metadata();
+        ins.journal = journal;
+        ins.class = self.cfg.size_classes.metadata;
+        let Some(&(i0, first)) = hits.first() else {
+            return ins;
+        };
+        ins.content = if hits.len() == chunks.len() {
+            Content::Data
+        } else {
+            Content::Mixed
+        };
+        ins.pid = Some(first.pid);
+        ins.file = first.file.clone();
+        ins.file_offset = Some(first.offset.saturating_sub(i0 as u64 * CHUNK));
+        ins.size_class = hits.iter().map(|h| h.1.size_class).max();
+        ins.pattern = hits.iter().find_map(|h| h.1.pattern);
+        ins.app_class = hits.iter().find_map(|h| h.1.app_class);
+        ins.class = match (ins.app_class, ins.content) {
+            (Some(a), _) => a,
+            // A mixed request carries metadata: it keeps the metadata class.
+            (None, Content::Mixed) => self.cfg.size_classes.metadata,
+            (None, _) => ins.size_class.unwrap_or(self.cfg.size_classes.otherwise),
+        };
+        ins
+    }
+}
+
+/// The shared insight engine: register a clone as a [`SyscallObserver`] of the trace
+/// session and give clones to [`crate::Classifier`]s.
+#[derive(Clone)]
+pub struct InsightEngine(Arc<Mutex<Engine>>);
+
+impl InsightEngine {
+    /// An engine with the host monotonic clock.
+    pub fn new(cfg: InsightConfig, log: InsightLog) -> Self {
+        Self::with_clock(cfg, log, Arc::new(vmsight_ring::monotonic_ns))
+    }
+
+    /// An engine with an injected clock (tests).
+    pub fn with_clock(cfg: InsightConfig, log: InsightLog, clock: Clock) -> Self {
+        Self(Arc::new(Mutex::new(Engine::new(cfg, log, clock))))
+    }
+
+    /// Locks the engine (a panic elsewhere does not make the data unusable).
+    pub fn lock(&self) -> MutexGuard<'_, Engine> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A copy of the counters.
+    pub fn counters(&self) -> ClassCounters {
+        self.lock().counters.clone()
+    }
+}
+
+impl SyscallObserver for InsightEngine {
+    fn on_entry(&mut self, e: &EntryEvent) {
+        if let Some(io) = e.io.as_ref().filter(|io| !io.read) {
+            let mut g = self.lock();
+            // Requests whose grace ended before this event must not match it.
+            let now = g.now();
+            g.expire(now);
+            g.on_write_entry(e, io);
+        }
+    }
+
+    fn on_complete(&mut self, c: &Completed) {
+        let mut g = self.lock();
+        let now = g.now();
+        g.expire(now);
+        g.on_complete(c);
+    }
+
+    fn finish(&mut self) {
+        self.lock().flush();
+    }
+}

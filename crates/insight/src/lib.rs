@@ -1,0 +1,25 @@
+//! Storage insights (Sky §3.3–3.6): the insight engine follows the syscalls of monitored
+//! processes (fd tables, file sizes, buffer checksums, patterns, application hints) and the
+//! classifier stage matches each virtio-blk request against what the engine knows.
+//!
+//! ```text
+//! plugin (SUMS records) -> trace thread -> InsightEngine (SyscallObserver)
+//!                                              ^  Arc<Mutex<Engine>>, short critical sections
+//! virtqueue -> Classifier (Stage) -------------+-> RequestInsight on the request -> next stage
+//!                         \-> insight log writer thread (JSON lines, --insights FILE)
+//! ```
+
+pub mod classifier;
+pub mod config;
+pub mod engine;
+pub mod hint;
+pub mod log;
+
+pub use classifier::Classifier;
+pub use config::{ConfigError, InsightConfig, SizeClasses};
+pub use engine::{ClassCounters, Engine, InsightEngine};
+pub use hint::{hint_of, VMSIGHT_HINT_MAGIC};
+pub use log::InsightLog;
+
+/// Bytes per checksum chunk (Sky §3.4).
+pub const CHUNK: u64 = 4096;
