@@ -35,6 +35,14 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Summarise an insight log (`run --insights FILE`): per-class totals, metadata written per
+    /// file system, block lifetimes (table, optional SVG CDF plot).
+    Report(ReportArgs),
+    /// Print file-system events of running VMs as they happen (channels host:vm:/path; see
+    /// docs/filestream.md).
+    Watch(WatchArgs),
+    /// Mount a live read-only view of running VMs' file systems: DIR/<host>/<vm>/<path>.
+    Mount(MountArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -123,6 +131,29 @@ struct RunArgs {
     /// Report only these syscalls (comma-separated names), e.g. openat,read,write.
     #[arg(long, value_name = "NAMES")]
     trace_filter: Option<String>,
+    /// Classify every block request (data/metadata, file-size class, pattern, app hint) and
+    /// write one JSON line per request to FILE (see docs/insights.md, `vmsight report`).
+    #[arg(long, value_name = "FILE")]
+    insights: Option<PathBuf>,
+    /// Guest processes whose syscalls feed the insights: @cmd (default), a PID or a COMM.
+    #[arg(long, value_name = "TARGET", default_value = "@cmd")]
+    insight_target: String,
+    /// Follow only files under these guest path prefixes (comma-separated).
+    #[arg(long, value_name = "PATHS")]
+    insight_paths: Option<String>,
+    /// Give every extra disk (--disk) an iCache of MIB MiB in host RAM (0: no cache).
+    #[arg(long, value_name = "MIB", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1048576))]
+    cache_size: u64,
+    /// Cache eviction policy: lru (no hints) or priority (Sky's iCache: by class, then recency).
+    #[arg(long, value_name = "POLICY", default_value = "priority")]
+    cache_policy: vmsight_blockdev::stages::CachePolicy,
+    /// Cache write policy: write-through or write-back (FLUSH writes dirty blocks back).
+    #[arg(long, value_name = "MODE", default_value = "write-through")]
+    cache_mode: vmsight_blockdev::stages::CacheMode,
+    /// Make every extra disk behave like an HDD or a SATA SSD (hdd, ssd, none, or
+    /// hdd:rpm=..,seek_ms=..; see docs/icache.md); implies O_DIRECT on the image.
+    #[arg(long, value_name = "MODEL", default_value = "none")]
+    disk_model: vmsight_blockdev::stages::DiskModelConfig,
     /// Do not stream file updates from boot on (the write taps stay idle until a live attach).
     #[arg(long)]
     no_stream: bool,
@@ -192,6 +223,9 @@ pub fn main() -> i32 {
         Cmd::Run(a) => cmd_run(*a),
         Cmd::Image { action } => cmd_image(action),
         Cmd::Ps { json } => cmd_ps(json),
+        Cmd::Report(a) => cmd_report(a),
+        Cmd::Watch(a) => cmd_watch(a),
+        Cmd::Mount(a) => cmd_mount(a),
     };
     match res {
         Ok(code) => code,
@@ -290,6 +324,32 @@ fn cmd_run(a: RunArgs) -> Result<i32, String> {
         console_log: a.console_log,
         trace,
         profile,
+        insights: match &a.insights {
+            Some(file) => Some(vmsight_launcher::config::InsightSettings {
+                file: file.clone(),
+                target: a.insight_target.parse()?,
+                paths: match &a.insight_paths {
+                    Some(l) => vmsight_insight::InsightConfig::parse_paths(l)
+                        .map_err(|e| e.to_string())?,
+                    None => Vec::new(),
+                },
+            }),
+            None => {
+                if a.insight_paths.is_some() {
+                    return Err("--insight-paths needs --insights FILE".into());
+                }
+                None
+            }
+        },
+        storage: vmsight_launcher::config::StorageConfig {
+            cache: (a.cache_size > 0).then(|| {
+                let mut c = vmsight_blockdev::stages::CacheConfig::from_mib(a.cache_size);
+                c.policy = a.cache_policy;
+                c.mode = a.cache_mode;
+                c
+            }),
+            model: a.disk_model.clone(),
+        },
         stream: vmsight_launcher::stream::StreamConfig {
             enabled: !a.no_stream,
             record: a.record_writes,
@@ -377,5 +437,120 @@ fn cmd_ps(json: bool) -> Result<i32, String> {
             disks.join(",")
         );
     }
+    Ok(0)
+}
+
+#[derive(Debug, Args)]
+struct ReportArgs {
+    /// The insight log (JSON lines), or `-` for stdin.
+    file: PathBuf,
+    /// Also write the block-lifetime CDF plot as SVG to OUT.
+    #[arg(long, value_name = "OUT")]
+    svg: Option<PathBuf>,
+    /// Print the report as JSON instead of tables.
+    #[arg(long)]
+    json: bool,
+    /// File-system type of a disk, for the per-file-system table: DISK=TYPE (repeatable),
+    /// e.g. `--fs 0=ext4 --fs 1=xfs`.
+    #[arg(long = "fs", value_name = "DISK=TYPE")]
+    fs: Vec<String>,
+}
+
+fn cmd_report(a: ReportArgs) -> Result<i32, String> {
+    let mut fs_types = std::collections::BTreeMap::new();
+    for spec in &a.fs {
+        let (disk, ty) = vmsight_report::parse_fs_spec(spec).map_err(|e| e.to_string())?;
+        fs_types.insert(disk, ty);
+    }
+    let report = vmsight_report::build_from_path(&a.file, &fs_types).map_err(|e| e.to_string())?;
+    if let Some(out) = &a.svg {
+        std::fs::write(out, report.svg())
+            .map_err(|e| format!("Cannot write the SVG plot {}: {e}.", out.display()))?;
+    }
+    if a.json {
+        println!("{}", report.json());
+    } else {
+        print!("{}", report.text());
+    }
+    Ok(0)
+}
+
+#[derive(Debug, Args)]
+struct WatchArgs {
+    /// Channel patterns `host:vm:/path/glob` (`*` within a path component, `**` across,
+    /// `?` one character; `/etc/*` means `*:*:/etc/*`); none means everything.
+    #[arg(value_name = "PATTERN")]
+    patterns: Vec<String>,
+    /// Only this VM.
+    #[arg(long, value_name = "NAME")]
+    vm: Option<String>,
+    /// Include written bytes (`data_b64` in --json output).
+    #[arg(long)]
+    data: bool,
+    /// Print one JSON message per line instead of readable lines.
+    #[arg(long)]
+    json: bool,
+    /// Stop after N messages.
+    #[arg(long, value_name = "N")]
+    count: Option<u64>,
+}
+
+fn cmd_watch(a: WatchArgs) -> Result<i32, String> {
+    let patterns = a
+        .patterns
+        .iter()
+        .map(|p| vmsight_events::Pattern::parse(p).map_err(|e| e.to_string()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let opts = vmsight_events::WatchOptions {
+        vm: a.vm,
+        data: a.data,
+        json: a.json,
+        limit: a.count,
+        ..Default::default()
+    };
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, std::sync::Arc::clone(&opts.stop))
+            .map_err(|e| format!("cannot install a signal handler: {e}"))?;
+    }
+    let stdout = std::io::stdout();
+    match vmsight_events::watch(&patterns, &opts, &mut stdout.lock()) {
+        Ok(_) => Ok(0),
+        // The reader went away (`vmsight watch | head`): not an error.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(0),
+        Err(e) => Err(format!("watch: {e}")),
+    }
+}
+
+#[derive(Debug, Args)]
+struct MountArgs {
+    /// Mount point (an existing empty directory).
+    dir: PathBuf,
+    /// Show only this VM.
+    #[arg(long, value_name = "NAME")]
+    vm: Option<String>,
+    /// Name of the host directory (default: this host's name, as in event channels).
+    #[arg(long, value_name = "NAME")]
+    host: Option<String>,
+    /// Let other users use the mount (guest permissions still apply).
+    #[arg(long)]
+    allow_other: bool,
+}
+
+fn cmd_mount(a: MountArgs) -> Result<i32, String> {
+    if !a.dir.is_dir() {
+        return Err(format!("mount point {} is not a directory", a.dir.display()));
+    }
+    let mut opts = vmsight_view::MountOptions {
+        vm: a.vm,
+        allow_other: a.allow_other,
+        ..Default::default()
+    };
+    if let Some(h) = a.host {
+        if h.is_empty() || h.contains('/') {
+            return Err(format!("--host {h:?}: a host name cannot be empty or contain '/'"));
+        }
+        opts.host = h;
+    }
+    vmsight_view::mount(&a.dir, opts).map_err(|e| e.to_string())?;
     Ok(0)
 }

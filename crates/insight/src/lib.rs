@@ -17,7 +17,7 @@ pub mod log;
 
 pub use classifier::Classifier;
 pub use config::{ConfigError, InsightConfig, SizeClasses};
-pub use engine::{ClassCounters, Engine, InsightEngine};
+pub use engine::{ClassCounters, Engine, InsightEngine, Tally};
 pub use hint::{hint_of, VMSIGHT_HINT_MAGIC};
 pub use log::InsightLog;
 

@@ -5,7 +5,7 @@ use std::str::FromStr;
 
 use crate::accel::AccelRequest;
 
-/// One extra disk from `--disk PATH[,ro][,serial=ID][,queues=N]`.
+/// One extra disk from `--disk PATH[,ro][,serial=ID][,queues=N][,direct][,mount=PATH]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DiskSpec {
     pub path: PathBuf,
@@ -15,6 +15,10 @@ pub struct DiskSpec {
     pub num_queues: Option<u16>,
     /// Bypass the host page cache (O_DIRECT), like QEMU's `cache=none`.
     pub direct: bool,
+    /// Where the guest mounts this disk's file system (`mount=/srv`): the prefix of the guest
+    /// paths in file-update events. vmsight cannot know guest mounts by itself; without it the
+    /// paths start with `/@diskN`.
+    pub mount: Option<String>,
 }
 
 impl FromStr for DiskSpec {
@@ -32,6 +36,7 @@ impl FromStr for DiskSpec {
             serial: None,
             num_queues: None,
             direct: false,
+            mount: None,
         };
         for opt in parts {
             match opt.split_once('=') {
@@ -55,9 +60,17 @@ impl FromStr for DiskSpec {
                     }
                     spec.num_queues = Some(n);
                 }
+                Some(("mount", v)) => {
+                    if !v.starts_with('/') || v.contains("//") || v.contains('\0') {
+                        return Err(format!(
+                            "disk mount point {v:?} must be an absolute guest path such as /srv"
+                        ));
+                    }
+                    spec.mount = Some(v.trim_end_matches('/').to_string());
+                }
                 _ => {
                     return Err(format!(
-                        "unknown disk option {opt:?} (known: ro, rw, direct, serial=ID, queues=N)"
+                        "unknown disk option {opt:?} (known: ro, rw, direct, serial=ID, queues=N, mount=PATH)"
                     ))
                 }
             }
@@ -137,6 +150,41 @@ pub struct VmConfig {
     pub profile: Option<PathBuf>,
     /// File-update streaming (write taps, recording, inference, delivery).
     pub stream: crate::stream::StreamConfig,
+    /// Block pipeline stages of the extra disks (`--disk`): cache and disk model.
+    pub storage: StorageConfig,
+    /// Storage insights (`--insights FILE`): classify every block request (Sky §3.3-3.6).
+    pub insights: Option<InsightSettings>,
+}
+
+/// What `--insights`, `--insight-target` and `--insight-paths` ask for.
+#[derive(Debug, Clone)]
+pub struct InsightSettings {
+    /// Where the per-request classification records go (JSON lines).
+    pub file: PathBuf,
+    /// Which guest processes are monitored for insights (as `--trace TARGET`).
+    pub target: crate::trace::TraceTarget,
+    /// Only files under these guest path prefixes are followed (empty: all).
+    pub paths: Vec<String>,
+}
+
+/// The iCache and disk-model stages given to every extra disk (`--cache-*`, `--disk-model`).
+/// The root disk (vmsight's own boot image) gets neither, so boot is not slowed by a modelled
+/// HDD and the cache serves the workload's disks only.
+#[derive(Debug, Clone)]
+pub struct StorageConfig {
+    /// One cache of this configuration per extra disk (`None`: no cache).
+    pub cache: Option<vmsight_blockdev::stages::CacheConfig>,
+    /// Make the image behave like this device (`None`: the host disk as it is).
+    pub model: vmsight_blockdev::stages::DiskModelConfig,
+}
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        Self {
+            cache: None,
+            model: vmsight_blockdev::stages::DiskModelConfig::None,
+        }
+    }
 }
 
 impl VmConfig {

@@ -29,6 +29,15 @@ pub struct VcpuStats {
 pub struct DiskStats {
     pub path: PathBuf,
     pub metrics: MetricsSnapshot,
+    /// The iCache of this disk, if it had one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache: Option<vmsight_blockdev::stages::CacheSnapshot>,
+    /// The disk model of this disk, if it had one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<vmsight_blockdev::stages::DiskModelSnapshot>,
+    /// The write tap of this disk, if it had one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tap: Option<vmsight_blockdev::tap::TapSnapshot>,
 }
 
 impl DiskStats {
@@ -36,6 +45,9 @@ impl DiskStats {
         DiskStats {
             path,
             metrics: m.snapshot(),
+            cache: None,
+            model: None,
+            tap: None,
         }
     }
 }
@@ -58,6 +70,9 @@ pub struct RunStats {
     /// Records drained from the ring at exit.
     pub records_drained: u64,
     pub disks: Vec<DiskStats>,
+    /// Classification counters of `--insights`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub insights: Option<vmsight_insight::ClassCounters>,
     /// Syscall tracing counters, when `--trace` was on.
     pub trace: Option<TraceSummary>,
     /// vmsight's own memory at exit (guest RAM is QEMU's shared memfd and shows as shmem).
@@ -141,6 +156,7 @@ impl RunStats {
             vcpus,
             records_drained: trace.as_ref().map(|t| t.records).unwrap_or(0),
             disks,
+            insights: None,
             trace,
             memory: ProcessMemory::read_self(),
         }
@@ -194,6 +210,25 @@ impl fmt::Display for RunStats {
             "  vmsight memory: {} KiB private, {} KiB file, {} KiB shared (channel, guest RAM views); peak RSS {} KiB",
             self.memory.anon_kib, self.memory.file_kib, self.memory.shmem_kib, self.memory.peak_rss_kib
         )?;
+        if let Some(c) = &self.insights {
+            let fmt = |m: &std::collections::BTreeMap<u8, vmsight_insight::Tally>| {
+                m.iter()
+                    .map(|(k, t)| format!("class {k}: {} ({} KiB)", t.requests, t.bytes / 1024))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            writeln!(
+                f,
+                "  insights: write chunks data={} metadata={}; read chunks data={} metadata={}; late matches={}",
+                c.write_chunks_data,
+                c.write_chunks_metadata,
+                c.read_chunks_data,
+                c.read_chunks_metadata,
+                c.late_matches
+            )?;
+            writeln!(f, "    writes by class: {}", fmt(&c.writes))?;
+            writeln!(f, "    reads by class: {}", fmt(&c.reads))?;
+        }
         for (i, d) in self.disks.iter().enumerate() {
             let m = &d.metrics;
             writeln!(
@@ -208,7 +243,56 @@ impl fmt::Display for RunStats {
                 m.discards,
                 m.errors.total()
             )?;
+            if let Some(c) = &d.cache {
+                writeln!(f, "    cache: {}", cache_line(c))?;
+            }
+            if let Some(m) = &d.model {
+                writeln!(
+                    f,
+                    "    disk model: {} ({} requests, {} seeks, {:.1} s modelled busy)",
+                    m.model,
+                    m.requests,
+                    m.seeks,
+                    m.modelled_busy_ns as f64 / 1e9
+                )?;
+            }
+            if let Some(t) = &d.tap {
+                writeln!(
+                    f,
+                    "    write tap: {} events, {} KiB copied, {} writes queued without bytes, peak queue {} KiB",
+                    t.events,
+                    t.bytes / 1024,
+                    t.writes_without_data,
+                    t.peak_queued_bytes / 1024
+                )?;
+            }
         }
         Ok(())
     }
+}
+
+/// One line of cache counters: overall hit rate, then hits/misses and resident KiB per class.
+fn cache_line(c: &vmsight_blockdev::stages::CacheSnapshot) -> String {
+    let mut line = format!(
+        "{} {} {} MiB: hits={} misses={} hit rate={} resident={} KiB dirty={} KiB",
+        c.policy,
+        c.mode,
+        c.size_bytes >> 20,
+        c.hits,
+        c.misses,
+        c.hit_rate()
+            .map_or_else(|| "-".to_string(), |r| format!("{:.1}%", r * 100.0)),
+        c.resident_bytes / 1024,
+        c.dirty_bytes / 1024
+    );
+    for k in c.classes.iter().filter(|k| k.hits + k.misses + k.inserted > 0) {
+        line.push_str(&format!(
+            " | class {}: {}h/{}m {} KiB",
+            k.class,
+            k.hits,
+            k.misses,
+            k.resident_bytes / 1024
+        ));
+    }
+    line
 }

@@ -135,8 +135,9 @@ pub fn start_session(
     cfg: &TraceConfig,
     qemu_pid: u32,
     profile: &Path,
+    extra: Vec<Box<dyn SyscallObserver>>,
 ) -> std::io::Result<TraceSession> {
-    let mut observers: Vec<Box<dyn SyscallObserver>> = Vec::new();
+    let mut observers: Vec<Box<dyn SyscallObserver>> = extra;
     let text_out = |cfg: &TraceConfig| -> std::io::Result<Box<dyn Write + Send>> {
         Ok(match &cfg.out {
             Some(p) => Box::new(std::io::LineWriter::new(

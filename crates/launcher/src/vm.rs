@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use vmsight_blockdev::stages::{CacheMetrics, DiskModel, DiskModelConfig, DiskModelMetrics, ICache};
 use vmsight_blockdev::tap::WriteTap;
 use vmsight_blockdev::{spawn_backend_with, BackendHandle, DiskConfig, Stage};
 
@@ -29,6 +30,13 @@ use crate::qemu::{self, PlannedDisk, QemuPlan};
 use crate::qmp::{self, Qmp, QmpEvent};
 use crate::runtime::{self, RuntimeDir, VmRecord, WorkingCopy};
 use crate::stats::{DiskStats, RunStats};
+
+/// Counters of the optional stages of one disk, read at the end of the run.
+#[derive(Default)]
+struct StageMetrics {
+    cache: Option<Arc<CacheMetrics>>,
+    model: Option<Arc<DiskModelMetrics>>,
+}
 
 /// Virtqueue size of every disk (QEMU's `queue-size`, the backend's `queue_size`).
 const QUEUE_SIZE: u16 = 256;
@@ -184,7 +192,18 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
     if use_plugin && !arts.plugin.is_file() {
         return Err(LaunchError::PluginMissing(arts.plugin.clone()));
     }
-    let trace_profile = match &cfg.trace {
+    // Insights need monitored processes: without --trace, monitor the insight target
+    // silently (no text, no JSON).
+    let trace_cfg: Option<crate::trace::TraceConfig> = cfg.trace.clone().or_else(|| {
+        cfg.insights.as_ref().map(|s| crate::trace::TraceConfig {
+            target: s.target.clone(),
+            out: None,
+            text: false,
+            json: None,
+            filter: vmsight_introspect::syscall::NameFilter::all(),
+        })
+    });
+    let trace_profile = match &trace_cfg {
         None => None,
         Some(_) if !use_plugin => {
             return Err(LaunchError::Config(format!(
@@ -217,8 +236,7 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
             }
         }
     };
-    let hold = cfg
-        .trace
+    let hold = trace_cfg
         .as_ref()
         .is_some_and(|t| t.target == crate::trace::TraceTarget::Command);
 
@@ -253,23 +271,65 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
             d.direct,
         ));
     }
+    let insight = match &cfg.insights {
+        Some(s) => {
+            let (log, writer) = vmsight_insight::InsightLog::create(&s.file).map_err(|e| {
+                LaunchError::Config(format!(
+                    "cannot create the insight log {}: {e}",
+                    s.file.display()
+                ))
+            })?;
+            let icfg = vmsight_insight::InsightConfig {
+                paths: s.paths.clone(),
+                ..Default::default()
+            };
+            Some((vmsight_insight::InsightEngine::new(icfg, log), writer))
+        }
+        None => None,
+    };
     if let Some((n, _)) = cfg.stream.record.iter().find(|(n, _)| *n >= disk_paths.len()) {
         return Err(LaunchError::Config(format!(
             "--record-writes names disk {n}, but there are only {} disks (0 = root)",
             disk_paths.len()
         )));
     }
-    let mut backends: Vec<(PathBuf, BackendHandle)> = Vec::new();
+    let mut backends: Vec<(PathBuf, BackendHandle, StageMetrics)> = Vec::new();
     let mut streams: Vec<crate::stream::DiskStream> = Vec::new();
     let mut planned = Vec::new();
     for (i, (path, ro, serial, queues, direct)) in disk_paths.iter().enumerate() {
         let sock = rt.join(&format!("disk{i}.sock"));
         let mut stages: Vec<Box<dyn Stage>> = Vec::new();
+        let mut stage_metrics = StageMetrics::default();
+        let extra = i > 0;
+        if let Some((engine, _)) = &insight {
+            // First stage: every later stage (the cache) sees the request's insight.
+            stages.push(vmsight_insight::Classifier::stage(
+                engine.clone(),
+                i as u32,
+                journal_ranges(path),
+            ));
+        }
+        if extra {
+            if let Some(c) = &cfg.storage.cache {
+                let (stage, m) = ICache::stage(c.clone()).map_err(|e| {
+                    LaunchError::Config(format!("disk {i} ({}): {e}", path.display()))
+                })?;
+                stages.push(stage);
+                stage_metrics.cache = Some(m);
+            }
+        }
         if !*ro {
             // The tap sits last, next to the image: it sees exactly what the image receives.
             let ds = crate::stream::DiskStream::new(i, path, &cfg.stream);
             stages.push(Box::new(WriteTap::new(ds.queue())));
             streams.push(ds);
+        }
+        let model = extra && !matches!(cfg.storage.model, DiskModelConfig::None);
+        if model {
+            let capacity = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+            let (stage, m) = DiskModel::stage(cfg.storage.model.clone(), capacity);
+            stages.push(stage);
+            stage_metrics.model = Some(m);
         }
         let handle = spawn_backend_with(
             DiskConfig {
@@ -278,7 +338,8 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
                 serial: serial.clone(),
                 num_queues: *queues,
                 queue_size: QUEUE_SIZE,
-                direct_io: *direct,
+                // A modelled disk must not be hidden by the host page cache.
+                direct_io: *direct || model,
             },
             &sock,
             stages,
@@ -288,7 +349,7 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
             path: path.clone(),
             source,
         })?;
-        backends.push((path.clone(), handle));
+        backends.push((path.clone(), handle, stage_metrics));
         planned.push(PlannedDisk {
             socket: sock,
             num_queues: *queues,
@@ -305,7 +366,7 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
         let shm = rt.join("plugin.shm");
         let mut host = vmsight_ring::Channel::create(&shm, cfg.vcpus, 1 << 14)
             .map_err(|e| LaunchError::Channel(e.to_string()))?;
-        if let Some(t) = &cfg.trace {
+        if let Some(t) = &trace_cfg {
             crate::trace_records::set_target(&mut host, &t.target, None)
                 .map_err(LaunchError::Channel)?;
         }
@@ -399,7 +460,7 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
         plugin: channel.as_ref().map(|(shm, _)| qemu::PluginPlan {
             library: arts.plugin.clone(),
             shm: shm.clone(),
-            records: cfg.plugin_records || cfg.trace.is_some(),
+            records: cfg.plugin_records || trace_cfg.is_some(),
             profile: trace_profile.clone(),
         }),
         hold,
@@ -455,9 +516,13 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
     let qemu_pid = child.id();
     // After QEMU exists: process tracking reads guest RAM through QEMU's memfd. Records the
     // plugin pushed in the meantime wait in the ring.
-    let trace = match (&cfg.trace, &channel, &trace_profile) {
+    let trace = match (&trace_cfg, &channel, &trace_profile) {
         (Some(t), Some((_, host)), Some(profile)) => {
-            match crate::trace_records::start_session(host.clone(), t, qemu_pid, profile) {
+            let extra: Vec<Box<dyn vmsight_introspect::syscall::SyscallObserver>> = insight
+                .iter()
+                .map(|(e, _)| Box::new(e.clone()) as Box<dyn vmsight_introspect::syscall::SyscallObserver>)
+                .collect();
+            match crate::trace_records::start_session(host.clone(), t, qemu_pid, profile, extra) {
                 Ok(s) => Some(s),
                 Err(e) => {
                     // QEMU is already running; report and carry on rather than orphan it.
@@ -551,7 +616,7 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
             }
             Ok(Event::GuestExit(c)) => guest_exit = Some(c),
             Ok(Event::CmdPid(pid)) => {
-                if let (Some(t), Some((_, host))) = (&cfg.trace, &channel) {
+                if let (Some(t), Some((_, host))) = (&trace_cfg, &channel) {
                     if let Ok(mut h) = host.lock() {
                         if let Err(e) =
                             crate::trace_records::set_target(&mut h, &t.target, Some(pid))
@@ -608,14 +673,14 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
         }
         if backend_failed.is_none() && quit_sent_at.is_none() {
             match (
-                backends.iter().find(|(_, b)| b.is_finished()),
+                backends.iter().find(|(_, b, _)| b.is_finished()),
                 backend_gone_at,
             ) {
                 (Some(_), None) => backend_gone_at = Some(Instant::now()),
                 // QEMU closes its vhost-user connections as it exits, so a backend may end a
                 // moment before QEMU's exit is seen; only one that ends while QEMU keeps running
                 // is a failure (QEMU would hang on that disk).
-                (Some((p, _)), Some(t)) if t.elapsed() > Duration::from_secs(3) => {
+                (Some((p, _, _)), Some(t)) if t.elapsed() > Duration::from_secs(3) => {
                     backend_failed = Some(format!("the backend of {} stopped", p.display()));
                     quit_sent_at = Some(Instant::now());
                     request_quit(&qmp);
@@ -643,7 +708,7 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
         let _ = h.join();
     }
     let mut disk_stats = Vec::new();
-    for (path, b) in backends {
+    for (i, (path, b, sm)) in backends.into_iter().enumerate() {
         let metrics = b.metrics();
         let res = b.wait();
         if let Err(e) = res {
@@ -651,13 +716,27 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
                 backend_failed = Some(format!("{}: {e}", path.display()));
             }
         }
-        disk_stats.push(DiskStats::from_metrics(path, &metrics));
-    }
-    // The backends are gone, so no tap pushes any more: drain and stop the consumers.
-    for ds in streams {
-        let _ = ds.finish();
+        let mut ds = DiskStats::from_metrics(path, &metrics);
+        ds.cache = sm.cache.map(|m| m.snapshot());
+        ds.model = sm.model.map(|m| m.snapshot());
+        // The backend is gone, so its tap pushes no more: drain and stop the consumer.
+        if let Some(pos) = streams.iter().position(|s| s.index == i) {
+            ds.tap = Some(streams.swap_remove(pos).finish());
+        }
+        disk_stats.push(ds);
     }
     let trace_summary = trace.map(|t| t.finish());
+    // The trace (the insight engine's syscall feed) and the disks (its block feed) are done:
+    // finish the insight log.
+    let insight_counters = insight.map(|(engine, writer)| {
+        let counters = engine.counters();
+        engine.lock().close_log();
+        drop(engine);
+        if let Err(e) = writer.finish() {
+            eprintln!("vmsight: the insight log is incomplete: {e}");
+        }
+        counters
+    });
     // Late console lines (the panic message can trail the ctl events) are in `tail` now.
     let panic_text = tail.lock().ok().and_then(|t| t.panic_text());
     if panic_text.is_some() {
@@ -675,6 +754,8 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
         disk_stats,
         trace_summary,
     );
+    let mut stats = stats;
+    stats.insights = insight_counters;
 
     let end = if let Some(sig) = interrupted {
         EndReason::Interrupted(if sig == 0 { libc::SIGINT } else { sig })
@@ -711,6 +792,31 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
         ))
     };
     Ok(RunOutcome { reason: end, stats })
+}
+
+/// Byte ranges of the ext3/ext4 journal on the disk at `path` (empty if there is none or the
+/// disk has no file system vmsight can read): the classifier marks writes there so the
+/// priority cache does not keep them (Sky §7).
+fn journal_ranges(path: &std::path::Path) -> Vec<std::ops::Range<u64>> {
+    let Ok(src) = vmsight_fsview::FileSource::open(path) else {
+        return Vec::new();
+    };
+    let part = vmsight_fsview::read_partitions(&src)
+        .ok()
+        .and_then(|t| t.partitions.first().cloned());
+    let Ok(index) = vmsight_fsview::Index::crawl(&src, part.as_ref()) else {
+        return Vec::new();
+    };
+    let fs = index.fs_info();
+    let bs = u64::from(fs.block_size);
+    index
+        .file_extents(8) // the ext3/ext4 journal inode
+        .into_iter()
+        .map(|e| {
+            let start = fs.partition_start + e.disk_block * bs;
+            start..start + u64::from(e.len) * bs
+        })
+        .collect()
 }
 
 fn tail_text(t: &Arc<Mutex<ConsoleTail>>) -> String {

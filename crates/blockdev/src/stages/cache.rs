@@ -674,6 +674,10 @@ impl ICache {
         buf: &mut Vec<u8>,
     ) -> Result<Status, StageError> {
         let (class, _) = request_class(req);
+        // A read usually arrives without an insight (the classifier learns what it was only
+        // when the read syscall returns): a hit then keeps the block's class instead of
+        // demoting it, and a miss enters at the default class.
+        let known = req.insights.is_some();
         let start = req.offset();
         let end = start + req.len;
         let bs = self.bs;
@@ -690,6 +694,11 @@ impl ICache {
                     .get((s - off) as usize..(e - off) as usize)
                     .ok_or_else(|| stage_err(format!("cached block {block} is short")))?;
                 req.write_data(s - start, piece)?;
+                let class = if known {
+                    class
+                } else {
+                    self.store.info(slot).1
+                };
                 self.touch(slot, class);
                 Self::add(&self.metrics.hits, class, 1);
             } else {

@@ -550,3 +550,22 @@ fn snapshot_round_trips_through_json() {
     let back: CacheSnapshot = serde_json::from_str(&json).expect("parse");
     assert_eq!(back, s);
 }
+
+#[test]
+fn a_read_without_insight_keeps_the_class_of_a_cached_block() {
+    let mem = guest_mem();
+    let mut disk = MemDisk::new((64 * BS) as usize);
+    let mut c = cache(4, CachePolicy::Priority, CacheMode::WriteThrough);
+    let data = vec![7u8; BS as usize];
+    do_write(&mut c, &mut disk, &mem, 0, &data, insight(CLASS_METADATA, false));
+    // The classifier cannot know what a read is before the read syscall returns: the hit must
+    // not demote the metadata block to the default class.
+    assert_eq!(do_read(&mut c, &mut disk, &mem, 0, BS, None), data);
+    let s = c.metrics().snapshot();
+    assert_eq!(s.classes[5].resident_bytes, BS);
+    assert_eq!(s.classes[5].hits, 1);
+    assert_eq!(s.classes[0].resident_bytes, 0);
+    // A miss without insight enters at the default class.
+    do_read(&mut c, &mut disk, &mem, 8, BS, None);
+    assert_eq!(c.metrics().snapshot().classes[0].resident_bytes, BS);
+}

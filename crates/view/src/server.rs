@@ -1,0 +1,613 @@
+//! The per-VM view server (`<runtime>/<vm>/view.sock`) and its client.
+
+use std::collections::HashMap;
+use std::io::{self, BufReader, BufWriter, Write};
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread;
+use std::time::Duration;
+
+use vmsight_fsview::{FileKind, FsRead, StaticView};
+
+use crate::protocol::{
+    read_frame, write_frame, Attr, Entry, ErrorCode, FrameError, Request, Response, MAX_READ,
+    MAX_REQUEST_FRAME, MAX_RESPONSE_FRAME,
+};
+
+/// File name of the view socket in a VM's runtime directory.
+pub const VIEW_SOCKET: &str = "view.sock";
+/// Most connections served at once.
+pub const MAX_CONNECTIONS: usize = 64;
+/// How often the listener is polled for new clients and for shutdown.
+const ACCEPT_POLL: Duration = Duration::from_millis(20);
+
+/// Something that can lend a consistent [`FsRead`] for the duration of one request: a
+/// [`StaticView`], an `Arc<dyn FsRead>`, or a live engine behind a `RwLock`/`Mutex` (the lock
+/// is held only while one request is answered).
+pub trait ViewSource: Send + Sync + 'static {
+    /// Calls `f` with the view.
+    fn with_view<R>(&self, f: impl FnOnce(&dyn FsRead) -> R) -> R;
+}
+
+impl ViewSource for StaticView {
+    fn with_view<R>(&self, f: impl FnOnce(&dyn FsRead) -> R) -> R {
+        f(self)
+    }
+}
+
+impl ViewSource for Arc<dyn FsRead> {
+    fn with_view<R>(&self, f: impl FnOnce(&dyn FsRead) -> R) -> R {
+        f(self.as_ref())
+    }
+}
+
+impl<T: FsRead + 'static> ViewSource for RwLock<T> {
+    fn with_view<R>(&self, f: impl FnOnce(&dyn FsRead) -> R) -> R {
+        // A writer that panicked leaves the last state it reached; serving it beats failing.
+        let g = self.read().unwrap_or_else(|e| e.into_inner());
+        f(&*g)
+    }
+}
+
+impl<T: FsRead + 'static> ViewSource for Mutex<T> {
+    fn with_view<R>(&self, f: impl FnOnce(&dyn FsRead) -> R) -> R {
+        let g = self.lock().unwrap_or_else(|e| e.into_inner());
+        f(&*g)
+    }
+}
+
+impl<S: ViewSource> ViewSource for Arc<S> {
+    fn with_view<R>(&self, f: impl FnOnce(&dyn FsRead) -> R) -> R {
+        self.as_ref().with_view(f)
+    }
+}
+
+/// Errors of the view server and client.
+#[derive(Debug, thiserror::Error)]
+pub enum ViewError {
+    /// The socket could not be created.
+    #[error("cannot listen on {path}: {source}")]
+    Bind {
+        /// Socket path.
+        path: PathBuf,
+        /// Cause.
+        source: io::Error,
+    },
+    /// Something that is not a socket is in the way.
+    #[error("{0} exists and is not a socket; refusing to replace it")]
+    NotASocket(PathBuf),
+    /// Talking to a view server failed.
+    #[error("view server {path}: {source}")]
+    Client {
+        /// Socket path.
+        path: PathBuf,
+        /// Cause.
+        source: io::Error,
+    },
+    /// Mounting failed.
+    #[error("cannot mount the view on {path}: {source}")]
+    Mount {
+        /// Mount point.
+        path: PathBuf,
+        /// Cause.
+        source: io::Error,
+    },
+}
+
+/// Answers one request from `fs`.
+pub fn handle(fs: &dyn FsRead, req: &Request) -> Response {
+    let not_found = |what: &str, ino: u32| {
+        Response::error(ErrorCode::NotFound, format!("{what} {ino} not found"))
+    };
+    match req {
+        Request::Stat(ino) => match fs.stat(*ino) {
+            Some(m) => Response::Attr(Attr::from_meta(*ino, &m)),
+            None => not_found("inode", *ino),
+        },
+        Request::ReadDir(ino) => match fs.read_dir(*ino) {
+            Some(list) => Response::Entries(
+                list.into_iter()
+                    .map(|e| Entry {
+                        name: e.name,
+                        ino: e.ino,
+                        kind: e.kind,
+                    })
+                    .collect(),
+            ),
+            None => match fs.stat(*ino) {
+                Some(_) => {
+                    Response::error(ErrorCode::NotDir, format!("inode {ino} is not a directory"))
+                }
+                None => not_found("directory", *ino),
+            },
+        },
+        Request::Lookup { dir, name } => {
+            if name.is_empty() || name.contains(&b'/') || name.contains(&0) {
+                return Response::error(
+                    ErrorCode::Invalid,
+                    "names are non-empty, without '/' or NUL",
+                );
+            }
+            match fs
+                .lookup_in(*dir, name)
+                .and_then(|ino| fs.stat(ino).map(|m| (ino, m)))
+            {
+                Some((ino, m)) => Response::Attr(Attr::from_meta(ino, &m)),
+                None => Response::error(
+                    ErrorCode::NotFound,
+                    format!(
+                        "{:?} not found in directory {dir}",
+                        String::from_utf8_lossy(name)
+                    ),
+                ),
+            }
+        }
+        Request::ReadLink(ino) => match fs.read_link(*ino) {
+            Some(t) => Response::Link(t),
+            None => match fs.stat(*ino) {
+                Some(_) => {
+                    Response::error(ErrorCode::NotLink, format!("inode {ino} is not a symlink"))
+                }
+                None => not_found("inode", *ino),
+            },
+        },
+        Request::Read { ino, offset, len } => {
+            if *len > MAX_READ {
+                return Response::error(
+                    ErrorCode::Invalid,
+                    format!("read of {len} bytes is larger than the limit of {MAX_READ}"),
+                );
+            }
+            match fs.stat(*ino) {
+                None => return not_found("inode", *ino),
+                Some(m) if m.kind() == FileKind::Directory => {
+                    return Response::error(
+                        ErrorCode::Invalid,
+                        format!("inode {ino} is a directory"),
+                    )
+                }
+                Some(_) => {}
+            }
+            let mut buf = vec![0u8; *len as usize];
+            match fs.read(*ino, *offset, &mut buf) {
+                Ok(n) => {
+                    buf.truncate(n);
+                    Response::Data(buf)
+                }
+                Err(e) => Response::error(ErrorCode::Io, e.to_string()),
+            }
+        }
+    }
+}
+
+/// Serves one guest file system on a Unix socket. Dropping it stops accepting, closes the
+/// connections and removes the socket.
+pub struct ViewServer {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+    conns: Arc<Mutex<HashMap<u64, UnixStream>>>,
+    accept: Option<thread::JoinHandle<()>>,
+}
+
+impl ViewServer {
+    /// Listens on `path` (normally `<runtime>/<vm>/view.sock`) and answers from `source`.
+    pub fn bind<S: ViewSource>(path: impl AsRef<Path>, source: S) -> Result<ViewServer, ViewError> {
+        let path = path.as_ref().to_path_buf();
+        let listener = bind_socket(&path)?;
+        // Polled, so that dropping the server never depends on the socket file still existing.
+        listener
+            .set_nonblocking(true)
+            .map_err(|source| ViewError::Bind {
+                path: path.clone(),
+                source,
+            })?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let conns = Arc::new(Mutex::new(HashMap::new()));
+        let source = Arc::new(source);
+        let (st, cs) = (Arc::clone(&stop), Arc::clone(&conns));
+        let accept = thread::Builder::new()
+            .name("view-accept".into())
+            .spawn(move || accept_loop(listener, source, st, cs))
+            .map_err(|source| ViewError::Bind {
+                path: path.clone(),
+                source,
+            })?;
+        Ok(ViewServer {
+            path,
+            stop,
+            conns,
+            accept: Some(accept),
+        })
+    }
+
+    /// Convenience for a plain shared view.
+    pub fn bind_fs(path: impl AsRef<Path>, fs: Arc<dyn FsRead>) -> Result<ViewServer, ViewError> {
+        Self::bind(path, fs)
+    }
+
+    /// The socket path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for ViewServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(h) = self.accept.take() {
+            let _ = h.join();
+        }
+        for (_, c) in self.conns.lock().unwrap_or_else(|e| e.into_inner()).drain() {
+            let _ = c.shutdown(std::net::Shutdown::Both);
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn bind_socket(path: &Path) -> Result<UnixListener, ViewError> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => {
+            if UnixStream::connect(path).is_ok() {
+                return Err(ViewError::Bind {
+                    path: path.to_path_buf(),
+                    source: io::Error::new(
+                        io::ErrorKind::AddrInUse,
+                        "another process is listening there",
+                    ),
+                });
+            }
+            let _ = std::fs::remove_file(path);
+        }
+        Ok(_) => return Err(ViewError::NotASocket(path.to_path_buf())),
+        Err(_) => {}
+    }
+    UnixListener::bind(path).map_err(|source| ViewError::Bind {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+fn accept_loop<S: ViewSource>(
+    listener: UnixListener,
+    source: Arc<S>,
+    stop: Arc<AtomicBool>,
+    conns: Arc<Mutex<HashMap<u64, UnixStream>>>,
+) {
+    let active = Arc::new(AtomicUsize::new(0));
+    let mut next_id = 0u64;
+    while !stop.load(Ordering::SeqCst) {
+        let mut stream = match listener.accept() {
+            Ok((s, _)) if s.set_nonblocking(false).is_ok() => s,
+            Ok(_) => continue,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                thread::sleep(ACCEPT_POLL);
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!("view: accept failed: {e}");
+                thread::sleep(Duration::from_millis(50));
+                continue;
+            }
+        };
+        if active.load(Ordering::SeqCst) >= MAX_CONNECTIONS {
+            let msg = format!("too many connections (at most {MAX_CONNECTIONS})");
+            let _ = write_frame(&mut stream, &Response::error(ErrorCode::Invalid, msg));
+            continue;
+        }
+        next_id += 1;
+        let id = next_id;
+        // Kept so that dropping the server can hang up on every client.
+        if let Ok(c) = stream.try_clone() {
+            conns
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(id, c);
+        }
+        active.fetch_add(1, Ordering::SeqCst);
+        let (src, act, cs) = (Arc::clone(&source), Arc::clone(&active), Arc::clone(&conns));
+        let spawned = thread::Builder::new()
+            .name("view-conn".into())
+            .spawn(move || {
+                serve(stream, src.as_ref());
+                cs.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+                act.fetch_sub(1, Ordering::SeqCst);
+            });
+        if let Err(e) = spawned {
+            conns.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+            active.fetch_sub(1, Ordering::SeqCst);
+            tracing::warn!("view: cannot start a connection thread: {e}");
+        }
+    }
+}
+
+fn serve<S: ViewSource>(stream: UnixStream, source: &S) {
+    let Ok(wr) = stream.try_clone() else { return };
+    let mut rd = BufReader::new(stream);
+    let mut wr = BufWriter::new(wr);
+    loop {
+        let resp = match read_frame::<Request>(&mut rd, MAX_REQUEST_FRAME) {
+            Ok(req) => source.with_view(|fs| handle(fs, &req)),
+            Err(FrameError::Decode(e)) => {
+                Response::error(ErrorCode::Invalid, format!("malformed request: {e}"))
+            }
+            Err(FrameError::TooLarge(n, lim)) => {
+                // The rest of the stream cannot be framed any more: answer and hang up.
+                let msg = format!("request of {n} bytes is larger than the limit of {lim}");
+                let _ = write_frame(&mut wr, &Response::error(ErrorCode::Invalid, msg));
+                let _ = wr.flush();
+                return;
+            }
+            Err(FrameError::Closed | FrameError::Io(_)) => return,
+        };
+        if write_frame(&mut wr, &resp)
+            .and_then(|()| wr.flush())
+            .is_err()
+        {
+            return;
+        }
+    }
+}
+
+/// A connection to a view server.
+pub struct ViewClient {
+    path: PathBuf,
+    rd: BufReader<UnixStream>,
+    wr: UnixStream,
+}
+
+impl ViewClient {
+    /// Connects to `path`; a request waits at most `timeout` for its answer.
+    pub fn connect(path: impl AsRef<Path>, timeout: Duration) -> Result<ViewClient, ViewError> {
+        let path = path.as_ref().to_path_buf();
+        let err = |source| ViewError::Client {
+            path: path.clone(),
+            source,
+        };
+        let s = UnixStream::connect(&path).map_err(err)?;
+        s.set_read_timeout(Some(timeout)).map_err(err)?;
+        s.set_write_timeout(Some(timeout)).map_err(err)?;
+        let wr = s.try_clone().map_err(err)?;
+        Ok(ViewClient {
+            rd: BufReader::new(s),
+            wr,
+            path,
+        })
+    }
+
+    /// Sends `req` and waits for its answer.
+    pub fn call(&mut self, req: &Request) -> Result<Response, ViewError> {
+        let err = |source| ViewError::Client {
+            path: self.path.clone(),
+            source,
+        };
+        write_frame(&mut self.wr, req).map_err(err)?;
+        read_frame::<Response>(&mut self.rd, MAX_RESPONSE_FRAME).map_err(|e| ViewError::Client {
+            path: self.path.clone(),
+            source: match e {
+                FrameError::Io(e) => e,
+                other => io::Error::other(other.to_string()),
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vmsight_fsview::{InodeMeta, ViewEntry};
+
+    /// A two-file tree: / (2) with `a` (12, "hello") and `l` -> a (13).
+    struct Tiny;
+
+    impl FsRead for Tiny {
+        fn stat(&self, ino: u32) -> Option<InodeMeta> {
+            let (mode, size) = match ino {
+                2 => (0o040755, 4096),
+                12 => (0o100644, 5),
+                13 => (0o120777, 1),
+                _ => return None,
+            };
+            Some(InodeMeta {
+                mode,
+                uid: 1,
+                gid: 2,
+                size,
+                mtime: 3,
+                ctime: 4,
+                atime: 5,
+                links: 1,
+            })
+        }
+        fn read_dir(&self, ino: u32) -> Option<Vec<ViewEntry>> {
+            (ino == 2).then(|| {
+                vec![
+                    ViewEntry {
+                        name: b"a".to_vec(),
+                        ino: 12,
+                        kind: FileKind::Regular,
+                    },
+                    ViewEntry {
+                        name: b"l".to_vec(),
+                        ino: 13,
+                        kind: FileKind::Symlink,
+                    },
+                ]
+            })
+        }
+        fn lookup_in(&self, dir: u32, name: &[u8]) -> Option<u32> {
+            self.read_dir(dir)?
+                .into_iter()
+                .find(|e| e.name == name)
+                .map(|e| e.ino)
+        }
+        fn read_link(&self, ino: u32) -> Option<Vec<u8>> {
+            (ino == 13).then(|| b"a".to_vec())
+        }
+        fn read(&self, ino: u32, offset: u64, buf: &mut [u8]) -> vmsight_fsview::Result<usize> {
+            let data: &[u8] = if ino == 12 { b"hello" } else { b"" };
+            let start = usize::try_from(offset)
+                .unwrap_or(usize::MAX)
+                .min(data.len());
+            let n = buf.len().min(data.len() - start);
+            buf[..n].copy_from_slice(&data[start..start + n]);
+            Ok(n)
+        }
+    }
+
+    fn server() -> (tempfile::TempDir, ViewServer) {
+        let d = tempfile::tempdir().unwrap();
+        let s = ViewServer::bind(d.path().join(VIEW_SOCKET), RwLock::new(Tiny)).unwrap();
+        (d, s)
+    }
+
+    #[test]
+    fn answers_every_request_kind() {
+        let (_d, s) = server();
+        let mut c = ViewClient::connect(s.path(), Duration::from_secs(30)).unwrap();
+        let Response::Attr(a) = c.call(&Request::Stat(12)).unwrap() else {
+            panic!()
+        };
+        assert_eq!(
+            (a.mode, a.uid, a.gid, a.size, a.mtime),
+            (0o100644, 1, 2, 5, 3)
+        );
+        let Response::Entries(e) = c.call(&Request::ReadDir(2)).unwrap() else {
+            panic!()
+        };
+        assert_eq!(
+            e.iter().map(|e| e.name.as_slice()).collect::<Vec<_>>(),
+            [b"a", b"l"]
+        );
+        let r = c
+            .call(&Request::Lookup {
+                dir: 2,
+                name: b"l".to_vec(),
+            })
+            .unwrap();
+        assert!(matches!(r, Response::Attr(Attr { ino: 13, .. })));
+        assert_eq!(
+            c.call(&Request::ReadLink(13)).unwrap(),
+            Response::Link(b"a".to_vec())
+        );
+        let r = c
+            .call(&Request::Read {
+                ino: 12,
+                offset: 1,
+                len: 100,
+            })
+            .unwrap();
+        assert_eq!(r, Response::Data(b"ello".to_vec()));
+    }
+
+    #[test]
+    fn errors_are_messages() {
+        let (_d, s) = server();
+        let mut c = ViewClient::connect(s.path(), Duration::from_secs(30)).unwrap();
+        let code = |r: Response| match r {
+            Response::Error { code, .. } => code,
+            other => panic!("expected an error, got {other:?}"),
+        };
+        assert_eq!(
+            code(c.call(&Request::Stat(99)).unwrap()),
+            ErrorCode::NotFound
+        );
+        assert_eq!(
+            code(c.call(&Request::ReadDir(12)).unwrap()),
+            ErrorCode::NotDir
+        );
+        assert_eq!(
+            code(c.call(&Request::ReadLink(12)).unwrap()),
+            ErrorCode::NotLink
+        );
+        assert_eq!(
+            code(
+                c.call(&Request::Read {
+                    ino: 2,
+                    offset: 0,
+                    len: 1
+                })
+                .unwrap()
+            ),
+            ErrorCode::Invalid
+        );
+        let big = Request::Read {
+            ino: 12,
+            offset: 0,
+            len: MAX_READ + 1,
+        };
+        assert_eq!(code(c.call(&big).unwrap()), ErrorCode::Invalid);
+        let slash = Request::Lookup {
+            dir: 2,
+            name: b"a/b".to_vec(),
+        };
+        assert_eq!(code(c.call(&slash).unwrap()), ErrorCode::Invalid);
+        // Still usable after errors.
+        assert!(matches!(
+            c.call(&Request::Stat(2)).unwrap(),
+            Response::Attr(_)
+        ));
+    }
+
+    #[test]
+    fn malformed_and_oversized_frames_do_not_hurt_the_server() {
+        use std::io::Read;
+        let (_d, s) = server();
+        // Garbage body: an error answer, and the connection stays usable.
+        let mut raw = UnixStream::connect(s.path()).unwrap();
+        raw.write_all(&[3, 0, 0, 0, 0xff, 0xff, 0xff]).unwrap();
+        let r: Response = read_frame(&mut raw, MAX_RESPONSE_FRAME).unwrap();
+        assert!(matches!(
+            r,
+            Response::Error {
+                code: ErrorCode::Invalid,
+                ..
+            }
+        ));
+        write_frame(&mut raw, &Request::Stat(2)).unwrap();
+        let r: Response = read_frame(&mut raw, MAX_RESPONSE_FRAME).unwrap();
+        assert!(matches!(r, Response::Attr(_)));
+        // Oversized frame: an error answer, then the server hangs up.
+        raw.write_all(&u32::MAX.to_le_bytes()).unwrap();
+        let r: Response = read_frame(&mut raw, MAX_RESPONSE_FRAME).unwrap();
+        assert!(matches!(
+            r,
+            Response::Error {
+                code: ErrorCode::Invalid,
+                ..
+            }
+        ));
+        let mut rest = Vec::new();
+        raw.read_to_end(&mut rest).unwrap();
+        assert!(rest.is_empty());
+        // Half a frame then hang up.
+        let mut half = UnixStream::connect(s.path()).unwrap();
+        half.write_all(&[100, 0]).unwrap();
+        drop(half);
+        let mut c = ViewClient::connect(s.path(), Duration::from_secs(30)).unwrap();
+        assert!(matches!(
+            c.call(&Request::Stat(2)).unwrap(),
+            Response::Attr(_)
+        ));
+    }
+
+    #[test]
+    fn socket_is_removed_on_drop() {
+        let (d, s) = server();
+        let p = s.path().to_path_buf();
+        assert!(matches!(
+            ViewServer::bind(&p, Tiny_static()),
+            Err(ViewError::Bind { .. })
+        ));
+        drop(s);
+        assert!(!p.exists());
+        drop(d);
+    }
+
+    #[allow(non_snake_case)]
+    fn Tiny_static() -> Arc<dyn FsRead> {
+        Arc::new(Tiny)
+    }
+}
