@@ -23,7 +23,8 @@ exec 1>&2
 SUITE=bookworm
 ROOTFS_SIZE=4G
 ROOTFS_PACKAGES=(coreutils findutils tar gzip gnupg strace inotify-tools fio sqlite3
-    python3-minimal procps util-linux e2fsprogs bonnie++ postmark kmod iproute2)
+    python3-minimal procps util-linux e2fsprogs bonnie++ postmark kmod iproute2
+    xfsprogs btrfs-progs)
 # Load order matters: each module needs the previous ones.
 INITRAMFS_MODULES=(virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci
     virtio_blk)
@@ -61,6 +62,8 @@ need_cmd gzip gzip
 need_cmd gcc gcc
 need_cmd objcopy binutils
 need_cmd readelf binutils
+need_cmd ar binutils
+need_cmd ldconfig libc-bin
 need_cmd sha256sum coreutils
 [ -f /usr/lib/x86_64-linux-gnu/libc.a ] || die "static libc missing; install the Debian package 'libc6-dev'"
 for f in "$RECIPE_DIR/init" "$RECIPE_DIR/initramfs-init"; do
@@ -262,11 +265,39 @@ EOF
     chmod 755 "$ROOT/usr/local/sbin/$name"
 done
 
+# libvmsight (application hints, docs/insights.md): header, shared and static library, and the
+# LD_PRELOAD shim, which carries its own copy of the hint calls so it needs no other library.
+LIB="$RECIPE_DIR/lib"
+for f in vmsight.h vmsight.c preload.c; do
+    [ -f "$LIB/$f" ] || die "recipe file $LIB/$f is missing"
+done
+install -D -m 644 "$LIB/vmsight.h" "$ROOT/usr/local/include/vmsight.h"
+mkdir -p "$ROOT/usr/local/lib"
+run gcc -O2 -fPIC -shared -Wall -Wextra -Wl,-soname,libvmsight.so.1 \
+    -o "$ROOT/usr/local/lib/libvmsight.so.1" "$LIB/vmsight.c" || die "compiling libvmsight.so failed"
+ln -sf libvmsight.so.1 "$ROOT/usr/local/lib/libvmsight.so"
+run gcc -O2 -Wall -Wextra -c -o "$TMP/vmsight.o" "$LIB/vmsight.c" || die "compiling libvmsight.a failed"
+run ar rcs "$ROOT/usr/local/lib/libvmsight.a" "$TMP/vmsight.o" || die "ar failed for libvmsight.a"
+run gcc -O2 -fPIC -shared -Wall -Wextra -fvisibility=hidden \
+    -o "$ROOT/usr/local/lib/libvmsight-preload.so" "$LIB/preload.c" "$LIB/vmsight.c" -ldl ||
+    die "compiling libvmsight-preload.so failed"
+run ldconfig -r "$ROOT" || die "ldconfig failed in the root file system"
+
+# Helper programs are static unless their source has a "// build: dynamic FLAGS..." line (then
+# they link against the guest's libraries, e.g. libvmsight.so, which the host's bookworm libc
+# matches).
 shopt -s nullglob
 for src in "$RECIPE_DIR"/progs/*.c; do
     prog=$(basename "$src" .c)
-    run gcc -O2 -static -Wall -Wextra -o "$ROOT/usr/local/bin/$prog" "$src" ||
-        die "compiling $src failed"
+    build=$(sed -n 's|^// build: ||p' "$src" | head -n1)
+    if [ "${build%% *}" = dynamic ]; then
+        # shellcheck disable=SC2086 # FLAGS are words
+        run gcc -O2 -Wall -Wextra -I"$LIB" -o "$ROOT/usr/local/bin/$prog" "$src" \
+            -L"$ROOT/usr/local/lib" ${build#dynamic} || die "compiling $src failed"
+    else
+        run gcc -O2 -static -Wall -Wextra -I"$LIB" -o "$ROOT/usr/local/bin/$prog" "$src" ||
+            die "compiling $src failed"
+    fi
 done
 shopt -u nullglob
 

@@ -1,6 +1,6 @@
-//! Embeds the guest image recipe (guest/build-image.sh, the two init scripts and every
-//! guest/progs/*.c) into the crate. The file list is generated so that a new helper program
-//! only needs a new .c file in guest/progs.
+//! Embeds the guest image recipe (guest/build-image.sh, the two init scripts, every
+//! guest/progs/*.c and guest/lib/*.{c,h}) into the crate. The file list is generated so that a
+//! new helper program only needs a new .c file in guest/progs.
 
 use std::env;
 use std::fs;
@@ -25,6 +25,17 @@ fn main() {
             let name = e.file_name().to_string_lossy().into_owned();
             if name.ends_with(".c") && e.path().is_file() {
                 files.push(format!("progs/{name}"));
+            }
+        }
+    }
+    // The hint library (libvmsight, LD_PRELOAD shim): C sources and headers.
+    let lib = guest.join("lib");
+    println!("cargo:rerun-if-changed={}", lib.display());
+    if let Ok(entries) = fs::read_dir(&lib) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if (name.ends_with(".c") || name.ends_with(".h")) && e.path().is_file() {
+                files.push(format!("lib/{name}"));
             }
         }
     }

@@ -38,6 +38,9 @@ enum Cmd {
     /// Summarise an insight log (`run --insights FILE`): per-class totals, metadata written per
     /// file system, block lifetimes (table, optional SVG CDF plot).
     Report(ReportArgs),
+    /// Start file-update streaming on a running VM that was started without it (live attach),
+    /// or show its streaming status.
+    Stream(StreamArgs),
     /// Print file-system events of running VMs as they happen (channels host:vm:/path; see
     /// docs/filestream.md).
     Watch(WatchArgs),
@@ -154,6 +157,16 @@ struct RunArgs {
     /// hdd:rpm=..,seek_ms=..; see docs/icache.md); implies O_DIRECT on the image.
     #[arg(long, value_name = "MODEL", default_value = "none")]
     disk_model: vmsight_blockdev::stages::DiskModelConfig,
+    /// Write every file-update event as a JSON line to FILE (see docs/filestream.md).
+    #[arg(long, value_name = "FILE")]
+    events: Option<PathBuf>,
+    /// Publish every file-update event to Redis, on channel host:vm:/path
+    /// (e.g. redis://:PASSWORD@127.0.0.1:6379/).
+    #[arg(long, value_name = "URL")]
+    redis: Option<String>,
+    /// Include the written bytes in `write` events (--events file and Redis).
+    #[arg(long)]
+    stream_data: bool,
     /// Do not stream file updates from boot on (the write taps stay idle until a live attach).
     #[arg(long)]
     no_stream: bool,
@@ -225,6 +238,7 @@ pub fn main() -> i32 {
         Cmd::Ps { json } => cmd_ps(json),
         Cmd::Report(a) => cmd_report(a),
         Cmd::Watch(a) => cmd_watch(a),
+        Cmd::Stream(a) => cmd_stream(a),
         Cmd::Mount(a) => cmd_mount(a),
     };
     match res {
@@ -329,8 +343,9 @@ fn cmd_run(a: RunArgs) -> Result<i32, String> {
                 file: file.clone(),
                 target: a.insight_target.parse()?,
                 paths: match &a.insight_paths {
-                    Some(l) => vmsight_insight::InsightConfig::parse_paths(l)
-                        .map_err(|e| e.to_string())?,
+                    Some(l) => {
+                        vmsight_insight::InsightConfig::parse_paths(l).map_err(|e| e.to_string())?
+                    }
                     None => Vec::new(),
                 },
             }),
@@ -348,12 +363,16 @@ fn cmd_run(a: RunArgs) -> Result<i32, String> {
                 c.mode = a.cache_mode;
                 c
             }),
-            model: a.disk_model.clone(),
+            model: a.disk_model,
         },
         stream: vmsight_launcher::stream::StreamConfig {
             enabled: !a.no_stream,
             record: a.record_writes,
             queue_bytes: a.stream_queue_mb << 20,
+            events_file: a.events.clone(),
+            redis: a.redis.clone(),
+            data: a.stream_data,
+            host: vmsight_events::host_name(),
         },
     };
     if cfg.command.is_none() && !std::io::IsTerminal::is_terminal(&std::io::stdin()) {
@@ -538,7 +557,10 @@ struct MountArgs {
 
 fn cmd_mount(a: MountArgs) -> Result<i32, String> {
     if !a.dir.is_dir() {
-        return Err(format!("mount point {} is not a directory", a.dir.display()));
+        return Err(format!(
+            "mount point {} is not a directory",
+            a.dir.display()
+        ));
     }
     let mut opts = vmsight_view::MountOptions {
         vm: a.vm,
@@ -547,10 +569,57 @@ fn cmd_mount(a: MountArgs) -> Result<i32, String> {
     };
     if let Some(h) = a.host {
         if h.is_empty() || h.contains('/') {
-            return Err(format!("--host {h:?}: a host name cannot be empty or contain '/'"));
+            return Err(format!(
+                "--host {h:?}: a host name cannot be empty or contain '/'"
+            ));
         }
         opts.host = h;
     }
     vmsight_view::mount(&a.dir, opts).map_err(|e| e.to_string())?;
+    Ok(0)
+}
+
+#[derive(Debug, Args)]
+struct StreamArgs {
+    /// The VM (`vmsight ps` lists them).
+    name: String,
+    /// Only print the streaming status (per disk: tap and inference counters).
+    #[arg(long)]
+    status: bool,
+}
+
+fn cmd_stream(a: StreamArgs) -> Result<i32, String> {
+    vmsight_launcher::config::validate_name(&a.name)?;
+    let sock = vmsight_launcher::runtime::runtime_base()
+        .join(&a.name)
+        .join("control.sock");
+    if !sock.exists() {
+        return Err(format!(
+            "no running VM named {:?} (see `vmsight ps`)",
+            a.name
+        ));
+    }
+    let cmd = if a.status { "status" } else { "stream-start" };
+    let reply = vmsight_launcher::control::call(&sock, &serde_json::json!({ "cmd": cmd }))?;
+    let disks = reply["disks"].as_array().cloned().unwrap_or_default();
+    for d in &disks {
+        println!(
+            "disk{}: {}; tap {} events, inference {} events",
+            d["disk"],
+            if d["streaming"].as_bool() == Some(true) {
+                "streaming"
+            } else {
+                "not streaming"
+            },
+            d["tap"]["events"],
+            d["inference"]["events"].as_u64().unwrap_or(0)
+        );
+    }
+    if !a.status {
+        let attached = reply["attached"].as_array().map_or(0, Vec::len);
+        if attached == 0 {
+            println!("already streaming; nothing to attach");
+        }
+    }
     Ok(0)
 }

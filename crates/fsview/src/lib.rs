@@ -22,6 +22,7 @@ mod error;
 mod event;
 mod ext4;
 mod index;
+pub mod infer;
 mod partition;
 mod view;
 
@@ -29,6 +30,7 @@ pub use block::{BlockSource, FileSource, MemSource, Window};
 pub use error::{Error, Result};
 pub use event::{EventKind, FsEvent, Value};
 pub use ext4::CrawlOptions;
+pub use infer::{Engine, EngineConfig, EngineStats};
 pub use index::{
     DirEntry, FileExtent, FileKind, FsInfo, Index, IndexStats, InodeMeta, Owner, Warning,
 };

@@ -365,7 +365,11 @@ fn write_recipe(dir: &Path) -> Result<(), ImageError> {
             fs::create_dir_all(parent).map_err(io_err("create", parent))?;
         }
         fs::write(&path, content).map_err(io_err("write", &path))?;
-        let mode = if rel.ends_with(".c") { 0o644 } else { 0o755 };
+        let mode = if rel.ends_with(".c") || rel.ends_with(".h") {
+            0o644
+        } else {
+            0o755
+        };
         fs::set_permissions(&path, fs::Permissions::from_mode(mode))
             .map_err(io_err("chmod", &path))?;
     }

@@ -98,19 +98,17 @@ fn serve_one(conn: UnixStream, handler: &Handler) {
         Ok(n) if n as u64 > MAX_LINE => error_reply("the request is longer than 64 KiB"),
         Ok(0) => return,
         Ok(_) => match serde_json::from_str::<Value>(line.trim()) {
-            Ok(req) if req.get("cmd").and_then(Value::as_str).is_some() => {
-                match handler(&req) {
-                    Ok(mut fields) => {
-                        if let Some(obj) = fields.as_object_mut() {
-                            obj.insert("ok".into(), Value::Bool(true));
-                            fields
-                        } else {
-                            json!({"ok": true, "result": fields})
-                        }
+            Ok(req) if req.get("cmd").and_then(Value::as_str).is_some() => match handler(&req) {
+                Ok(mut fields) => {
+                    if let Some(obj) = fields.as_object_mut() {
+                        obj.insert("ok".into(), Value::Bool(true));
+                        fields
+                    } else {
+                        json!({"ok": true, "result": fields})
                     }
-                    Err(e) => error_reply(&e),
                 }
-            }
+                Err(e) => error_reply(&e),
+            },
             Ok(_) => error_reply("the request has no \"cmd\" string"),
             Err(e) => error_reply(&format!("the request is not JSON: {e}")),
         },
@@ -127,8 +125,12 @@ fn error_reply(msg: &str) -> Value {
 /// Sends `req` to the control socket at `path` and returns the reply's fields, or the error
 /// sentence the VM gave.
 pub fn call(path: &Path, req: &Value) -> Result<Value, String> {
-    let mut conn = UnixStream::connect(path)
-        .map_err(|e| format!("cannot reach the VM's control socket {}: {e}", path.display()))?;
+    let mut conn = UnixStream::connect(path).map_err(|e| {
+        format!(
+            "cannot reach the VM's control socket {}: {e}",
+            path.display()
+        )
+    })?;
     let _ = conn.set_read_timeout(Some(Duration::from_secs(120)));
     writeln!(conn, "{req}").map_err(|e| format!("cannot send the request: {e}"))?;
     let mut line = String::new();

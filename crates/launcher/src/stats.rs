@@ -38,6 +38,9 @@ pub struct DiskStats {
     /// The write tap of this disk, if it had one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tap: Option<vmsight_blockdev::tap::TapSnapshot>,
+    /// File-update inference on this disk, if it ran.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stream: Option<crate::stream::InferStats>,
 }
 
 impl DiskStats {
@@ -48,6 +51,7 @@ impl DiskStats {
             cache: None,
             model: None,
             tap: None,
+            stream: None,
         }
     }
 }
@@ -266,6 +270,25 @@ impl fmt::Display for RunStats {
                     t.peak_queued_bytes / 1024
                 )?;
             }
+            if let Some(st) = &d.stream {
+                let kinds: Vec<String> = st
+                    .events_by_kind
+                    .iter()
+                    .map(|(k, n)| format!("{k}={n}"))
+                    .collect();
+                writeln!(
+                    f,
+                    "    file events: {} ({}); {} jbd2 transactions, {} pending blocks ({} claimed, {} expired), {} data writes dropped in {} overloads",
+                    st.events,
+                    kinds.join(" "),
+                    st.txns_applied,
+                    st.pending_blocks,
+                    st.pending_claimed,
+                    st.pending_expired,
+                    st.dropped_data_writes,
+                    st.overload_episodes
+                )?;
+            }
         }
         Ok(())
     }
@@ -285,7 +308,11 @@ fn cache_line(c: &vmsight_blockdev::stages::CacheSnapshot) -> String {
         c.resident_bytes / 1024,
         c.dirty_bytes / 1024
     );
-    for k in c.classes.iter().filter(|k| k.hits + k.misses + k.inserted > 0) {
+    for k in c
+        .classes
+        .iter()
+        .filter(|k| k.hits + k.misses + k.inserted > 0)
+    {
         line.push_str(&format!(
             " | class {}: {}h/{}m {} KiB",
             k.class,

@@ -8,12 +8,19 @@
 //!                                                       └► inference engine ─► event sinks
 //! ```
 
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use vmsight_blockdev::tap::{Recorder, TapConfig, TapEvent, TapQueue, TapSnapshot};
+use serde::Serialize;
+use vmsight_blockdev::tap::{Recorder, TapConfig, TapEvent, TapKind, TapQueue, TapSnapshot};
+use vmsight_events::{Addresser, EventBus, RedisPublisher};
+use vmsight_fsview::{Engine, EngineConfig, FsEvent, FsRead};
 
 /// How long a consumer waits for tap events before doing periodic work (pending-set expiry,
 /// overload checks).
@@ -30,6 +37,14 @@ pub struct StreamConfig {
     pub record: Vec<(usize, PathBuf)>,
     /// Most payload bytes waiting in one disk's tap queue.
     pub queue_bytes: u64,
+    /// Also write every event as a JSON line to this file (`--events FILE`).
+    pub events_file: Option<PathBuf>,
+    /// Publish every event to Redis (`--redis URL`).
+    pub redis: Option<String>,
+    /// Put the written bytes into `write` events (file output and Redis).
+    pub data: bool,
+    /// Host part of event channels (`$VMSIGHT_HOST` or the host name by default).
+    pub host: String,
 }
 
 impl Default for StreamConfig {
@@ -38,6 +53,10 @@ impl Default for StreamConfig {
             enabled: true,
             record: Vec::new(),
             queue_bytes: TapConfig::default().max_bytes,
+            events_file: None,
+            redis: None,
+            data: false,
+            host: vmsight_events::host_name(),
         }
     }
 }
@@ -105,6 +124,12 @@ pub struct DiskStream {
     pub image: PathBuf,
     queue: Arc<TapQueue>,
     consumer: Option<JoinHandle<()>>,
+    /// The disk's inference engine (empty until crawled).
+    pub slot: Arc<RwLock<EngineSlot>>,
+    /// Set to ask the consumer to crawl and start inferring (live attach).
+    pub attach: Arc<AtomicBool>,
+    /// Inference counters.
+    pub infer: Arc<Mutex<InferStats>>,
 }
 
 impl std::fmt::Debug for DiskStream {
@@ -132,6 +157,9 @@ impl DiskStream {
             image: image.to_owned(),
             queue,
             consumer: None,
+            slot: Arc::default(),
+            attach: Arc::default(),
+            infer: Arc::default(),
         }
     }
 
@@ -170,12 +198,35 @@ impl DiskStream {
 
     /// Ends the stream after the disk's backend has stopped: drains the queue and joins the
     /// consumer.
-    pub fn finish(mut self) -> TapSnapshot {
+    pub fn finish(mut self) -> (TapSnapshot, Option<InferStats>) {
         self.queue.close();
         if let Some(h) = self.consumer.take() {
             let _ = h.join();
         }
-        self.queue.snapshot()
+        let ready = self.slot.read().map(|s| s.0.is_some()).unwrap_or(false);
+        let infer = if ready {
+            self.infer.lock().ok().map(|s| s.clone())
+        } else {
+            None
+        };
+        (self.queue.snapshot(), infer)
+    }
+
+    /// Starts streaming on a disk whose tap was idle (live attach): the tap queues writes from
+    /// now on and the consumer crawls the image, then replays and follows them.
+    pub fn attach_live(&self) -> bool {
+        let ready = self.slot.read().map(|s| s.0.is_some()).unwrap_or(false);
+        if ready {
+            return false;
+        }
+        self.queue.set_enabled(true);
+        self.attach.store(true, Ordering::Release);
+        true
+    }
+
+    /// Whether the disk's engine is running.
+    pub fn is_streaming(&self) -> bool {
+        self.slot.read().map(|s| s.0.is_some()).unwrap_or(false)
     }
 }
 
@@ -228,10 +279,398 @@ mod tests {
                 data: Some(vec![i as u8; 4]),
             });
         }
-        let snap = ds.finish();
+        let (snap, _) = ds.finish();
         assert_eq!(snap.events, 100);
         let evs = vmsight_blockdev::tap::read_recording(&file).expect("reads");
         assert_eq!(evs.len(), 100);
         assert_eq!(evs[99].seq, 100);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Inference and delivery.
+
+/// Where a VM's file events go: the embedded bus (`vmsight watch`), Redis, a JSON-lines file.
+pub struct Delivery {
+    addr: Addresser,
+    bus: Option<EventBus>,
+    redis: Option<RedisPublisher>,
+    file: Option<Mutex<BufWriter<File>>>,
+    /// Put written bytes into the file output (the bus and Redis decide per subscriber/config).
+    file_data: bool,
+    delivered: AtomicU64,
+}
+
+impl std::fmt::Debug for Delivery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Delivery")
+            .field("bus", &self.bus.is_some())
+            .field("redis", &self.redis.is_some())
+            .field("file", &self.file.is_some())
+            .finish()
+    }
+}
+
+impl Delivery {
+    /// Opens the outputs: the bus socket at `bus_socket`, Redis at `redis` (fails now on a bad
+    /// URL or password), the events file.
+    pub fn open(
+        host: String,
+        vm: &str,
+        bus_socket: Option<&Path>,
+        redis: Option<&str>,
+        file: Option<&Path>,
+        data: bool,
+    ) -> Result<Self, String> {
+        let bus = match bus_socket {
+            Some(p) => Some(EventBus::bind(p).map_err(|e| e.to_string())?),
+            None => None,
+        };
+        let redis = match redis {
+            Some(url) => Some(
+                RedisPublisher::connect_with(url, vmsight_events::DEFAULT_REDIS_QUEUE, data)
+                    .map_err(|e| e.to_string())?,
+            ),
+            None => None,
+        };
+        let file = match file {
+            Some(p) => Some(Mutex::new(BufWriter::new(File::create(p).map_err(
+                |e| format!("cannot create the events file {}: {e}", p.display()),
+            )?))),
+            None => None,
+        };
+        Ok(Self {
+            addr: Addresser::new(host, vm),
+            bus,
+            redis,
+            file,
+            file_data: data,
+            delivered: AtomicU64::new(0),
+        })
+    }
+
+    /// Numbers `ev` and hands it to every output.
+    pub fn deliver(&self, ev: FsEvent) {
+        let m = self.addr.wrap(ev);
+        if let Some(b) = &self.bus {
+            b.publish(&m);
+        }
+        if let Some(r) = &self.redis {
+            r.publish(&m);
+        }
+        if let Some(f) = &self.file {
+            if let Ok(mut f) = f.lock() {
+                let _ = writeln!(f, "{}", m.to_json(self.file_data));
+            }
+        }
+        self.delivered.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Pushes buffered output out (the events file; Redis up to a short timeout).
+    pub fn flush(&self) {
+        if let Some(f) = &self.file {
+            if let Ok(mut f) = f.lock() {
+                let _ = f.flush();
+            }
+        }
+        if let Some(r) = &self.redis {
+            r.flush(Duration::from_secs(2));
+        }
+    }
+
+    /// Events delivered so far.
+    pub fn delivered(&self) -> u64 {
+        self.delivered.load(Ordering::Relaxed)
+    }
+}
+
+/// The inference engine of one disk, once its file system has been crawled. The view server
+/// reads it between batches.
+#[derive(Default)]
+pub struct EngineSlot(pub Option<Engine>);
+
+impl std::fmt::Debug for EngineSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineSlot")
+            .field("ready", &self.0.is_some())
+            .finish()
+    }
+}
+
+impl FsRead for EngineSlot {
+    fn stat(&self, ino: u32) -> Option<vmsight_fsview::InodeMeta> {
+        self.0.as_ref()?.stat(ino)
+    }
+    fn read_dir(&self, ino: u32) -> Option<Vec<vmsight_fsview::ViewEntry>> {
+        self.0.as_ref()?.read_dir(ino)
+    }
+    fn lookup_in(&self, dir: u32, name: &[u8]) -> Option<u32> {
+        self.0.as_ref()?.lookup_in(dir, name)
+    }
+    fn read_link(&self, ino: u32) -> Option<Vec<u8>> {
+        self.0.as_ref()?.read_link(ino)
+    }
+    fn read(&self, ino: u32, offset: u64, buf: &mut [u8]) -> vmsight_fsview::Result<usize> {
+        match &self.0 {
+            Some(e) => e.read(ino, offset, buf),
+            None => Ok(0),
+        }
+    }
+}
+
+/// Crawls the ext2/3/4 file system on `image` (first partition, or the whole disk) and makes
+/// an engine for it.
+pub fn make_engine(image: &Path, data: bool) -> Result<Engine, String> {
+    let src = vmsight_fsview::FileSource::open(image).map_err(|e| e.to_string())?;
+    let part = vmsight_fsview::read_partitions(&src)
+        .map_err(|e| e.to_string())?
+        .partitions
+        .first()
+        .cloned();
+    let index = vmsight_fsview::Index::crawl(&src, part.as_ref()).map_err(|e| e.to_string())?;
+    let disk: Arc<dyn vmsight_fsview::BlockSource> = Arc::new(src);
+    Engine::new(
+        disk,
+        index,
+        EngineConfig {
+            capture_data: data,
+            ..EngineConfig::default()
+        },
+    )
+    .map_err(|e| e.to_string())
+}
+
+/// Counters of one disk's inference, for `--stats`.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct InferStats {
+    pub events: u64,
+    pub events_by_kind: Vec<(String, u64)>,
+    pub txns_applied: u64,
+    pub checkpoint_writes: u64,
+    pub journal_errors: u64,
+    pub pending_blocks: u64,
+    pub pending_expired: u64,
+    pub pending_claimed: u64,
+    pub dropped_data_writes: u64,
+    pub dropped_data_bytes: u64,
+    pub overload_episodes: u64,
+    pub metadata_errors: u64,
+    pub overlay_bytes: u64,
+    pub reread_writes: u64,
+}
+
+/// Queue fill at which data writes start being dropped (Gamma-Ray §VI), and at which they
+/// are kept again.
+const OVERLOAD_ON: f64 = 0.5;
+const OVERLOAD_OFF: f64 = 0.1;
+/// Largest piece of a write-zeroes fed to the engine at once.
+const ZERO_CHUNK: u64 = 1 << 20;
+
+/// Feeds one disk's tap stream to its inference engine and delivers the events.
+pub struct EngineSink {
+    slot: Arc<RwLock<EngineSlot>>,
+    delivery: Arc<Delivery>,
+    queue: Arc<TapQueue>,
+    image: PathBuf,
+    /// Guest path where this disk's file system is mounted ("" for the root disk).
+    prefix: String,
+    data: bool,
+    /// Set by a live attach: crawl now and start inferring.
+    attach: Arc<AtomicBool>,
+    reread: Option<File>,
+    overloaded: bool,
+    stats: Arc<Mutex<InferStats>>,
+    out: Vec<FsEvent>,
+}
+
+impl EngineSink {
+    /// A sink for disk image `image` whose engine lives in `slot` (already filled when
+    /// streaming from boot, empty for a later attach).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        slot: Arc<RwLock<EngineSlot>>,
+        delivery: Arc<Delivery>,
+        queue: Arc<TapQueue>,
+        image: &Path,
+        prefix: String,
+        data: bool,
+        attach: Arc<AtomicBool>,
+        stats: Arc<Mutex<InferStats>>,
+    ) -> Self {
+        Self {
+            slot,
+            delivery,
+            queue,
+            image: image.to_owned(),
+            prefix,
+            data,
+            attach,
+            reread: File::open(image).ok(),
+            overloaded: false,
+            stats,
+            out: Vec::new(),
+        }
+    }
+
+    fn deliver(&mut self) {
+        for mut ev in self.out.drain(..) {
+            if !self.prefix.is_empty() {
+                ev.path = join_prefix(&self.prefix, &ev.path);
+                if let Some(o) = ev.old_path.take() {
+                    ev.old_path = Some(join_prefix(&self.prefix, &o));
+                }
+            }
+            self.delivery.deliver(ev);
+        }
+    }
+
+    fn apply(&mut self, engine: &mut Engine, ev: &TapEvent) {
+        let ns = ev.observed_ns;
+        match &ev.kind {
+            TapKind::Write {
+                offset,
+                data: Some(d),
+                ..
+            } => engine.write(*offset, d, ns, &mut self.out),
+            TapKind::Write {
+                offset,
+                len,
+                data: None,
+            } => {
+                // Queued without bytes (overload): the image holds the newest bytes of these
+                // blocks.
+                let mut buf = vec![0u8; usize::try_from(*len).unwrap_or(0)];
+                let ok = self
+                    .reread
+                    .as_ref()
+                    .is_some_and(|f| f.read_exact_at(&mut buf, *offset).is_ok());
+                if ok {
+                    engine.write(*offset, &buf, ns, &mut self.out);
+                    if let Ok(mut s) = self.stats.lock() {
+                        s.reread_writes += 1;
+                    }
+                }
+            }
+            TapKind::Discard { offset, len } => engine.discard(*offset, *len, ns, &mut self.out),
+            TapKind::WriteZeroes { offset, len } => {
+                let mut done = 0;
+                while done < *len {
+                    let n = (*len - done).min(ZERO_CHUNK);
+                    let zeros = vec![0u8; n as usize];
+                    engine.write(offset + done, &zeros, ns, &mut self.out);
+                    done += n;
+                }
+            }
+            TapKind::Flush => engine.flush(ns, &mut self.out),
+        }
+    }
+
+    fn overload_control(&mut self, engine: &mut Engine) {
+        let fill = self.queue.fill_ratio();
+        if !self.overloaded && fill > OVERLOAD_ON {
+            self.overloaded = true;
+            engine.set_drop_data(true);
+            if let Ok(mut s) = self.stats.lock() {
+                s.overload_episodes += 1;
+            }
+            tracing::warn!(
+                "stream of {} overloaded ({:.0}% of the queue): dropping data writes, keeping metadata",
+                self.image.display(),
+                fill * 100.0
+            );
+        } else if self.overloaded && fill < OVERLOAD_OFF {
+            self.overloaded = false;
+            engine.set_drop_data(false);
+        }
+    }
+
+    fn update_stats(&self, engine: &Engine) {
+        let e = engine.stats();
+        if let Ok(mut s) = self.stats.lock() {
+            s.events = e.events;
+            s.events_by_kind = e
+                .events_by_kind
+                .iter()
+                .map(|(k, n)| (format!("{k:?}").to_lowercase(), *n))
+                .collect();
+            s.txns_applied = e.txns_applied;
+            s.checkpoint_writes = e.checkpoint_writes;
+            s.journal_errors = e.journal_errors + e.journal_csum_errors;
+            s.pending_blocks = e.pending_blocks;
+            s.pending_expired = e.pending_expired;
+            s.pending_claimed = e.pending_claimed;
+            s.dropped_data_writes = e.dropped_data_writes;
+            s.dropped_data_bytes = e.dropped_data_bytes;
+            s.metadata_errors = e.metadata_errors;
+            s.overlay_bytes = e.overlay_bytes;
+        }
+    }
+
+    /// Live attach: crawl the image as it is now (the tap is already queueing writes made
+    /// from here on; replaying them over the crawl is harmless because the engine diffs).
+    fn try_attach(&mut self) {
+        if !self.attach.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        let started = std::time::Instant::now();
+        match make_engine(&self.image, self.data) {
+            Ok(engine) => {
+                if let Ok(mut slot) = self.slot.write() {
+                    slot.0 = Some(engine);
+                }
+                tracing::info!(
+                    "attached to {} after a {:?} crawl",
+                    self.image.display(),
+                    started.elapsed()
+                );
+            }
+            Err(e) => eprintln!("vmsight: cannot stream {}: {e}", self.image.display()),
+        }
+    }
+}
+
+fn join_prefix(prefix: &str, path: &str) -> String {
+    if path == "/" {
+        prefix.to_string()
+    } else {
+        format!("{prefix}{path}")
+    }
+}
+
+impl TapSink for EngineSink {
+    fn on_batch(&mut self, batch: &[TapEvent]) {
+        self.try_attach();
+        let slot = self.slot.clone();
+        let Ok(mut guard) = slot.write() else {
+            return;
+        };
+        let Some(engine) = guard.0.as_mut() else {
+            // Not attached: nothing to infer from (the tap is normally off then).
+            return;
+        };
+        self.overload_control(engine);
+        for ev in batch {
+            self.apply(engine, ev);
+        }
+        self.update_stats(engine);
+        drop(guard);
+        self.deliver();
+    }
+
+    fn tick(&mut self) {
+        self.try_attach();
+        let slot = self.slot.clone();
+        if let Ok(mut guard) = slot.write() {
+            if let Some(engine) = guard.0.as_mut() {
+                engine.tick(vmsight_events::now_ns(), &mut self.out);
+                self.update_stats(engine);
+            }
+        }
+        self.deliver();
+    }
+
+    fn finish(&mut self) {
+        self.tick();
+        self.delivery.flush();
     }
 }

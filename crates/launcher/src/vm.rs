@@ -18,7 +18,9 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use vmsight_blockdev::stages::{CacheMetrics, DiskModel, DiskModelConfig, DiskModelMetrics, ICache};
+use vmsight_blockdev::stages::{
+    CacheMetrics, DiskModel, DiskModelConfig, DiskModelMetrics, ICache,
+};
 use vmsight_blockdev::tap::WriteTap;
 use vmsight_blockdev::{spawn_backend_with, BackendHandle, DiskConfig, Stage};
 
@@ -287,12 +289,29 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
         }
         None => None,
     };
-    if let Some((n, _)) = cfg.stream.record.iter().find(|(n, _)| *n >= disk_paths.len()) {
+    if let Some((n, _)) = cfg
+        .stream
+        .record
+        .iter()
+        .find(|(n, _)| *n >= disk_paths.len())
+    {
         return Err(LaunchError::Config(format!(
             "--record-writes names disk {n}, but there are only {} disks (0 = root)",
             disk_paths.len()
         )));
     }
+    // File-update streaming: one delivery per VM (bus socket for `vmsight watch`, Redis, file).
+    let delivery = Arc::new(
+        crate::stream::Delivery::open(
+            cfg.stream.host.clone(),
+            &cfg.name,
+            Some(&rt.join(vmsight_events::EVENTS_SOCKET)),
+            cfg.stream.redis.as_deref(),
+            cfg.stream.events_file.as_deref(),
+            cfg.stream.data,
+        )
+        .map_err(LaunchError::Config)?,
+    );
     let mut backends: Vec<(PathBuf, BackendHandle, StageMetrics)> = Vec::new();
     let mut streams: Vec<crate::stream::DiskStream> = Vec::new();
     let mut planned = Vec::new();
@@ -311,7 +330,7 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
         }
         if extra {
             if let Some(c) = &cfg.storage.cache {
-                let (stage, m) = ICache::stage(c.clone()).map_err(|e| {
+                let (stage, m) = ICache::stage(*c).map_err(|e| {
                     LaunchError::Config(format!("disk {i} ({}): {e}", path.display()))
                 })?;
                 stages.push(stage);
@@ -327,7 +346,7 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
         let model = extra && !matches!(cfg.storage.model, DiskModelConfig::None);
         if model {
             let capacity = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
-            let (stage, m) = DiskModel::stage(cfg.storage.model.clone(), capacity);
+            let (stage, m) = DiskModel::stage(cfg.storage.model, capacity);
             stages.push(stage);
             stage_metrics.model = Some(m);
         }
@@ -358,9 +377,80 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
     }
 
     for ds in streams.iter_mut() {
-        ds.start(&cfg.stream, Vec::new())
+        if cfg.stream.enabled {
+            // Crawl before the guest runs: from here on every write is diffed against it.
+            match crate::stream::make_engine(&ds.image, cfg.stream.data) {
+                Ok(engine) => {
+                    if let Ok(mut slot) = ds.slot.write() {
+                        slot.0 = Some(engine);
+                    }
+                }
+                Err(e) => {
+                    tracing::info!("no file-update streaming for disk {}: {e}", ds.index);
+                    if ds.index > 0
+                        && (cfg.stream.events_file.is_some() || cfg.stream.redis.is_some())
+                    {
+                        eprintln!(
+                            "vmsight: disk {} ({}) is not streamed: {e}",
+                            ds.index,
+                            ds.image.display()
+                        );
+                    }
+                }
+            }
+        }
+        let prefix = if ds.index == 0 {
+            String::new()
+        } else {
+            cfg.disks
+                .get(ds.index - 1)
+                .and_then(|d| d.mount.clone())
+                .unwrap_or_else(|| format!("/@disk{}", ds.index))
+        };
+        let sink = crate::stream::EngineSink::new(
+            ds.slot.clone(),
+            delivery.clone(),
+            ds.queue(),
+            &ds.image.clone(),
+            prefix,
+            cfg.stream.data,
+            ds.attach.clone(),
+            ds.infer.clone(),
+        );
+        ds.start(&cfg.stream, vec![Box::new(sink)])
             .map_err(|e| LaunchError::Config(format!("disk {}: {e}", ds.index)))?;
     }
+    // The live read-only view (`vmsight mount`) shows the root disk's file system.
+    let _view = match streams.iter().find(|d| d.index == 0) {
+        Some(d) => Some(
+            vmsight_view::ViewServer::bind(rt.join(vmsight_view::VIEW_SOCKET), d.slot.clone())
+                .map_err(|e| LaunchError::Config(format!("cannot start the view server: {e}")))?,
+        ),
+        None => None,
+    };
+    let control_streams: Vec<(
+        usize,
+        Arc<vmsight_blockdev::tap::TapQueue>,
+        Arc<std::sync::atomic::AtomicBool>,
+        Arc<std::sync::RwLock<crate::stream::EngineSlot>>,
+        Arc<Mutex<crate::stream::InferStats>>,
+    )> = streams
+        .iter()
+        .map(|d| {
+            (
+                d.index,
+                d.queue(),
+                d.attach.clone(),
+                d.slot.clone(),
+                d.infer.clone(),
+            )
+        })
+        .collect();
+    let _control = crate::control::ControlServer::bind(
+        &rt.join("control.sock"),
+        Arc::new(move |req: &serde_json::Value| control_request(req, &control_streams)),
+    )
+    .map_err(|e| LaunchError::Config(format!("cannot start the control socket: {e}")))?;
 
     let channel = if use_plugin {
         let shm = rt.join("plugin.shm");
@@ -520,7 +610,9 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
         (Some(t), Some((_, host)), Some(profile)) => {
             let extra: Vec<Box<dyn vmsight_introspect::syscall::SyscallObserver>> = insight
                 .iter()
-                .map(|(e, _)| Box::new(e.clone()) as Box<dyn vmsight_introspect::syscall::SyscallObserver>)
+                .map(|(e, _)| {
+                    Box::new(e.clone()) as Box<dyn vmsight_introspect::syscall::SyscallObserver>
+                })
                 .collect();
             match crate::trace_records::start_session(host.clone(), t, qemu_pid, profile, extra) {
                 Ok(s) => Some(s),
@@ -721,7 +813,9 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
         ds.model = sm.model.map(|m| m.snapshot());
         // The backend is gone, so its tap pushes no more: drain and stop the consumer.
         if let Some(pos) = streams.iter().position(|s| s.index == i) {
-            ds.tap = Some(streams.swap_remove(pos).finish());
+            let (tap, infer) = streams.swap_remove(pos).finish();
+            ds.tap = Some(tap);
+            ds.stream = infer;
         }
         disk_stats.push(ds);
     }
@@ -792,6 +886,66 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
         ))
     };
     Ok(RunOutcome { reason: end, stats })
+}
+
+/// Answers a request on the control socket (`vmsight stream NAME`).
+#[allow(clippy::type_complexity)]
+fn control_request(
+    req: &serde_json::Value,
+    streams: &[(
+        usize,
+        Arc<vmsight_blockdev::tap::TapQueue>,
+        Arc<std::sync::atomic::AtomicBool>,
+        Arc<std::sync::RwLock<crate::stream::EngineSlot>>,
+        Arc<Mutex<crate::stream::InferStats>>,
+    )],
+) -> Result<serde_json::Value, String> {
+    let ready = |slot: &std::sync::RwLock<crate::stream::EngineSlot>| {
+        slot.read().map(|s| s.0.is_some()).unwrap_or(false)
+    };
+    let status = || {
+        let disks: Vec<serde_json::Value> = streams
+            .iter()
+            .map(|(i, q, _, slot, infer)| {
+                serde_json::json!({
+                    "disk": i,
+                    "streaming": ready(slot),
+                    "tap": q.snapshot(),
+                    "inference": infer.lock().ok().map(|s| s.clone()),
+                })
+            })
+            .collect();
+        serde_json::json!({ "disks": disks })
+    };
+    match req.get("cmd").and_then(serde_json::Value::as_str) {
+        Some("status") => Ok(status()),
+        Some("stream-start") => {
+            let mut started = Vec::new();
+            for (i, q, attach, slot, _) in streams {
+                if !ready(slot) {
+                    q.set_enabled(true);
+                    attach.store(true, Ordering::Release);
+                    started.push(*i);
+                }
+            }
+            // Wait (bounded) for the crawls, so the caller knows when events flow.
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while Instant::now() < deadline
+                && streams.iter().any(|(i, _, a, slot, _)| {
+                    started.contains(i) && a.load(Ordering::Acquire) && !ready(slot)
+                })
+            {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let mut v = status();
+            v["attached"] = serde_json::json!(started);
+            Ok(v)
+        }
+        Some(other) => Err(format!(
+            "unknown command {other:?} (known: status, stream-start)"
+        )),
+        None => Err("the request has no command".into()),
+    }
 }
 
 /// Byte ranges of the ext3/ext4 journal on the disk at `path` (empty if there is none or the

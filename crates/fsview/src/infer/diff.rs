@@ -1,0 +1,445 @@
+//! Resolving a batch into events: directory diffs matched by inode number (renames across
+//! directories, links), attribute diffs, and data claimed from the pending set.
+
+use super::state::{self, Entries, Inode};
+use super::Engine;
+use crate::event::{EventKind, FsEvent, Value};
+use crate::index::{FileKind, InodeMeta, NO_LINK, RUN_DATA};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// Deepest path followed (as the index).
+const MAX_DEPTH: usize = 4096;
+/// Largest directory (in blocks) re-read when it changes.
+const MAX_DIR_BLOCKS: u64 = 1 << 18;
+
+/// One entry that appeared or disappeared: directory, name, inode, file-type byte.
+type Change = (u32, Vec<u8>, u32, u8);
+
+fn join(dir: &str, name: &[u8]) -> String {
+    let n = String::from_utf8_lossy(name);
+    if dir == "/" {
+        format!("/{n}")
+    } else {
+        format!("{dir}/{n}")
+    }
+}
+
+fn depth(p: &str) -> usize {
+    p.matches('/').count()
+}
+
+impl Engine {
+    /// Entries of directory `d` as stored (overlay, else the index).
+    pub(super) fn entries_of(&self, d: u32) -> Entries {
+        if let Some(e) = self.dirs.get(&d) {
+            return e.clone();
+        }
+        self.index
+            .read_dir(d)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|e| (e.name.to_vec(), (e.ino, state::ftype_of(e.kind))))
+            .collect()
+    }
+
+    /// The name used for `ino`'s path: (directory, entry name).
+    fn primary(&self, ino: u32) -> Option<(u32, Vec<u8>)> {
+        if let Some(l) = self.links.get(&ino) {
+            return l.clone();
+        }
+        let idx = &self.index;
+        let i = idx.inodes.binary_search_by_key(&ino, |r| r.ino).ok()?;
+        let fl = idx.inodes.get(i)?.first_link;
+        if fl == NO_LINK {
+            return None;
+        }
+        let e = idx.entries.get(fl as usize)?;
+        let s = e.name_off as usize;
+        let name = idx.arena.get(s..s + usize::from(e.name_len))?.to_vec();
+        let d = idx.dirs.partition_point(|d| d.first_entry <= fl);
+        let dir = idx.dirs.get(d.checked_sub(1)?)?.ino;
+        Some((dir, name))
+    }
+
+    /// Current absolute path of `ino` (as of the last resolved batch).
+    pub(super) fn path_of(&self, ino: u32) -> Option<String> {
+        let mut parts: Vec<Vec<u8>> = Vec::new();
+        let mut cur = ino;
+        for _ in 0..MAX_DEPTH {
+            if cur == 2 {
+                let mut s = String::new();
+                for p in parts.iter().rev() {
+                    s.push('/');
+                    s.push_str(&String::from_utf8_lossy(p));
+                }
+                if s.is_empty() {
+                    s.push('/');
+                }
+                return Some(s);
+            }
+            let (d, n) = self.primary(cur)?;
+            parts.push(n);
+            cur = d;
+        }
+        None
+    }
+
+    /// Another existing name of `ino` (after its primary one went away).
+    fn find_link(&self, ino: u32) -> Option<(u32, Vec<u8>)> {
+        for (d, es) in &self.dirs {
+            if let Some((n, _)) = es.iter().find(|(_, (i, _))| *i == ino) {
+                return Some((*d, n.clone()));
+            }
+        }
+        let idx = &self.index;
+        for (k, dr) in idx.dirs.iter().enumerate() {
+            if self.dirs.contains_key(&dr.ino) {
+                continue;
+            }
+            let end = idx
+                .dirs
+                .get(k + 1)
+                .map_or(idx.entries.len(), |n| n.first_entry as usize);
+            for e in idx.entries.get(dr.first_entry as usize..end).unwrap_or(&[]) {
+                if e.ino == ino {
+                    let s = e.name_off as usize;
+                    let name = idx.arena.get(s..s + usize::from(e.name_len))?.to_vec();
+                    return Some((dr.ino, name));
+                }
+            }
+        }
+        None
+    }
+
+    /// Read directory `d` as it is now (committed copies, then disk); `None` if a block is
+    /// malformed (the directory keeps its stored entries until it parses).
+    fn read_dir_now(&self, inode: &Inode) -> Option<Entries> {
+        let mut out = Entries::new();
+        if inode.inline {
+            let ok = state::parse_inline_dir(inode.blob.as_deref().unwrap_or(&[]), &mut out);
+            return ok.then_some(out);
+        }
+        let nblocks = inode.meta.size.div_ceil(self.bs).min(MAX_DIR_BLOCKS);
+        for r in inode.runs.iter().filter(|r| r.kind() == RUN_DATA) {
+            let first = u64::from(r.logical);
+            if first >= nblocks {
+                continue;
+            }
+            for k in 0..u64::from(r.len).min(nblocks - first) {
+                let blk = self.read_block(r.phys() + k)?;
+                if !state::parse_dir_block(&blk, &mut out) {
+                    return None;
+                }
+            }
+        }
+        Some(out)
+    }
+
+    fn event(
+        &mut self,
+        kind: EventKind,
+        path: String,
+        ino: u32,
+        txn: Option<u32>,
+        ns: u64,
+    ) -> FsEvent {
+        FsEvent {
+            kind,
+            path,
+            old_path: None,
+            ino,
+            old: None,
+            new: None,
+            range: None,
+            data: None,
+            txn,
+            observed_ns: ns,
+        }
+    }
+
+    /// Resolve the open batch into events and make its state the consistent one.
+    pub(super) fn resolve(&mut self, txn: Option<u32>, ns: u64, out: &mut Vec<FsEvent>) {
+        if self.batch.is_empty() {
+            return;
+        }
+        let batch = std::mem::take(&mut self.batch);
+
+        // 1. Diff the dirty directories against their stored entries.
+        let mut removed: Vec<Change> = Vec::new();
+        let mut added: Vec<Change> = Vec::new();
+        let mut new_dirs: Vec<(u32, Entries)> = Vec::new();
+        for &d in &batch.dirty_dirs {
+            let new_entries = match self.stored_inode(d) {
+                Some(i) if i.kind() == FileKind::Directory => match self.read_dir_now(&i) {
+                    Some(e) => e,
+                    None => {
+                        self.c.meta_errors += 1;
+                        continue;
+                    }
+                },
+                _ => Entries::new(),
+            };
+            let old = self.entries_of(d);
+            for (n, (i, ft)) in &old {
+                if new_entries.get(n).map(|x| x.0) != Some(*i) {
+                    removed.push((d, n.clone(), *i, *ft));
+                }
+            }
+            for (n, (i, ft)) in &new_entries {
+                if old.get(n).map(|x| x.0) != Some(*i) {
+                    added.push((d, n.clone(), *i, *ft));
+                }
+            }
+            new_dirs.push((d, new_entries));
+        }
+
+        // 2. Names as they were.
+        let old_paths: Vec<Option<String>> = removed
+            .iter()
+            .map(|(d, n, _, _)| self.path_of(*d).map(|p| join(&p, n)))
+            .collect();
+        let mut had_name: HashMap<u32, Option<String>> = HashMap::new();
+        for (_, _, i, _) in &added {
+            let p = self.path_of(*i);
+            had_name.entry(*i).or_insert(p);
+        }
+
+        // 3. Apply.
+        for (d, e) in new_dirs {
+            self.dirs.insert(d, e);
+        }
+        for (d, n, i, _) in &removed {
+            if self.primary(*i).as_ref() == Some(&(*d, n.clone())) {
+                self.links.insert(*i, None);
+            }
+        }
+        for (d, n, i, _) in &added {
+            if self.primary(*i).is_none() {
+                self.links.insert(*i, Some((*d, n.clone())));
+            }
+        }
+        for (_, _, i, _) in &removed {
+            if self.primary(*i).is_none() && self.meta_of(*i).is_some_and(|m| m.links > 0) {
+                if let Some(l) = self.find_link(*i) {
+                    self.links.insert(*i, Some(l));
+                }
+            }
+        }
+
+        // 4. Name events, matched by inode.
+        let mut by_ino: BTreeMap<u32, (Vec<usize>, Vec<usize>)> = BTreeMap::new();
+        for (k, r) in removed.iter().enumerate() {
+            by_ino.entry(r.2).or_default().0.push(k);
+        }
+        for (k, a) in added.iter().enumerate() {
+            by_ino.entry(a.2).or_default().1.push(k);
+        }
+        let mut deletes = Vec::new();
+        let mut creates = Vec::new();
+        let mut named: BTreeSet<u32> = BTreeSet::new();
+        for (ino, (rs, ads)) in by_ino {
+            // The same inode number under a new name is a rename, unless the inode was freed
+            // and allocated again (new kind or generation, or seen free in between).
+            let now = self.stored_inode(ino);
+            let reused = batch.freed.contains(&ino) && now.is_some()
+                || match (batch.changed.get(&ino), &now) {
+                    (Some(Some((om, og))), Some(n)) => {
+                        om.kind() != n.kind()
+                            || og.is_some_and(|g| n.generation.is_some_and(|ng| ng != g))
+                    }
+                    _ => false,
+                };
+            if reused {
+                had_name.insert(ino, None);
+            }
+            let pairs = if reused { 0 } else { rs.len().min(ads.len()) };
+            for (idx, &a) in ads.iter().enumerate() {
+                let (d, n, _, ft) = &added[a];
+                let Some(path) = self.path_of(*d).map(|p| join(&p, n)) else {
+                    self.c.unnamed += 1;
+                    continue;
+                };
+                named.insert(ino);
+                if idx < pairs {
+                    let mut e = self.event(EventKind::Rename, path, ino, txn, ns);
+                    e.old_path = old_paths[rs[idx]].clone();
+                    creates.push(e);
+                    continue;
+                }
+                let existing = had_name.get(&ino).cloned().flatten();
+                let kind = self
+                    .meta_of(ino)
+                    .map_or_else(|| state::kind_of_ftype(*ft), |m| m.kind());
+                if let Some(old) = existing.filter(|_| kind != FileKind::Directory) {
+                    let mut e = self.event(EventKind::Link, path, ino, txn, ns);
+                    e.old_path = Some(old);
+                    creates.push(e);
+                    continue;
+                }
+                let mut e = match kind {
+                    FileKind::Directory => self.event(EventKind::Mkdir, path, ino, txn, ns),
+                    FileKind::Symlink => {
+                        let mut e = self.event(EventKind::Symlink, path, ino, txn, ns);
+                        e.new = self
+                            .inodes
+                            .get(&ino)
+                            .cloned()
+                            .flatten()
+                            .and_then(|i| i.blob)
+                            .or_else(|| self.index.read_link(ino).map(<[u8]>::to_vec))
+                            .map(|t| Value::Target(String::from_utf8_lossy(&t).into_owned()));
+                        e
+                    }
+                    _ => self.event(EventKind::Create, path, ino, txn, ns),
+                };
+                e.txn = txn;
+                creates.push(e);
+            }
+            for &r in rs.iter().skip(pairs) {
+                let (_, _, _, ft) = &removed[r];
+                let Some(path) = old_paths[r].clone() else {
+                    self.c.unnamed += 1;
+                    continue;
+                };
+                let kind = batch
+                    .changed
+                    .get(&ino)
+                    .copied()
+                    .flatten()
+                    .map(|(m, _)| m)
+                    .or_else(|| self.meta_of(ino))
+                    .map_or_else(|| state::kind_of_ftype(*ft), |m: InodeMeta| m.kind());
+                let k = if kind == FileKind::Directory {
+                    EventKind::Rmdir
+                } else {
+                    EventKind::Delete
+                };
+                deletes.push(self.event(k, path, ino, txn, ns));
+            }
+        }
+        deletes.sort_by(|a, b| {
+            depth(&b.path)
+                .cmp(&depth(&a.path))
+                .then(a.path.cmp(&b.path))
+        });
+        creates.sort_by(|a, b| {
+            depth(&a.path)
+                .cmp(&depth(&b.path))
+                .then(a.path.cmp(&b.path))
+        });
+        out.extend(deletes);
+        out.extend(creates);
+
+        // 5. Attribute events of inodes that existed before the batch and still do.
+        for (&ino, old) in &batch.changed {
+            let (Some((o, _)), Some(n)) = (*old, self.meta_of(ino)) else {
+                continue;
+            };
+            let created = named.contains(&ino) && had_name.get(&ino).is_some_and(Option::is_none);
+            if o.kind() != n.kind() || created || batch.freed.contains(&ino) {
+                continue;
+            }
+            let Some(path) = self.path_of(ino) else {
+                continue;
+            };
+            if o.mode != n.mode {
+                let mut e = self.event(EventKind::Chmod, path.clone(), ino, txn, ns);
+                e.old = Some(Value::Mode(o.mode));
+                e.new = Some(Value::Mode(n.mode));
+                out.push(e);
+            }
+            if (o.uid, o.gid) != (n.uid, n.gid) {
+                let mut e = self.event(EventKind::Chown, path.clone(), ino, txn, ns);
+                e.old = Some(Value::Owner {
+                    uid: o.uid,
+                    gid: o.gid,
+                });
+                e.new = Some(Value::Owner {
+                    uid: n.uid,
+                    gid: n.gid,
+                });
+                out.push(e);
+            }
+            if o.size != n.size && n.kind() != FileKind::Directory {
+                let k = if n.size < o.size {
+                    EventKind::Truncate
+                } else {
+                    EventKind::Extend
+                };
+                let mut e = self.event(k, path.clone(), ino, txn, ns);
+                e.old = Some(Value::Size(o.size));
+                e.new = Some(Value::Size(n.size));
+                out.push(e);
+            }
+            if o.mtime != n.mtime {
+                let mut e = self.event(EventKind::Mtime, path, ino, txn, ns);
+                e.old = Some(Value::Time(o.mtime));
+                e.new = Some(Value::Time(n.mtime));
+                out.push(e);
+            }
+        }
+
+        // 6. Data that waited for these inodes' metadata.
+        let claim: BTreeSet<u32> = batch.claims.iter().copied().chain(named).collect();
+        for ino in claim {
+            self.claim(ino, txn, ns, out);
+        }
+    }
+
+    fn claim(&mut self, ino: u32, txn: Option<u32>, ns: u64, out: &mut Vec<FsEvent>) {
+        let Some(inode) = self
+            .inodes
+            .get(&ino)
+            .cloned()
+            .flatten()
+            .or_else(|| self.stored_inode(ino))
+        else {
+            return;
+        };
+        if self.pending.is_empty() {
+            return;
+        }
+        let is_file = inode.kind() == FileKind::Regular;
+        let path = self.path_of(ino);
+        let bs = self.bs;
+        for r in inode.runs.iter().filter(|r| r.kind() == RUN_DATA) {
+            for (b, p) in self.pending.take_range(r.phys(), u64::from(r.len)) {
+                self.c.claimed += 1;
+                if !is_file {
+                    continue;
+                }
+                let file_offset = (u64::from(r.logical) + (b - r.phys())) * bs;
+                let start = file_offset + u64::from(p.start);
+                let end = (file_offset + u64::from(p.end)).min(inode.meta.size);
+                let Some(path) = path.as_deref() else {
+                    // Still nameless: keep waiting.
+                    self.pending.insert(
+                        b,
+                        p.data,
+                        p.start,
+                        p.end,
+                        p.observed_ns,
+                        self.cfg.pending_max_bytes,
+                    );
+                    continue;
+                };
+                if start >= end {
+                    self.pending.insert(
+                        b,
+                        p.data,
+                        p.start,
+                        p.end,
+                        p.observed_ns,
+                        self.cfg.pending_max_bytes,
+                    );
+                    continue;
+                }
+                let bytes = p
+                    .data
+                    .get(p.start as usize..p.start as usize + (end - start) as usize)
+                    .unwrap_or(&[]);
+                self.emit_write(ino, path, start, bytes, txn, ns, out);
+            }
+        }
+    }
+}
