@@ -25,3 +25,46 @@ echo
 echo "== vmsight run --trace: the command's syscalls, seen from outside the guest (no agent, no ptrace)"
 "$VMSIGHT" run --name demo-trace --trace --trace-filter execve,openat,read,write,close,exit_group -- \
   sh -c 'head -c 64 /etc/os-release | tr a-z A-Z' 2>&1 | grep -v '^vmsight:' | tail -25
+
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+wait_vm() { # wait until VM $1 answers on its control socket (or its vmsight process ended)
+  for _ in $(seq 1 300); do
+    "$VMSIGHT" stats "$1" >/dev/null 2>&1 && return 0
+    kill -0 "$2" 2>/dev/null || return 1
+    sleep 0.2
+  done
+  return 1
+}
+
+echo
+echo "== storage insights + iCache: varmail on an extra ext4 disk, classified block by block"
+echo "   (live counters read from outside the guest every 2 s: vmsight stats NAME --watch 2)"
+truncate -s 512M "$TMP/data.img" && mkfs.ext4 -q -F "$TMP/data.img"
+"$VMSIGHT" run --name demo-icache --disk "$TMP/data.img",mount=/mnt/data \
+  --insights "$TMP/insights.jsonl" --cache-size 16 --cache-policy priority --stats -- sh -c '
+  mkdir -p /mnt/data && mount /dev/vdb /mnt/data && varmail -d /mnt/data/mail -o 4000 && sync' > "$TMP/icache.out" 2>&1 &
+pid=$!
+if wait_vm demo-icache $pid; then
+  "$VMSIGHT" stats demo-icache --watch 2 || true
+fi
+wait $pid || true
+grep -E "data_chunks|insights:|writes by class|cache:" "$TMP/icache.out" || cat "$TMP/icache.out"
+echo "-- vmsight report (per-class totals, metadata per file system, block lifetimes)"
+"$VMSIGHT" report "$TMP/insights.jsonl" --fs 1=ext4 --svg "$TMP/lifetimes.svg" | head -40
+
+echo
+echo "== file-update streaming: events inferred from the disk's write stream alone (no agent)"
+echo "   vmsight watch '*:demo-stream:/srv/**' prints them live"
+truncate -s 256M "$TMP/srv.img" && mkfs.ext4 -q -F "$TMP/srv.img"
+"$VMSIGHT" run --name demo-stream --disk "$TMP/srv.img",mount=/srv -- sh -c '
+  mkdir -p /srv && mount /dev/vdb /srv && sleep 3
+  mkdir -p /srv/www/img && echo "<h1>hello</h1>" > /srv/www/index.html && sync
+  mv /srv/www/index.html /srv/www/home.html && chmod 640 /srv/www/home.html && sync
+  ln -s home.html /srv/www/index.html && seq 1 1000 > /srv/www/log && sync
+  rm -r /srv/www/img && sync && sleep 1' > "$TMP/stream.out" 2>&1 &
+pid=$!
+"$VMSIGHT" watch --vm demo-stream '/srv/**' &
+wpid=$!
+wait $pid || true
+sleep 1; kill $wpid 2>/dev/null || true; wait $wpid 2>/dev/null || true

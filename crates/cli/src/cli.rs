@@ -38,6 +38,8 @@ enum Cmd {
     /// Summarise an insight log (`run --insights FILE`): per-class totals, metadata written per
     /// file system, block lifetimes (table, optional SVG CDF plot).
     Report(ReportArgs),
+    /// Live counters of a running VM: insight classes, iCache hits per class, file events.
+    Stats(StatsArgs),
     /// Start file-update streaming on a running VM that was started without it (live attach),
     /// or show its streaming status.
     Stream(StreamArgs),
@@ -239,6 +241,7 @@ pub fn main() -> i32 {
         Cmd::Report(a) => cmd_report(a),
         Cmd::Watch(a) => cmd_watch(a),
         Cmd::Stream(a) => cmd_stream(a),
+        Cmd::Stats(a) => cmd_stats(a),
         Cmd::Mount(a) => cmd_mount(a),
     };
     match res {
@@ -588,17 +591,111 @@ struct StreamArgs {
     status: bool,
 }
 
-fn cmd_stream(a: StreamArgs) -> Result<i32, String> {
-    vmsight_launcher::config::validate_name(&a.name)?;
+/// The control socket of running VM `name`.
+fn control_socket(name: &str) -> Result<PathBuf, String> {
+    vmsight_launcher::config::validate_name(name)?;
     let sock = vmsight_launcher::runtime::runtime_base()
-        .join(&a.name)
+        .join(name)
         .join("control.sock");
     if !sock.exists() {
-        return Err(format!(
-            "no running VM named {:?} (see `vmsight ps`)",
-            a.name
+        return Err(format!("no running VM named {name:?} (see `vmsight ps`)"));
+    }
+    Ok(sock)
+}
+
+#[derive(Debug, Args)]
+struct StatsArgs {
+    /// The VM (`vmsight ps` lists them).
+    name: String,
+    /// Print the raw JSON status.
+    #[arg(long)]
+    json: bool,
+    /// Repeat every SECS seconds until the VM ends.
+    #[arg(long, value_name = "SECS")]
+    watch: Option<f64>,
+}
+
+fn cmd_stats(a: StatsArgs) -> Result<i32, String> {
+    let sock = control_socket(&a.name)?;
+    loop {
+        let reply =
+            match vmsight_launcher::control::call(&sock, &serde_json::json!({"cmd": "status"})) {
+                Ok(r) => r,
+                // The VM ended while we were watching it.
+                Err(_) if a.watch.is_some() && !sock.exists() => return Ok(0),
+                Err(e) => return Err(e),
+            };
+        if a.json {
+            println!("{reply}");
+        } else {
+            print!("{}", format_stats(&reply));
+        }
+        match a.watch {
+            Some(secs) if secs > 0.0 => {
+                std::thread::sleep(std::time::Duration::from_secs_f64(secs))
+            }
+            _ => return Ok(0),
+        }
+    }
+}
+
+/// Readable lines of a control `status` reply.
+fn format_stats(v: &serde_json::Value) -> String {
+    let mut out = String::new();
+    let tally = |m: &serde_json::Value| -> String {
+        m.as_object()
+            .map(|o| {
+                o.iter()
+                    .map(|(k, t)| format!("c{k}:{}", t["requests"]))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .unwrap_or_default()
+    };
+    let ins = &v["insights"];
+    if !ins.is_null() {
+        out.push_str(&format!(
+            "insights: data chunks {} / metadata chunks {} | writes by class {} | reads by class {}\n",
+            ins["write_chunks_data"],
+            ins["write_chunks_metadata"],
+            tally(&ins["writes"]),
+            tally(&ins["reads"])
         ));
     }
+    for d in v["disks"].as_array().into_iter().flatten() {
+        let mut line = format!("disk{}:", d["disk"]);
+        let c = &d["cache"];
+        if !c.is_null() {
+            line.push_str(&format!(" cache {} hits {} misses", c["hits"], c["misses"]));
+            for k in c["classes"].as_array().into_iter().flatten() {
+                let used = k["hits"].as_u64().unwrap_or(0)
+                    + k["misses"].as_u64().unwrap_or(0)
+                    + k["resident_bytes"].as_u64().unwrap_or(0);
+                if used > 0 {
+                    line.push_str(&format!(
+                        " [class {}: {}h {}m {} KiB]",
+                        k["class"].as_str().unwrap_or("?"),
+                        k["hits"],
+                        k["misses"],
+                        k["resident_bytes"].as_u64().unwrap_or(0) / 1024
+                    ));
+                }
+            }
+        }
+        if d["streaming"].as_bool() == Some(true) {
+            line.push_str(&format!(
+                " | file events {}",
+                d["inference"]["events"].as_u64().unwrap_or(0)
+            ));
+        }
+        out.push_str(&line);
+        out.push('\n');
+    }
+    out
+}
+
+fn cmd_stream(a: StreamArgs) -> Result<i32, String> {
+    let sock = control_socket(&a.name)?;
     let cmd = if a.status { "status" } else { "stream-start" };
     let reply = vmsight_launcher::control::call(&sock, &serde_json::json!({ "cmd": cmd }))?;
     let disks = reply["disks"].as_array().cloned().unwrap_or_default();

@@ -313,6 +313,7 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
         .map_err(LaunchError::Config)?,
     );
     let mut backends: Vec<(PathBuf, BackendHandle, StageMetrics)> = Vec::new();
+    let mut cache_metrics: Vec<(usize, Arc<CacheMetrics>)> = Vec::new();
     let mut streams: Vec<crate::stream::DiskStream> = Vec::new();
     let mut planned = Vec::new();
     for (i, (path, ro, serial, queues, direct)) in disk_paths.iter().enumerate() {
@@ -334,6 +335,7 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
                     LaunchError::Config(format!("disk {i} ({}): {e}", path.display()))
                 })?;
                 stages.push(stage);
+                cache_metrics.push((i, m.clone()));
                 stage_metrics.cache = Some(m);
             }
         }
@@ -428,27 +430,23 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
         ),
         None => None,
     };
-    let control_streams: Vec<(
-        usize,
-        Arc<vmsight_blockdev::tap::TapQueue>,
-        Arc<std::sync::atomic::AtomicBool>,
-        Arc<std::sync::RwLock<crate::stream::EngineSlot>>,
-        Arc<Mutex<crate::stream::InferStats>>,
-    )> = streams
-        .iter()
-        .map(|d| {
-            (
-                d.index,
-                d.queue(),
-                d.attach.clone(),
-                d.slot.clone(),
-                d.infer.clone(),
-            )
-        })
-        .collect();
+    let control = ControlState {
+        streams: streams
+            .iter()
+            .map(|d| StreamHandles {
+                index: d.index,
+                queue: d.queue(),
+                attach: d.attach.clone(),
+                slot: d.slot.clone(),
+                infer: d.infer.clone(),
+            })
+            .collect(),
+        caches: cache_metrics.clone(),
+        insight: insight.as_ref().map(|(e, _)| e.clone()),
+    };
     let _control = crate::control::ControlServer::bind(
         &rt.join("control.sock"),
-        Arc::new(move |req: &serde_json::Value| control_request(req, &control_streams)),
+        Arc::new(move |req: &serde_json::Value| control.request(req)),
     )
     .map_err(|e| LaunchError::Config(format!("cannot start the control socket: {e}")))?;
 
@@ -888,63 +886,80 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
     Ok(RunOutcome { reason: end, stats })
 }
 
-/// Answers a request on the control socket (`vmsight stream NAME`).
-#[allow(clippy::type_complexity)]
-fn control_request(
-    req: &serde_json::Value,
-    streams: &[(
-        usize,
-        Arc<vmsight_blockdev::tap::TapQueue>,
-        Arc<std::sync::atomic::AtomicBool>,
-        Arc<std::sync::RwLock<crate::stream::EngineSlot>>,
-        Arc<Mutex<crate::stream::InferStats>>,
-    )],
-) -> Result<serde_json::Value, String> {
-    let ready = |slot: &std::sync::RwLock<crate::stream::EngineSlot>| {
-        slot.read().map(|s| s.0.is_some()).unwrap_or(false)
-    };
-    let status = || {
-        let disks: Vec<serde_json::Value> = streams
+/// What the control socket can see and do (`vmsight stream NAME`, `vmsight stats NAME`).
+struct ControlState {
+    streams: Vec<StreamHandles>,
+    caches: Vec<(usize, Arc<CacheMetrics>)>,
+    insight: Option<vmsight_insight::InsightEngine>,
+}
+
+struct StreamHandles {
+    index: usize,
+    queue: Arc<vmsight_blockdev::tap::TapQueue>,
+    attach: Arc<std::sync::atomic::AtomicBool>,
+    slot: Arc<std::sync::RwLock<crate::stream::EngineSlot>>,
+    infer: Arc<Mutex<crate::stream::InferStats>>,
+}
+
+impl StreamHandles {
+    fn ready(&self) -> bool {
+        self.slot.read().map(|s| s.0.is_some()).unwrap_or(false)
+    }
+}
+
+impl ControlState {
+    fn status(&self) -> serde_json::Value {
+        let disks: Vec<serde_json::Value> = self
+            .streams
             .iter()
-            .map(|(i, q, _, slot, infer)| {
+            .map(|h| {
                 serde_json::json!({
-                    "disk": i,
-                    "streaming": ready(slot),
-                    "tap": q.snapshot(),
-                    "inference": infer.lock().ok().map(|s| s.clone()),
+                    "disk": h.index,
+                    "streaming": h.ready(),
+                    "tap": h.queue.snapshot(),
+                    "inference": h.infer.lock().ok().map(|s| s.clone()),
+                    "cache": self.caches.iter().find(|(i, _)| *i == h.index).map(|(_, m)| m.snapshot()),
                 })
             })
             .collect();
-        serde_json::json!({ "disks": disks })
-    };
-    match req.get("cmd").and_then(serde_json::Value::as_str) {
-        Some("status") => Ok(status()),
-        Some("stream-start") => {
-            let mut started = Vec::new();
-            for (i, q, attach, slot, _) in streams {
-                if !ready(slot) {
-                    q.set_enabled(true);
-                    attach.store(true, Ordering::Release);
-                    started.push(*i);
+        serde_json::json!({
+            "disks": disks,
+            "insights": self.insight.as_ref().map(|e| e.counters()),
+        })
+    }
+
+    fn request(&self, req: &serde_json::Value) -> Result<serde_json::Value, String> {
+        match req.get("cmd").and_then(serde_json::Value::as_str) {
+            Some("status") => Ok(self.status()),
+            Some("stream-start") => {
+                let mut started = Vec::new();
+                for h in &self.streams {
+                    if !h.ready() {
+                        h.queue.set_enabled(true);
+                        h.attach.store(true, Ordering::Release);
+                        started.push(h.index);
+                    }
                 }
+                // Wait (bounded) for the crawls, so the caller knows when events flow; a
+                // disk without a readable file system never becomes ready.
+                let deadline = Instant::now() + Duration::from_secs(30);
+                while Instant::now() < deadline
+                    && self
+                        .streams
+                        .iter()
+                        .any(|h| started.contains(&h.index) && !h.ready())
+                {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                let mut v = self.status();
+                v["attached"] = serde_json::json!(started);
+                Ok(v)
             }
-            // Wait (bounded) for the crawls, so the caller knows when events flow.
-            let deadline = Instant::now() + Duration::from_secs(60);
-            while Instant::now() < deadline
-                && streams.iter().any(|(i, _, a, slot, _)| {
-                    started.contains(i) && a.load(Ordering::Acquire) && !ready(slot)
-                })
-            {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let mut v = status();
-            v["attached"] = serde_json::json!(started);
-            Ok(v)
+            Some(other) => Err(format!(
+                "unknown command {other:?} (known: status, stream-start)"
+            )),
+            None => Err("the request has no command".into()),
         }
-        Some(other) => Err(format!(
-            "unknown command {other:?} (known: status, stream-start)"
-        )),
-        None => Err("the request has no command".into()),
     }
 }
 
