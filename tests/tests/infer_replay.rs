@@ -99,7 +99,6 @@ fn replay(
     img: &Path,
     stream: &[vmsight_blockdev::tap::TapEvent],
 ) -> (Engine, Arc<FileSource>, Vec<(FsEvent, bool)>) {
-    let index = index.clone();
     let jino = index.fs_info().journal_ino;
     let bs = u64::from(index.fs_info().block_size);
     let journal: Vec<(u64, u64)> = index
@@ -108,7 +107,7 @@ fn replay(
         .map(|x| (x.disk_block * bs, (x.disk_block + u64::from(x.len)) * bs))
         .collect();
     let in_journal = |off: u64| journal.iter().any(|&(s, e)| off >= s && off < e);
-    let after = Arc::new(FileSource::open(&img).unwrap());
+    let after = Arc::new(FileSource::open(img).unwrap());
     let mut engine = Engine::new(after.clone(), index.clone(), EngineConfig::default()).unwrap();
     assert!(engine.has_journal());
     // Each event with whether the tap write that revealed it went to the journal area.
@@ -331,7 +330,10 @@ fn recorded_copy_rename_delete_of_a_tree() {
         .sum();
     if std::env::var_os("INFER_DEBUG").is_some() {
         for (e, j) in &events {
-            eprintln!("EV {j} {:?} {} {:?} txn={:?} ino={}", e.kind, e.path, e.old_path, e.txn, e.ino);
+            eprintln!(
+                "EV {j} {:?} {} {:?} txn={:?} ino={}",
+                e.kind, e.path, e.old_path, e.txn, e.ino
+            );
         }
     }
     assert!(

@@ -38,6 +38,9 @@ enum Cmd {
     /// Summarise an insight log (`run --insights FILE`): per-class totals, metadata written per
     /// file system, block lifetimes (table, optional SVG CDF plot).
     Report(ReportArgs),
+    /// Replay a write recording (`run --record-writes`) over the disk image it started from and
+    /// print the file events as JSON lines, as a live run would have produced them.
+    Replay(ReplayArgs),
     /// Live counters of a running VM: insight classes, iCache hits per class, file events.
     Stats(StatsArgs),
     /// Start file-update streaming on a running VM that was started without it (live attach),
@@ -242,6 +245,7 @@ pub fn main() -> i32 {
         Cmd::Watch(a) => cmd_watch(a),
         Cmd::Stream(a) => cmd_stream(a),
         Cmd::Stats(a) => cmd_stats(a),
+        Cmd::Replay(a) => cmd_replay(a),
         Cmd::Mount(a) => cmd_mount(a),
     };
     match res {
@@ -718,5 +722,36 @@ fn cmd_stream(a: StreamArgs) -> Result<i32, String> {
             println!("already streaming; nothing to attach");
         }
     }
+    Ok(0)
+}
+
+#[derive(Debug, Args)]
+struct ReplayArgs {
+    /// The disk image as it was when the recording started (it is not modified).
+    base: PathBuf,
+    /// The recording (`vmsight run --record-writes N:FILE`).
+    recording: PathBuf,
+    /// Guest mount point of the disk: prefix of the event paths.
+    #[arg(long, value_name = "PATH", default_value = "")]
+    mount: String,
+    /// Include written bytes (`data_b64`).
+    #[arg(long)]
+    data: bool,
+}
+
+fn cmd_replay(a: ReplayArgs) -> Result<i32, String> {
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let s = vmsight_launcher::stream::replay(
+        &a.base,
+        &a.recording,
+        a.mount.trim_end_matches('/'),
+        a.data,
+        &mut out,
+    )?;
+    eprintln!(
+        "replayed {} writes: {} file events",
+        s.tap_events, s.file_events
+    );
     Ok(0)
 }

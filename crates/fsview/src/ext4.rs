@@ -956,7 +956,7 @@ impl Crawler<'_> {
 
     fn finish(mut self, partition_start: u64) -> Result<Index> {
         // Directories.
-        let mut raw_entries: Vec<(u32, Vec<u8>, u32, u8)> = Vec::new();
+        let mut raw_entries: Vec<RawEntry> = Vec::new();
         let dirs = std::mem::take(&mut self.dirs_to_read);
         let inline_dirs = std::mem::take(&mut self.inline_dirs);
         for ino in dirs {
@@ -968,9 +968,9 @@ impl Crawler<'_> {
             // 4-byte parent inode, then entries; the xattr part is a second entry area.
             let res = (|| -> Result<()> {
                 let first = data.get(4..60.min(data.len())).unwrap_or(&[]);
-                parse_dir_block(ino, first, &mut raw_entries)?;
+                parse_dir_block(ino, first, NO_BLOCK, &mut raw_entries)?;
                 if data.len() > 60 {
-                    parse_dir_block(ino, &data[60..], &mut raw_entries)?;
+                    parse_dir_block(ino, &data[60..], NO_BLOCK, &mut raw_entries)?;
                 }
                 Ok(())
             })();
@@ -1061,7 +1061,7 @@ impl Crawler<'_> {
         let mut dirs: Vec<DirRec> = Vec::new();
         let mut entries: Vec<EntryRec> = Vec::with_capacity(raw_entries.len());
         let mut dangling = Vec::new();
-        for (dir, name, target, ftype) in raw_entries {
+        for (dir, name, target, ftype, block) in raw_entries {
             if self
                 .inodes
                 .binary_search_by_key(&target, |r| r.ino)
@@ -1090,6 +1090,7 @@ impl Crawler<'_> {
                 name_off,
                 name_len: name.len() as u8,
                 file_type: ftype,
+                block,
             });
         }
         // Directories that exist but have no entries still get an (empty) record; they take
@@ -1200,7 +1201,7 @@ impl Crawler<'_> {
         Ok(index)
     }
 
-    fn read_directory(&mut self, ino: u32, out: &mut Vec<(u32, Vec<u8>, u32, u8)>) -> Result<()> {
+    fn read_directory(&mut self, ino: u32, out: &mut Vec<RawEntry>) -> Result<()> {
         let i = self
             .inodes
             .binary_search_by_key(&ino, |r| r.ino)
@@ -1236,8 +1237,12 @@ impl Crawler<'_> {
             while done < count {
                 let n = (count - done).min(CHUNK / bs).max(1);
                 let buf = self.read(r.phys() + done, n)?;
-                for blk in buf.chunks_exact(bs as usize) {
-                    parse_dir_block(ino, blk, out)?;
+                for (k, blk) in buf.chunks_exact(bs as usize).enumerate() {
+                    // Which directory block holds each entry lets the inference engine diff
+                    // one block without reading the others.
+                    let fb = first + done + k as u64;
+                    let block = u16::try_from(fb).unwrap_or(NO_BLOCK);
+                    parse_dir_block(ino, blk, block, out)?;
                 }
                 done += n;
             }
@@ -1246,9 +1251,13 @@ impl Crawler<'_> {
     }
 }
 
-/// Parse one directory block (or inline area) into `(dir, name, ino, file_type)` tuples,
-/// skipping `.`, `..`, empty slots, htree node headers and the checksum tail.
-fn parse_dir_block(dir: u32, blk: &[u8], out: &mut Vec<(u32, Vec<u8>, u32, u8)>) -> Result<()> {
+/// A directory entry found by the crawl: directory, name, target inode, file type, directory
+/// block index (`NO_BLOCK` for inline directories and blocks past 65534).
+type RawEntry = (u32, Vec<u8>, u32, u8, u16);
+
+/// Parse one directory block (or inline area) into [`RawEntry`] tuples, skipping `.`, `..`,
+/// empty slots, htree node headers and the checksum tail.
+fn parse_dir_block(dir: u32, blk: &[u8], block: u16, out: &mut Vec<RawEntry>) -> Result<()> {
     let mut p = 0usize;
     while p + 8 <= blk.len() {
         let ino = le32(blk, p);
@@ -1276,7 +1285,7 @@ fn parse_dir_block(dir: u32, blk: &[u8], out: &mut Vec<(u32, Vec<u8>, u32, u8)>)
                         "directory entry name contains '/' or NUL",
                     ));
                 }
-                out.push((dir, name.to_vec(), ino, ftype));
+                out.push((dir, name.to_vec(), ino, ftype, block));
             }
         }
         p += rec_len;
@@ -1305,18 +1314,18 @@ mod tests {
         dirent(&mut b, 0, 16, b"gone", 1); // deleted slot
         dirent(&mut b, 12, 1024 - 40, b"file", 1);
         let mut out = Vec::new();
-        parse_dir_block(2, &b, &mut out).expect("valid block");
-        assert_eq!(out, vec![(2, b"file".to_vec(), 12, 1)]);
+        parse_dir_block(2, &b, 0, &mut out).expect("valid block");
+        assert_eq!(out, vec![(2, b"file".to_vec(), 12, 1, 0)]);
 
         let mut bad = b.clone();
         bad[4] = 7; // rec_len not a multiple of 4
-        assert!(parse_dir_block(2, &bad, &mut out).is_err());
+        assert!(parse_dir_block(2, &bad, 0, &mut out).is_err());
         let mut bad = b.clone();
         bad[4..6].copy_from_slice(&2000u16.to_le_bytes()); // past the block
-        assert!(parse_dir_block(2, &bad, &mut out).is_err());
+        assert!(parse_dir_block(2, &bad, 0, &mut out).is_err());
         let mut bad = b;
         bad[40 + 8] = b'/';
-        let e = parse_dir_block(2, &bad, &mut out).expect_err("slash");
+        let e = parse_dir_block(2, &bad, 0, &mut out).expect_err("slash");
         assert!(e.to_string().contains("'/'"));
     }
 

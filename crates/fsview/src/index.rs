@@ -182,7 +182,13 @@ pub(crate) struct EntryRec {
     pub name_off: u32,
     pub name_len: u8,
     pub file_type: u8,
+    /// Block of the directory holding the entry ([`NO_BLOCK`]: inline or past 65534); fits
+    /// in what was padding.
+    pub block: u16,
 }
+
+/// `EntryRec::block` when the block is not recorded.
+pub(crate) const NO_BLOCK: u16 = u16::MAX;
 
 /// Symlink targets and inline data kept in the arena.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -385,7 +391,7 @@ pub struct Index {
     pub(crate) warnings: Vec<Warning>,
 }
 
-const MAGIC: &[u8; 8] = b"VMSFSIX1";
+const MAGIC: &[u8; 8] = b"VMSFSIX2";
 /// Deepest path [`Index::path_of`] follows.
 const MAX_PATH_DEPTH: usize = 4096;
 
@@ -753,9 +759,11 @@ impl Index {
     /// Decode an index produced by [`Index::to_bytes`] and check its invariants (a stored
     /// index is untrusted too).
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
-        let body = bytes
-            .strip_prefix(MAGIC.as_slice())
-            .ok_or_else(|| Error::IndexFormat("missing VMSFSIX1 magic".into()))?;
+        let body = bytes.strip_prefix(MAGIC.as_slice()).ok_or_else(|| {
+            Error::IndexFormat(
+                "missing VMSFSIX2 magic (not an index, or one stored by an older version)".into(),
+            )
+        })?;
         let idx: Index = postcard::from_bytes(body)
             .map_err(|e| Error::IndexFormat(format!("cannot decode: {e}")))?;
         idx.validate()?;

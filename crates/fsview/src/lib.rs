@@ -7,6 +7,10 @@
 //! map from every allocated block to its [`Owner`]. The index can be stored beside the image
 //! ([`Index::to_bytes`], [`Index::save`]) and reloaded ([`Index::from_bytes`], [`Index::load`]).
 //!
+//! [`Engine`] (module [`infer`]) follows the disk's write stream from there: it reverse-maps
+//! each written block, parses the jbd2 journal, emits [`FsEvent`]s at commit time and serves the
+//! last consistent version of the file system through [`FsRead`].
+//!
 //! Images are untrusted: every on-disk value is validated, loops are bounded and detected,
 //! allocations are capped, and corruption is reported as an [`Error`] (or, in a lenient crawl,
 //! as a [`Warning`] confined to one inode) — never as a panic.
@@ -30,10 +34,10 @@ pub use block::{BlockSource, FileSource, MemSource, Window};
 pub use error::{Error, Result};
 pub use event::{EventKind, FsEvent, Value};
 pub use ext4::CrawlOptions;
-pub use infer::{Engine, EngineConfig, EngineStats};
 pub use index::{
     DirEntry, FileExtent, FileKind, FsInfo, Index, IndexStats, InodeMeta, Owner, Warning,
 };
+pub use infer::{Engine, EngineConfig, EngineStats};
 pub use partition::{
     guid_string, read_partitions, Partition, PartitionTable, PartitionType, Scheme,
 };

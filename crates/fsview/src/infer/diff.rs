@@ -4,7 +4,7 @@
 use super::state::{self, Entries, Inode};
 use super::Engine;
 use crate::event::{EventKind, FsEvent, Value};
-use crate::index::{FileKind, InodeMeta, NO_LINK, RUN_DATA};
+use crate::index::{FileKind, InodeMeta, NO_BLOCK, NO_LINK, RUN_DATA, RUN_UNWRITTEN};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// Deepest path followed (as the index).
@@ -14,6 +14,9 @@ const MAX_DIR_BLOCKS: u64 = 1 << 18;
 
 /// One entry that appeared or disappeared: directory, name, inode, file-type byte.
 type Change = (u32, Vec<u8>, u32, u8);
+
+/// Entries of one directory by block index.
+type BlockEntries = BTreeMap<u64, Entries>;
 
 fn join(dir: &str, name: &[u8]) -> String {
     let n = String::from_utf8_lossy(name);
@@ -135,6 +138,97 @@ impl Engine {
         Some(out)
     }
 
+    /// Per-block entries of directory `d` as stored, when every entry's block is known.
+    fn stored_blocks(&self, d: u32) -> Option<BlockEntries> {
+        if let Some(b) = self.dir_blocks.get(&d) {
+            return Some(b.clone());
+        }
+        if self.dirs.contains_key(&d) {
+            // Resolved before without block positions (inline, or read whole).
+            return None;
+        }
+        let idx = &self.index;
+        let Ok(k) = idx.dirs.binary_search_by_key(&d, |x| x.ino) else {
+            // Not a directory at crawl time: all its blocks arrive as writes.
+            return Some(BTreeMap::new());
+        };
+        let start = idx.dirs.get(k)?.first_entry as usize;
+        let end = idx
+            .dirs
+            .get(k + 1)
+            .map_or(idx.entries.len(), |n| n.first_entry as usize);
+        let mut out = BlockEntries::new();
+        let mut unplaced = false;
+        for e in idx.entries.get(start..end).unwrap_or(&[]) {
+            if e.block == NO_BLOCK {
+                unplaced = true;
+                continue;
+            }
+            let s = e.name_off as usize;
+            let name = idx.arena.get(s..s + usize::from(e.name_len))?.to_vec();
+            out.entry(u64::from(e.block))
+                .or_default()
+                .insert(name, (e.ino, e.file_type));
+        }
+        if unplaced {
+            // Entries of an inline directory (none of its blocks exist yet) or of a block past
+            // the recorded range.
+            let was_inline = out.is_empty()
+                && !self
+                    .index_runs(d)
+                    .iter()
+                    .any(|r| r.kind() & !RUN_UNWRITTEN == RUN_DATA);
+            return was_inline.then(BTreeMap::new);
+        }
+        Some(out)
+    }
+
+    /// Entries of directory `d` (inode `i`) after this batch's block writes, and the per-block
+    /// form when it is kept; `None` if it cannot be read.
+    fn dir_after_writes(
+        &mut self,
+        d: u32,
+        i: &Inode,
+        writes: &BTreeMap<(u32, u64), Vec<u8>>,
+    ) -> Option<(Entries, Option<BlockEntries>)> {
+        if i.inline {
+            let mut e = Entries::new();
+            if !state::parse_inline_dir(i.blob.as_deref().unwrap_or(&[]), &mut e) {
+                return None;
+            }
+            return Some((e, None));
+        }
+        let Some(mut blocks) = self.stored_blocks(d) else {
+            return self.read_dir_now(i).map(|e| (e, None));
+        };
+        for ((_, fb), content) in writes.range((d, 0)..=(d, u64::MAX)) {
+            let mut e = Entries::new();
+            if state::parse_dir_block(content, &mut e) {
+                blocks.insert(*fb, e);
+            } else {
+                // A torn or foreign block: keep its stored entries.
+                self.c.meta_errors += 1;
+            }
+        }
+        // Blocks no longer in the directory (it shrank or was converted) hold nothing.
+        let nblocks = i.meta.size.div_ceil(self.bs);
+        blocks.retain(|fb, _| {
+            *fb < nblocks
+                && i.runs.iter().any(|r| {
+                    r.kind() == RUN_DATA
+                        && *fb >= u64::from(r.logical)
+                        && *fb < u64::from(r.logical) + u64::from(r.len)
+                })
+        });
+        let mut all = Entries::new();
+        for e in blocks.values() {
+            for (n, v) in e {
+                all.insert(n.clone(), *v);
+            }
+        }
+        Some((all, Some(blocks)))
+    }
+
     fn event(
         &mut self,
         kind: EventKind,
@@ -162,22 +256,42 @@ impl Engine {
         if self.batch.is_empty() {
             return;
         }
-        let batch = std::mem::take(&mut self.batch);
+        let mut batch = std::mem::take(&mut self.batch);
+
+        // Directory blocks that waited in the pending set for their directory's map.
+        for &ino in &batch.claims {
+            let Some(i) = self.stored_inode(ino) else {
+                continue;
+            };
+            if i.kind() != FileKind::Directory {
+                continue;
+            }
+            for r in i.runs.iter().filter(|r| r.kind() == RUN_DATA) {
+                for (b, p) in self.pending.take_range(r.phys(), u64::from(r.len)) {
+                    self.c.claimed += 1;
+                    let fb = u64::from(r.logical) + (b - r.phys());
+                    batch.dir_writes.insert((ino, fb), p.data);
+                    batch.dirty_dirs.insert(ino);
+                }
+            }
+        }
 
         // 1. Diff the dirty directories against their stored entries.
         let mut removed: Vec<Change> = Vec::new();
         let mut added: Vec<Change> = Vec::new();
-        let mut new_dirs: Vec<(u32, Entries)> = Vec::new();
+        let mut new_dirs: Vec<(u32, Entries, Option<BlockEntries>)> = Vec::new();
         for &d in &batch.dirty_dirs {
-            let new_entries = match self.stored_inode(d) {
-                Some(i) if i.kind() == FileKind::Directory => match self.read_dir_now(&i) {
-                    Some(e) => e,
-                    None => {
-                        self.c.meta_errors += 1;
-                        continue;
+            let (new_entries, new_blocks) = match self.stored_inode(d) {
+                Some(i) if i.kind() == FileKind::Directory => {
+                    match self.dir_after_writes(d, &i, &batch.dir_writes) {
+                        Some(x) => x,
+                        None => {
+                            self.c.meta_errors += 1;
+                            continue;
+                        }
                     }
-                },
-                _ => Entries::new(),
+                }
+                _ => (Entries::new(), Some(BTreeMap::new())),
             };
             let old = self.entries_of(d);
             for (n, (i, ft)) in &old {
@@ -190,7 +304,7 @@ impl Engine {
                     added.push((d, n.clone(), *i, *ft));
                 }
             }
-            new_dirs.push((d, new_entries));
+            new_dirs.push((d, new_entries, new_blocks));
         }
 
         // 2. Names as they were.
@@ -205,8 +319,12 @@ impl Engine {
         }
 
         // 3. Apply.
-        for (d, e) in new_dirs {
+        for (d, e, blocks) in new_dirs {
             self.dirs.insert(d, e);
+            match blocks {
+                Some(b) => self.dir_blocks.insert(d, b),
+                None => self.dir_blocks.remove(&d),
+            };
         }
         for (d, n, i, _) in &removed {
             if self.primary(*i).as_ref() == Some(&(*d, n.clone())) {

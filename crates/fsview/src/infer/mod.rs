@@ -148,6 +148,8 @@ struct Batch {
     freed: BTreeSet<u32>,
     /// Inodes whose block map or size changed: pending blocks may now be theirs.
     claims: BTreeSet<u32>,
+    /// Content of directory blocks written in the batch: (directory, block index) -> bytes.
+    dir_writes: BTreeMap<(u32, u64), Vec<u8>>,
 }
 
 impl Batch {
@@ -172,6 +174,10 @@ pub struct Engine {
     rev: BTreeMap<(u64, u32), Run>,
     /// Full entry lists of changed directories.
     dirs: HashMap<u32, Entries>,
+    /// The same per directory block, for directories whose entries' blocks are known (all but
+    /// inline directories and those past 65534 blocks): a written block is diffed alone,
+    /// without reading the others from the disk, which may already be ahead of the stream.
+    dir_blocks: HashMap<u32, BTreeMap<u64, Entries>>,
     /// Primary name (directory, entry name) of inodes whose names changed (`None`: none).
     links: HashMap<u32, Option<(u32, Vec<u8>)>>,
     /// Fingerprints of on-disk inodes already compared (skips unchanged slots).
@@ -240,6 +246,7 @@ impl Engine {
             inodes: HashMap::new(),
             rev: BTreeMap::new(),
             dirs: HashMap::new(),
+            dir_blocks: HashMap::new(),
             links: HashMap::new(),
             fps: HashMap::new(),
             cache: HashMap::new(),
@@ -365,6 +372,7 @@ impl Engine {
                 .values()
                 .map(|d| d.keys().map(|n| n.len() + 48).sum::<usize>())
                 .sum::<usize>()
+                * 2
             + self.rev.len() * 48
             + self.links.len() * 48
             + self.fps.len() * 16;
@@ -613,7 +621,10 @@ impl Engine {
     ) {
         match owner {
             Owner::InodeTable { first_ino, .. } => self.inode_table(first_ino, content),
-            Owner::Directory { ino, .. } => {
+            Owner::Directory { ino, file_block } => {
+                self.batch
+                    .dir_writes
+                    .insert((ino, file_block), content.to_vec());
                 self.batch.dirty_dirs.insert(ino);
             }
             Owner::ExtentTree { ino } | Owner::IndirectBlock { ino } => self.reload_inode(ino),

@@ -184,6 +184,12 @@ fn pending_blocks_are_claimed_or_expire() {
     assert_eq!((st.pending_blocks, st.pending_expired), (0, 1));
     assert!(out.is_empty());
 
+    // A discard voids a waiting write.
+    img.write(&mut e, free[0], &vec![8u8; bs as usize], &mut out);
+    assert_eq!(e.stats().pending_blocks, 1);
+    e.discard(free[0] * bs, bs, 1, &mut out);
+    assert_eq!(e.stats().pending_blocks, 0);
+
     // Data first, then the inode that maps it (f.txt grows into a second block).
     img.write(&mut e, free[1], &vec![b'x'; bs as usize], &mut out);
     let ino = img.index.lookup("/f.txt").unwrap();

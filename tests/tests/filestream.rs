@@ -1,0 +1,1163 @@
+//! File-update streaming on real guests (issue 5), checked against oracles inside the guest:
+//! `inotifywait` sees the same creates, deletes, renames and attribute changes as vmsight's
+//! events; the FUSE view of the running VM equals the guest's own `find`/`sha256sum`; Redis and
+//! `vmsight watch` deliver the same messages; a live attach starts streaming a running VM; an
+//! overloaded stream keeps every metadata event and reports its data drops.
+#![allow(clippy::unwrap_used)] // Test code: a failed unwrap is a failed test.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{self, Receiver};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use vmsight_tests::*;
+
+// ---------------------------------------------------------------------------------------------
+// A guest that runs while the test acts on it.
+
+/// A `vmsight run` whose stdin is a pipe (forwarded to the guest command) and whose stdout is
+/// read line by line as it comes.
+struct LiveVm {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<String>,
+    seen: Vec<String>,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl LiveVm {
+    fn start(args: &[&str]) -> LiveVm {
+        let mut child = vmsight()
+            .arg("run")
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start vmsight run");
+        let stdin = child.stdin.take();
+        let (tx, rx) = mpsc::channel();
+        let out = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for l in BufReader::new(out).lines() {
+                let Ok(l) = l else { break };
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let err = child.stderr.take().unwrap();
+        let e2 = stderr.clone();
+        std::thread::spawn(move || {
+            for l in BufReader::new(err).lines() {
+                let Ok(l) = l else { break };
+                let mut s = e2.lock().unwrap();
+                s.push_str(&l);
+                s.push('\n');
+            }
+        });
+        LiveVm {
+            child,
+            stdin,
+            lines: rx,
+            seen: Vec::new(),
+            stderr,
+        }
+    }
+
+    /// Waits for a stdout line equal to `marker` (bounded: a guest that never gets there is a
+    /// failure, not a hang).
+    fn wait_line(&mut self, marker: &str) {
+        let deadline = Instant::now() + Duration::from_secs(600);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => {
+                    let hit = l == marker;
+                    self.seen.push(l);
+                    if hit {
+                        return;
+                    }
+                }
+                Err(_) => panic!(
+                    "the guest never printed {marker:?}; stdout {:?}, stderr {}",
+                    self.seen,
+                    self.stderr.lock().unwrap()
+                ),
+            }
+        }
+    }
+
+    /// Stdout lines between the lines `from` and `to` (exclusive) seen so far.
+    fn section(&self, from: &str, to: &str) -> Vec<String> {
+        let start = self.seen.iter().position(|l| l == from).unwrap() + 1;
+        let end = self.seen[start..].iter().position(|l| l == to).unwrap() + start;
+        self.seen[start..end].to_vec()
+    }
+
+    fn send(&mut self, line: &str) {
+        let s = self.stdin.as_mut().unwrap();
+        s.write_all(line.as_bytes()).unwrap();
+        s.write_all(b"\n").unwrap();
+        s.flush().unwrap();
+    }
+
+    /// Closes stdin and waits for the end: (exit code, remaining stdout, stderr).
+    fn finish(mut self) -> (Option<i32>, Vec<String>, String) {
+        drop(self.stdin.take());
+        let code = self.child.wait().unwrap().code();
+        while let Ok(l) = self.lines.recv_timeout(Duration::from_secs(5)) {
+            self.seen.push(l);
+        }
+        let err = self.stderr.lock().unwrap().clone();
+        (code, std::mem::take(&mut self.seen), err)
+    }
+}
+
+impl Drop for LiveVm {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A background helper process killed when the test ends.
+struct Bg(Child);
+
+impl Drop for Bg {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) of our own child by its pid; SIGTERM lets it clean up.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if self.0.try_wait().ok().flatten().is_some() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Collects a child's stdout lines into a shared vector as they arrive.
+fn collect_lines(child: &mut Child) -> Arc<Mutex<Vec<String>>> {
+    let out = child.stdout.take().unwrap();
+    let lines = Arc::new(Mutex::new(Vec::new()));
+    let l2 = lines.clone();
+    std::thread::spawn(move || {
+        for l in BufReader::new(out).lines() {
+            let Ok(l) = l else { break };
+            l2.lock().unwrap().push(l);
+        }
+    });
+    lines
+}
+
+/// Polls `f` until it returns true (bounded; the bound is a hang guard, not a timing check).
+fn wait_until(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < deadline {
+        if f() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    panic!("timed out waiting for {what}");
+}
+
+fn read_events(file: &Path) -> Vec<Value> {
+    std::fs::read_to_string(file)
+        .unwrap_or_else(|e| panic!("events file {}: {e}", file.display()))
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad event line {l:?}: {e}")))
+        .collect()
+}
+
+fn s<'a>(v: &'a Value, k: &str) -> &'a str {
+    v[k].as_str().unwrap_or("")
+}
+
+fn has_event(evs: &[Value], ty: &str, path: &str) -> bool {
+    evs.iter()
+        .any(|e| s(e, "type") == ty && s(e, "path") == path)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Net effect of a step: the comparison rule between inotify and vmsight.
+
+/// What one step (the changes between two `sync`-separated markers) did to one object.
+#[derive(Debug, Default, Clone)]
+struct Obj {
+    /// Name at the start of the step (None: created in the step).
+    start: Option<String>,
+    /// Name at the end (None: deleted).
+    end: Option<String>,
+    dir: bool,
+    attrib: bool,
+    modify: bool,
+}
+
+/// Follows names through creates, deletes and renames (a directory rename moves the names
+/// below it), so both streams reduce to the same per-step net effect.
+#[derive(Debug, Default)]
+struct NetEffect {
+    objs: Vec<Obj>,
+    by_name: BTreeMap<String, usize>,
+    /// Directory renames of this step (old, new), to find the start name of a name first
+    /// seen below a renamed directory.
+    dir_moves: Vec<(String, String)>,
+    /// The step's input lines, for failure messages.
+    raw: Vec<String>,
+}
+
+impl NetEffect {
+    fn obj(&mut self, name: &str) -> usize {
+        if let Some(&i) = self.by_name.get(name) {
+            return i;
+        }
+        // A name first seen below a directory created in this step is new too (inotifywait
+        // -r watches a new directory only once it exists, so it can miss the creates in it).
+        let in_new_dir = self.objs.iter().any(|o| {
+            o.start.is_none()
+                && o.dir
+                && o.end
+                    .as_ref()
+                    .is_some_and(|e| name.starts_with(&format!("{e}/")))
+        });
+        if in_new_dir {
+            self.create(name, false);
+            return self.objs.len() - 1;
+        }
+        let mut start = name.to_string();
+        for (old, new) in self.dir_moves.iter().rev() {
+            if let Some(rest) = start.strip_prefix(&format!("{new}/")) {
+                start = format!("{old}/{rest}");
+            }
+        }
+        self.objs.push(Obj {
+            start: Some(start),
+            end: Some(name.to_string()),
+            ..Obj::default()
+        });
+        self.by_name.insert(name.to_string(), self.objs.len() - 1);
+        self.objs.len() - 1
+    }
+
+    fn create(&mut self, name: &str, dir: bool) {
+        self.by_name.remove(name);
+        self.objs.push(Obj {
+            start: None,
+            end: Some(name.to_string()),
+            dir,
+            ..Obj::default()
+        });
+        self.by_name.insert(name.to_string(), self.objs.len() - 1);
+    }
+
+    fn delete(&mut self, name: &str, dir: bool) {
+        let i = self.obj(name);
+        self.objs[i].end = None;
+        self.objs[i].dir |= dir;
+        self.by_name.remove(name);
+    }
+
+    fn rename(&mut self, from: &str, to: &str, dir: bool) {
+        let i = self.obj(from);
+        self.objs[i].dir |= dir;
+        self.rename_obj(i, from, to);
+    }
+
+    fn rename_obj(&mut self, i: usize, from: &str, to: &str) {
+        if self.by_name.get(from) == Some(&i) {
+            self.by_name.remove(from);
+        }
+        self.by_name.remove(to);
+        self.objs[i].end = Some(to.to_string());
+        self.by_name.insert(to.to_string(), i);
+        // Events do not say whether a renamed object is a directory: move any names below it
+        // (a file has none).
+        {
+            let prefix = format!("{from}/");
+            let moved: Vec<(String, usize)> = self
+                .by_name
+                .range(prefix.clone()..)
+                .take_while(|(k, _)| k.starts_with(&prefix))
+                .map(|(k, v)| (k.clone(), *v))
+                .collect();
+            for (k, v) in moved {
+                let n = format!("{to}/{}", &k[prefix.len()..]);
+                self.by_name.remove(&k);
+                self.objs[v].end = Some(n.clone());
+                self.by_name.insert(n, v);
+            }
+            self.dir_moves.push((from.to_string(), to.to_string()));
+        }
+    }
+
+    fn attrib(&mut self, name: &str) {
+        let i = self.obj(name);
+        self.objs[i].attrib = true;
+    }
+
+    fn modify(&mut self, name: &str) {
+        let i = self.obj(name);
+        self.objs[i].modify = true;
+    }
+
+    /// Name changes as comparable items: `create D|F path`, `delete path`, `rename a -> b`.
+    fn names(&self) -> BTreeSet<String> {
+        let mut out = BTreeSet::new();
+        for o in &self.objs {
+            match (&o.start, &o.end) {
+                (None, Some(e)) => {
+                    out.insert(format!("create {} {e}", if o.dir { "D" } else { "F" }));
+                }
+                (Some(s), None) => {
+                    out.insert(format!("delete {s}"));
+                }
+                (Some(s), Some(e)) if s != e => {
+                    out.insert(format!("rename {s} -> {e}"));
+                }
+                _ => {}
+            }
+        }
+        out
+    }
+
+    /// Attribute changes of objects that existed before the step and still exist (the
+    /// attributes of a new object are part of its create; those of a deleted one are gone).
+    fn attribs(&self) -> BTreeSet<String> {
+        self.objs
+            .iter()
+            .filter(|o| o.attrib && o.start.is_some())
+            .filter_map(|o| o.end.clone())
+            .collect()
+    }
+
+    /// Objects whose data or size changed and that still exist.
+    fn modified(&self) -> BTreeSet<String> {
+        self.objs
+            .iter()
+            .filter(|o| o.modify)
+            .filter_map(|o| o.end.clone())
+            .collect()
+    }
+}
+
+/// Splits inotifywait lines (`EVENTS|path`) into steps at `CREATE|/run/mark/N` and reduces each
+/// step to its net effect, keeping paths under `trees`.
+fn inotify_steps(lines: &[String], trees: &[&str]) -> Vec<NetEffect> {
+    let mut steps = vec![NetEffect::default()];
+    let under = |p: &str| trees.iter().any(|t| p.starts_with(&format!("{t}/")));
+    let mut moved_from: Option<(String, bool)> = None;
+    for l in lines {
+        let Some((evs, path)) = l.split_once('|') else {
+            continue;
+        };
+        // A directory's own watch reports it with a trailing slash, as `*_SELF` or as a
+        // duplicate of its parent's event.
+        if path.ends_with('/') {
+            continue;
+        }
+        let evs: BTreeSet<&str> = evs.split(',').collect();
+        if path.starts_with("/run/mark/") {
+            if evs.contains("CREATE") {
+                steps.push(NetEffect::default());
+            }
+            continue;
+        }
+        if !under(path) {
+            continue;
+        }
+        let dir = evs.contains("ISDIR");
+        let ne = steps.last_mut().unwrap();
+        ne.raw.push(l.clone());
+        if evs.contains("CREATE") {
+            ne.create(path, dir);
+        } else if evs.contains("DELETE") {
+            ne.delete(path, dir);
+        } else if evs.contains("MOVED_FROM") {
+            moved_from = Some((path.to_string(), dir));
+        } else if evs.contains("MOVED_TO") {
+            match moved_from.take() {
+                Some((from, _)) => ne.rename(&from, path, dir),
+                // Moved in from outside the watched trees.
+                None => ne.create(path, dir),
+            }
+        } else if evs.contains("ATTRIB") {
+            ne.attrib(path);
+        } else if evs.contains("MODIFY") {
+            ne.modify(path);
+        }
+    }
+    steps
+}
+
+/// Splits vmsight's events of one disk into steps at the creates of `marks/N` and reduces each
+/// step to its net effect, keeping paths under `trees`.
+fn vmsight_steps(events: &[Value], marks: &str, trees: &[&str]) -> Vec<NetEffect> {
+    let mut steps = vec![NetEffect::default()];
+    let under = |p: &str| trees.iter().any(|t| p.starts_with(&format!("{t}/")));
+    // The events of one transaction are a net change, not a syscall sequence (deletes, then
+    // renames and creates, then attributes): old names refer to the state before it, new
+    // names to the state after. Apply each transaction in those phases.
+    let mut group: Vec<&Value> = Vec::new();
+    let flush = |ne: &mut NetEffect, group: &mut Vec<&Value>| {
+        let phase = |ty: &str| match ty {
+            "delete" | "rmdir" => 0,
+            "rename" => 1,
+            "create" | "symlink" | "link" | "mkdir" => 2,
+            _ => 3,
+        };
+        group.sort_by_key(|e| phase(s(e, "type")));
+        // Renames: look every source up before any of them moves.
+        let ids: Vec<Option<usize>> = group
+            .iter()
+            .map(|e| (s(e, "type") == "rename").then(|| ne.obj(s(e, "old_path"))))
+            .collect();
+        for (e, id) in group.iter().zip(ids) {
+            let (ty, path) = (s(e, "type"), s(e, "path"));
+            match ty {
+                "create" | "symlink" | "link" => ne.create(path, false),
+                "mkdir" => ne.create(path, true),
+                "delete" => ne.delete(path, false),
+                "rmdir" => ne.delete(path, true),
+                "rename" => ne.rename_obj(id.unwrap(), s(e, "old_path"), path),
+                "chmod" | "chown" | "mtime" => ne.attrib(path),
+                "write" | "truncate" | "extend" => ne.modify(path),
+                _ => {}
+            }
+        }
+        group.clear();
+    };
+    let mut txn: Option<Value> = None;
+    for e in events {
+        let (ty, path) = (s(e, "type"), s(e, "path"));
+        if ty == "create" && path.starts_with(&format!("{marks}/")) {
+            flush(steps.last_mut().unwrap(), &mut group);
+            steps.push(NetEffect::default());
+            continue;
+        }
+        if !under(path) {
+            continue;
+        }
+        if txn.as_ref() != Some(&e["txn"]) {
+            flush(steps.last_mut().unwrap(), &mut group);
+            txn = Some(e["txn"].clone());
+        }
+        steps.last_mut().unwrap().raw.push(e.to_string());
+        group.push(e);
+    }
+    flush(steps.last_mut().unwrap(), &mut group);
+    steps
+}
+
+/// The comparison rule (also in docs/filestream.md, "Guarantees and what cannot be seen"),
+/// per step between two `sync`s:
+/// - every name change inotify saw, reduced to its net effect over the step, is among
+///   vmsight's (same reduction): a create, delete or rename undone within the step is
+///   invisible on disk, and `a -> b -> c` is `a -> c`;
+/// - vmsight may report more names only below a directory created in the same step
+///   (`inotifywait -r` watches a new directory only after it was created, so it misses what
+///   is created in it right away, e.g. by dpkg);
+/// - every attribute change (ATTRIB) inotify saw on an object that existed before the step
+///   and still exists is a `chmod`, `chown` or `mtime` event for that object; on objects
+///   created in the step it is part of the create;
+/// - every object inotify saw modified (MODIFY) that still exists has a `write`, `truncate`
+///   or `extend` event in the step.
+fn compare_step(n: usize, ino: &NetEffect, vm: &NetEffect) {
+    let raw = format!(
+        "\ninotify:\n{}\nvmsight:\n{}",
+        ino.raw.join("\n"),
+        vm.raw.join("\n")
+    );
+    let (a, b) = (ino.names(), vm.names());
+    let missing: Vec<_> = a.difference(&b).collect();
+    assert!(
+        missing.is_empty(),
+        "step {n}: name changes inotify saw but vmsight did not: {missing:?}\n inotify {a:?}\n vmsight {b:?}{raw}"
+    );
+    let new_dirs: Vec<String> = a
+        .iter()
+        .filter_map(|x| x.strip_prefix("create D "))
+        .map(|d| format!("{d}/"))
+        .collect();
+    let extra: Vec<_> = b
+        .difference(&a)
+        .filter(|x| {
+            let p = x.rsplit(' ').next().unwrap_or("");
+            !(x.starts_with("create ") && new_dirs.iter().any(|d| p.starts_with(d.as_str())))
+        })
+        .collect();
+    assert!(
+        extra.is_empty(),
+        "step {n}: name changes vmsight reported that inotify did not see: {extra:?}\n inotify {a:?}\n vmsight {b:?}{raw}"
+    );
+    let (a, b) = (ino.attribs(), vm.attribs());
+    let missing: Vec<_> = a.difference(&b).collect();
+    assert!(
+        missing.is_empty(),
+        "step {n}: attribute changes inotify saw but vmsight did not: {missing:?} (vmsight: {b:?}){raw}"
+    );
+    let (a, b) = (ino.modified(), vm.modified());
+    let missing: Vec<_> = a.difference(&b).collect();
+    assert!(
+        missing.is_empty(),
+        "step {n}: data changes inotify saw but vmsight did not: {missing:?} (vmsight: {b:?}){raw}"
+    );
+}
+
+/// The workload on tree `$T`; `mark N` separates steps (sync; marker files on both disks,
+/// each in its own transaction; then the inotify marker).
+const TREE_WORKLOAD: &str = r#"
+  mkdir $T/d1 $T/d2 $T/logs $T/olddir
+  echo a > $T/a; echo b > $T/b; echo c > $T/c; echo 0123456789 > $T/trunc
+  echo line1 > $T/logs/app.log; echo x > $T/olddir/child; echo y > $T/olddir/keep
+  mark
+  echo more >> $T/a; mv $T/b $T/b2; mark
+  mv $T/c $T/d1/c; mv $T/olddir $T/d2/newdir; mark
+  truncate -s 2 $T/trunc; chmod 600 $T/b2; chmod 700 $T/d1; chown 1234:5678 $T/d1/c; mark
+  ln $T/b2 $T/d2/b2-link; ln -s ../a $T/d1/sym
+  ln -s /a/very/long/symlink/target/that/does/not/fit/into/the/inode/because/it/is/longer/than/sixty/bytes $T/d1/longsym
+  mark
+  rm $T/d2/b2-link; rm $T/a; rm -r $T/d2/newdir; mark
+  mv $T/logs/app.log $T/logs/app.log.1; echo line2 > $T/logs/app.log; mark
+  touch -d @1000000000 $T/b2; chown 42 $T/d2; mark
+  echo tmp > $T/tmpfile; mv $T/tmpfile $T/tmp2; mv $T/tmp2 $T/final; echo gone > $T/gone; rm $T/gone; mark
+  mv $T/d1 $T/d1-renamed; mv $T/d1-renamed/c $T/c-back; mark
+"#;
+
+const INOTIFY_SCRIPT: &str = r#"
+set -e
+N=0
+mark() { sync; N=$((N+1)); touch /var/tmp/stmarks/$N /mnt/w/.marks/$N; sync; touch /run/mark/$N; }
+mkdir -p /mnt/w /srv/w /opt /run/mark /var/tmp/stmarks
+mount /dev/vdb /mnt/w
+mkdir -p /mnt/w/.marks
+# The package is built before inotifywait starts: only its installation is watched.
+mkdir -p /tmp/pkg/DEBIAN /tmp/pkg/opt/stpkg/bin /tmp/pkg/opt/stpkg/share/doc
+printf 'Package: stpkg\nVersion: 1.0\nArchitecture: all\nMaintainer: t <t@example.com>\nDescription: test package\n' > /tmp/pkg/DEBIAN/control
+printf '#!/bin/sh\necho hello\n' > /tmp/pkg/opt/stpkg/bin/hello; chmod 755 /tmp/pkg/opt/stpkg/bin/hello
+echo readme > /tmp/pkg/opt/stpkg/share/doc/README
+ln -s bin/hello /tmp/pkg/opt/stpkg/run
+dpkg-deb --build /tmp/pkg /tmp/stpkg.deb >/dev/null
+sync
+inotifywait -m -r --exclude '^/mnt/w/\.marks' --format '%e|%w%f' -o /run/ino.log /mnt/w /srv/w /opt /run/mark 2>/run/ino.err &
+IW=$!
+while ! grep -q 'Watches established' /run/ino.err; do sleep 0.2; done
+mark
+for T in /mnt/w /srv/w; do
+"#;
+
+const INOTIFY_SCRIPT_END: &str = r#"
+done
+dpkg -i /tmp/stpkg.deb >/dev/null
+mark
+/opt/stpkg/run
+mv /opt/stpkg/share/doc/README /opt/stpkg/README; chmod 700 /opt/stpkg/bin/hello; mark
+sync; sleep 1
+kill $IW
+echo ===INOTIFY
+cat /run/ino.log
+echo ===END
+"#;
+
+#[test]
+fn inotify_in_the_guest_sees_nothing_vmsight_misses() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("w.img");
+    make_ext4(&img, 64);
+    let events = dir.path().join("events.jsonl");
+    let script = format!("{INOTIFY_SCRIPT}{TREE_WORKLOAD}{INOTIFY_SCRIPT_END}");
+    let disk = format!("{},mount=/mnt/w", img.display());
+    let mut args = vec!["run", "--disk", &disk, "--events"];
+    let ev = events.to_str().unwrap();
+    args.push(ev);
+    args.extend_from_slice(&["--", "bash", "-c", &script]);
+    let r = run(&args);
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert!(r.stdout.contains("hello\n"), "the package runs: {r:?}");
+    let out: Vec<String> = r.stdout.lines().map(str::to_string).collect();
+    let from = out.iter().position(|l| l == "===INOTIFY").unwrap() + 1;
+    let to = out.iter().position(|l| l == "===END").unwrap();
+    let inotify = &out[from..to];
+    let evs = read_events(&events);
+
+    let ino_extra = inotify_steps(inotify, &["/mnt/w"]);
+    let ino_root = inotify_steps(inotify, &["/srv/w", "/opt"]);
+    let extra_evs: Vec<Value> = evs
+        .iter()
+        .filter(|e| s(e, "path").starts_with("/mnt/w/"))
+        .cloned()
+        .collect();
+    let root_evs: Vec<Value> = evs
+        .iter()
+        .filter(|e| !s(e, "path").starts_with("/mnt/w/"))
+        .cloned()
+        .collect();
+    let vm_extra = vmsight_steps(&extra_evs, "/mnt/w/.marks", &["/mnt/w"]);
+    let vm_root = vmsight_steps(&root_evs, "/var/tmp/stmarks", &["/srv/w", "/opt"]);
+    // Marks: 1 after the setup, 10 per tree, 2 for dpkg; step k runs from mark k to mark k+1.
+    let steps = 1 + 10 + 10 + 2 + 1;
+    for (what, v) in [
+        ("inotify", &ino_extra),
+        ("vmsight extra disk", &vm_extra),
+        ("vmsight root disk", &vm_root),
+    ] {
+        assert_eq!(v.len(), steps, "{what}: steps");
+    }
+    let mut compared = 0;
+    for n in 1..steps {
+        compare_step(n, &ino_extra[n], &vm_extra[n]);
+        compare_step(n, &ino_root[n], &vm_root[n]);
+        compared += ino_extra[n].names().len() + ino_root[n].names().len();
+        compared += ino_extra[n].attribs().len() + ino_root[n].attribs().len();
+    }
+    // Not vacuous: the workload's changes were seen by inotify and compared.
+    assert!(compared >= 60, "only {compared} changes compared");
+    // The dpkg step (net effect: the package's names appear, whatever temporary names dpkg
+    // used) and the log rotation are in there.
+    let dpkg = ino_root[steps - 3].names();
+    for p in [
+        "create D /opt/stpkg",
+        "create F /opt/stpkg/bin/hello",
+        "create F /opt/stpkg/run",
+    ] {
+        assert!(dpkg.contains(p), "{p} in {dpkg:?}");
+    }
+    assert!(vm_root[steps - 3]
+        .names()
+        .contains("create F /opt/stpkg/share/doc/README"));
+    for t in ["/mnt/w", "/srv/w"] {
+        let rot = if t == "/mnt/w" {
+            &vm_extra[7]
+        } else {
+            &vm_root[17]
+        };
+        let names = rot.names();
+        assert!(
+            names.contains(&format!("rename {t}/logs/app.log -> {t}/logs/app.log.1"))
+                && names.contains(&format!("create F {t}/logs/app.log")),
+            "log rotation in {t}: {names:?}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn stream_of_an_unknown_vm_is_a_clear_error() {
+    let r = run(&["stream", "nosuchvm"]);
+    assert_ne!(r.code, Some(0), "{r:?}");
+    assert!(
+        r.stderr.contains("no running VM named \"nosuchvm\""),
+        "{r:?}"
+    );
+    let r = run(&["stream", "bad/name"]);
+    assert_ne!(r.code, Some(0), "{r:?}");
+    assert!(r.stderr.starts_with("vmsight: "), "{r:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The guest's own view against `vmsight mount`.
+
+const VIEW_SCRIPT: &str = r#"
+set -e
+mkdir -p /srv/view/sub/deep /srv/view/many
+cd /srv/view
+echo hello > a.txt
+: > empty
+head -c 5000 /dev/urandom > r5000
+head -c 1048576 /dev/urandom > r1m
+truncate -s 10M sparse; echo tail >> sparse
+printf 'Nov 22 10:00:00 web1 sshd[1]: Failed password for root from 10.0.0.1\n' > sub/auth.log
+for i in $(seq 1 60); do echo "file $i" > many/f$i; done
+ln a.txt sub/hard; ln -s a.txt sym
+ln -s /a/very/long/symlink/target/that/does/not/fit/into/the/inode/because/it/is/long sub/longsym
+echo x > sub/deep/x
+chmod 600 r5000; chmod 4755 sub/deep/x; chmod 700 sub/deep; chmod 0444 many/f3
+chown 1234:5678 a.txt; chown 70000:70001 empty
+sync
+mv many/f1 sub/moved; rm many/f2; mkdir gone; rmdir gone; echo appended >> a.txt
+dd if=/dev/urandom of=r1m bs=4096 count=3 seek=7 conv=notrunc status=none
+sync
+echo ===FIND
+find /srv/view -printf '%P %s %m %U %G %T@ %y %l\n' | sort
+echo ===SUM
+cd /srv/view; find . -type f -print0 | sort -z | xargs -0 sha256sum
+echo ===GREP
+grep -rl "Failed password" /srv/view | sed 's|^/srv/view/||' | sort
+echo ===PERM
+find /srv/view -not -perm 644 -printf '%P\n' | sort
+echo ===WAIT
+read x
+echo ===BYE
+"#;
+
+/// `find -printf '%P %s %m %U %G %T@ %y %l'` with times cut to whole seconds (the view's
+/// resolution).
+fn find_listing(root: &Path) -> Vec<String> {
+    let o = Command::new("find")
+        .arg(root)
+        .args(["-printf", "%P %s %m %U %G %T@ %y %l\\n"])
+        .output()
+        .unwrap();
+    let mut v: Vec<String> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(whole_seconds)
+        .collect();
+    v.sort();
+    v
+}
+
+fn whole_seconds(line: &str) -> String {
+    // Fields: path size mode uid gid time type [target]; the path never has spaces here.
+    let mut f: Vec<String> = line.split(' ').map(str::to_string).collect();
+    if f.len() > 5 {
+        f[5] = f[5].split('.').next().unwrap_or("").to_string();
+    }
+    f.join(" ")
+}
+
+fn sh_out(cmd: &str, dir: &Path) -> Vec<String> {
+    let o = Command::new("sh")
+        .arg("-c")
+        .arg(cmd)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn mounted_view_of_the_running_guest_equals_its_own_find_and_sha256() {
+    let name = vm_name("view");
+    let mut vm = LiveVm::start(&["--name", &name, "--", "bash", "-c", VIEW_SCRIPT]);
+    vm.wait_line("===WAIT");
+    let guest_find: Vec<String> = {
+        let mut v: Vec<String> = vm
+            .section("===FIND", "===SUM")
+            .iter()
+            .map(|l| whole_seconds(l))
+            .collect();
+        v.sort();
+        v
+    };
+    let guest_sum = vm.section("===SUM", "===GREP");
+    let guest_grep = vm.section("===GREP", "===PERM");
+    let guest_perm = vm.section("===PERM", "===WAIT");
+    assert!(guest_find.len() > 70, "{guest_find:?}");
+    assert_eq!(guest_grep, ["sub/auth.log"]);
+
+    let mnt = tempfile::tempdir().unwrap();
+    let _mount = Bg(vmsight()
+        .arg("mount")
+        .arg(mnt.path())
+        .args(["--vm", &name, "--host", "h"])
+        .spawn()
+        .unwrap());
+    let tree = mnt.path().join("h").join(&name).join("srv/view");
+    wait_until("the view to show /srv/view", 60, || {
+        tree.join("a.txt").exists()
+    });
+    // The view follows the guest's committed state; it may lag the sync by a batch and the
+    // kernel caches attributes for 1 s, so compare until equal (bounded).
+    let mut host_find = Vec::new();
+    let mut host_sum = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        host_find = find_listing(&tree);
+        host_sum = sh_out(
+            "find . -type f -print0 | sort -z | xargs -0 sha256sum",
+            &tree,
+        );
+        if host_find == guest_find && host_sum == guest_sum {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let diff: Vec<_> = guest_find
+        .iter()
+        .filter(|l| !host_find.contains(l))
+        .map(|l| format!("guest: {l}"))
+        .chain(
+            host_find
+                .iter()
+                .filter(|l| !guest_find.contains(l))
+                .map(|l| format!("view:  {l}")),
+        )
+        .collect();
+    assert!(
+        diff.is_empty(),
+        "find listings differ:\n{}",
+        diff.join("\n")
+    );
+    assert_eq!(host_sum, guest_sum, "sha256 of every file");
+    // Legacy tools on the mount, as in the paper.
+    let grep = sh_out(
+        "grep -rl 'Failed password' . | sed 's|^\\./||' | sort",
+        &tree,
+    );
+    assert_eq!(grep, guest_grep);
+    let perm = sh_out("find . -not -perm 644 -printf '%P\\n' | sort", &tree);
+    assert_eq!(perm, guest_perm);
+    assert!(perm.contains(&"r5000".to_string()) && perm.contains(&"sub/deep/x".to_string()));
+
+    let st = Command::new("fusermount3")
+        .arg("-u")
+        .arg(mnt.path())
+        .status()
+        .unwrap();
+    assert!(st.success(), "unmount");
+    vm.send("go");
+    let (code, out, err) = vm.finish();
+    assert_eq!(code, Some(0), "{out:?} {err}");
+    assert!(out.iter().any(|l| l == "===BYE"), "{out:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Redis and `vmsight watch` deliver the same messages.
+
+const REDIS_PASSWORD: &str = "st-s3cret";
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The guest writes probe files until the test has seen both subscribers receive one, then
+/// runs the workload.
+const REDIS_SCRIPT: &str = r#"
+set -e
+mkdir -p /srv/r; i=0
+while ! read -t 1 x; do i=$((i+1)); echo $i > /srv/r/probe.$i; sync; done
+cd /srv/r; mkdir d; echo a > d/a; sync
+mv d/a d/b; chmod 600 d/b; echo more >> probe.1; sync
+rm d/b; rmdir d; ln -s probe.1 link; sync
+echo ===END
+"#;
+
+/// (seq, type, path) of the file events in JSON lines.
+fn triples(lines: &[String]) -> BTreeSet<(u64, String, String)> {
+    lines
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|v| {
+            let seq = v["seq"].as_u64()?;
+            Some((seq, s(&v, "type").to_string(), s(&v, "path").to_string()))
+        })
+        .collect()
+}
+
+/// Payloads of `pmessage` replies in `redis-cli` output (non-tty: one element per line).
+fn redis_payloads(lines: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < lines.len() {
+        if lines[i] == "pmessage" && i + 3 < lines.len() {
+            let (channel, payload) = (&lines[i + 2], &lines[i + 3]);
+            let v: Value = serde_json::from_str(payload).unwrap();
+            assert_eq!(
+                channel,
+                &format!("{}:{}:{}", s(&v, "host"), s(&v, "vm"), s(&v, "path")),
+                "channel of {payload}"
+            );
+            out.push(payload.clone());
+            i += 4;
+        } else {
+            i += 1;
+        }
+    }
+    out
+}
+
+#[test]
+fn redis_subscriber_and_watch_receive_the_same_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port().to_string();
+    let _redis = Bg(Command::new("redis-server")
+        .args(["--port", &port, "--bind", "127.0.0.1"])
+        .args([
+            "--requirepass",
+            REDIS_PASSWORD,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .arg("--dir")
+        .arg(dir.path())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("redis-server is not installed (scripts/setup-host.sh installs it)"));
+    let cli = |args: &[&str]| {
+        Command::new("redis-cli")
+            .args(["-p", &port, "-a", REDIS_PASSWORD, "--no-auth-warning"])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    wait_until("redis-server", 30, || {
+        let o = cli(&["PING"]).wait_with_output().unwrap();
+        String::from_utf8_lossy(&o.stdout).trim() == "PONG"
+    });
+    let mut sub = cli(&["PSUBSCRIBE", "*"]);
+    let sub_lines = collect_lines(&mut sub);
+    let _sub = Bg(sub);
+    wait_until("the Redis subscription", 30, || {
+        sub_lines.lock().unwrap().first().map(String::as_str) == Some("psubscribe")
+    });
+
+    let name = vm_name("redis");
+    let events = dir.path().join("events.jsonl");
+    let url = format!("redis://:{REDIS_PASSWORD}@127.0.0.1:{port}/");
+    let mut vm = LiveVm::start(&[
+        "--name",
+        &name,
+        "--redis",
+        &url,
+        "--events",
+        events.to_str().unwrap(),
+        "--",
+        "bash",
+        "-c",
+        REDIS_SCRIPT,
+    ]);
+    let mut watch = vmsight()
+        .args(["watch", "--json", "--vm", &name])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let watch_lines = collect_lines(&mut watch);
+    let watch = Bg(watch);
+    // Both subscribers are live once each has received a probe.
+    let probe = |lines: &[String]| lines.iter().any(|l| l.contains("/srv/r/probe."));
+    wait_until("probe events at both subscribers", 300, || {
+        probe(&watch_lines.lock().unwrap()) && probe(&redis_payloads(&sub_lines.lock().unwrap()))
+    });
+    vm.send("go");
+    let (code, out, err) = vm.finish();
+    assert_eq!(code, Some(0), "{out:?} {err}");
+    assert!(out.iter().any(|l| l == "===END"), "{out:?}");
+
+    let file = triples(
+        &std::fs::read_to_string(&events)
+            .unwrap()
+            .lines()
+            .map(str::to_string)
+            .collect::<Vec<_>>(),
+    );
+    let last = file.iter().map(|t| t.0).max().unwrap();
+    let upto_last = |lines: &[String]| triples(lines).iter().any(|t| t.0 == last);
+    wait_until("the last event at both subscribers", 60, || {
+        upto_last(&watch_lines.lock().unwrap())
+            && upto_last(&redis_payloads(&sub_lines.lock().unwrap()))
+    });
+    drop(watch);
+    let w = triples(&watch_lines.lock().unwrap());
+    let r = triples(&redis_payloads(&sub_lines.lock().unwrap()));
+    // Compare from the first message both had (they subscribed at different times).
+    let first = w.iter().next().unwrap().0.max(r.iter().next().unwrap().0);
+    let w: BTreeSet<_> = w.into_iter().filter(|t| t.0 >= first).collect();
+    let r: BTreeSet<_> = r.into_iter().filter(|t| t.0 >= first).collect();
+    let f: BTreeSet<_> = file.into_iter().filter(|t| t.0 >= first).collect();
+    assert_eq!(w, r, "watch vs Redis");
+    assert_eq!(w, f, "watch vs the events file");
+    let has = |ty: &str, p: &str| w.iter().any(|t| t.1 == ty && t.2 == p);
+    for (ty, p) in [
+        ("mkdir", "/srv/r/d"),
+        ("create", "/srv/r/d/a"),
+        ("rename", "/srv/r/d/b"),
+        ("chmod", "/srv/r/d/b"),
+        ("delete", "/srv/r/d/b"),
+        ("rmdir", "/srv/r/d"),
+        ("symlink", "/srv/r/link"),
+    ] {
+        assert!(has(ty, p), "{ty} {p} in {w:?}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Live attach.
+
+const ATTACH_SCRIPT: &str = r#"
+set -e
+mkdir -p /srv/la; echo pre > /srv/la/pre; echo keep > /srv/la/keep; sync
+echo ===READY
+read x
+cd /srv/la; mkdir sub; echo new > sub/new; mv pre sub/pre-moved; ln -s new sub/link; sync
+chmod 600 keep; rm sub/pre-moved; sync
+echo ===DONE
+"#;
+
+#[test]
+fn live_attach_streams_a_vm_started_without_streaming() {
+    let dir = tempfile::tempdir().unwrap();
+    let events = dir.path().join("events.jsonl");
+    let name = vm_name("attach");
+    let mut vm = LiveVm::start(&[
+        "--no-stream",
+        "--name",
+        &name,
+        "--events",
+        events.to_str().unwrap(),
+        "--",
+        "bash",
+        "-c",
+        ATTACH_SCRIPT,
+    ]);
+    vm.wait_line("===READY");
+    let st = run(&["stream", &name, "--status"]);
+    assert_eq!(st.code, Some(0), "{st:?}");
+    assert!(st.stdout.contains("disk0: not streaming"), "{st:?}");
+    assert!(
+        read_events(&events).is_empty(),
+        "no events before the attach"
+    );
+
+    let at = run(&["stream", &name]);
+    assert_eq!(at.code, Some(0), "{at:?}");
+    assert!(at.stdout.contains("disk0: streaming"), "{at:?}");
+    let again = run(&["stream", &name]);
+    assert_eq!(again.code, Some(0), "{again:?}");
+    assert!(again.stdout.contains("already streaming"), "{again:?}");
+
+    vm.send("go");
+    let (code, out, err) = vm.finish();
+    assert_eq!(code, Some(0), "{out:?} {err}");
+    assert!(out.iter().any(|l| l == "===DONE"), "{out:?}");
+    let evs = read_events(&events);
+    for (ty, p) in [
+        ("mkdir", "/srv/la/sub"),
+        ("create", "/srv/la/sub/new"),
+        ("rename", "/srv/la/sub/pre-moved"),
+        ("symlink", "/srv/la/sub/link"),
+        ("chmod", "/srv/la/keep"),
+        ("delete", "/srv/la/sub/pre-moved"),
+    ] {
+        assert!(has_event(&evs, ty, p), "{ty} {p} in {evs:?}");
+    }
+    let rename = evs
+        .iter()
+        .find(|e| s(e, "type") == "rename" && s(e, "path") == "/srv/la/sub/pre-moved")
+        .unwrap();
+    assert_eq!(s(rename, "old_path"), "/srv/la/pre");
+    // What happened before the attach is the crawl's starting state, not events.
+    assert!(!has_event(&evs, "create", "/srv/la/pre"), "{evs:?}");
+    assert_eq!(evs[0]["seq"].as_u64(), Some(1));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Overload.
+
+const OVERLOAD_SCRIPT: &str = r#"
+set -e
+mount /dev/vdb /mnt; cd /mnt
+for i in 1 2 3 4 5 6; do
+  mkdir dir$i; echo m > dir$i/meta; sync
+  fio --name=w$i --filename=dir$i/big --rw=write --bs=1M --size=24M --iodepth=32 --ioengine=libaio --direct=1 --output=/dev/null
+  sync; mv dir$i/meta dir$i/meta-renamed; chmod 600 dir$i/big; sync
+done
+for i in 1 2 3 4 5 6; do rm dir$i/meta-renamed; done
+sync
+echo ===DONE
+"#;
+
+#[test]
+fn overloaded_stream_keeps_metadata_and_reports_dropped_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("o.img");
+    make_ext4(&img, 512);
+    let events = dir.path().join("events.jsonl");
+    let stats = dir.path().join("stats.json");
+    let disk = format!("{},mount=/mnt/o", img.display());
+    let r = guest_sh_bash(&[
+        "--disk",
+        &disk,
+        "--stream-queue-mb",
+        "1",
+        "--events",
+        events.to_str().unwrap(),
+        "--stats-json",
+        stats.to_str().unwrap(),
+    ]);
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert!(r.stdout.contains("===DONE"), "{r:?}");
+    let evs = read_events(&events);
+    let st: Value = serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    let disk1 = &st["disks"][1];
+    eprintln!("tap {}\nstream {}", disk1["tap"], disk1["stream"]);
+    // The queue stays within its limit whatever the guest does.
+    let peak = disk1["tap"]["peak_queued_bytes"].as_u64().unwrap();
+    assert!(peak <= 1 << 20, "peak queue {peak} B over the 1 MiB limit");
+    // Every metadata change is there.
+    for i in 1..=6 {
+        let d = format!("/mnt/o/dir{i}");
+        for (ty, p) in [
+            ("mkdir", d.clone()),
+            ("create", format!("{d}/meta")),
+            ("create", format!("{d}/big")),
+            ("rename", format!("{d}/meta-renamed")),
+            ("chmod", format!("{d}/big")),
+            ("delete", format!("{d}/meta-renamed")),
+        ] {
+            assert!(has_event(&evs, ty, &p), "{ty} {p}");
+        }
+    }
+    // Data may be dropped, but only as reported: the bytes of the big files that no `write`
+    // event covers are at most the dropped bytes the stats report.
+    let mut missing = 0u64;
+    for i in 1..=6 {
+        let p = format!("/mnt/o/dir{i}/big");
+        let mut ranges: Vec<(u64, u64)> = evs
+            .iter()
+            .filter(|e| s(e, "type") == "write" && s(e, "path") == p)
+            .map(|e| {
+                (
+                    e["range"][0].as_u64().unwrap(),
+                    e["range"][1].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        ranges.sort_unstable();
+        let (mut covered, mut end) = (0u64, 0u64);
+        for (a, b) in ranges {
+            let a = a.max(end);
+            if b > a {
+                covered += b - a;
+                end = b;
+            }
+        }
+        missing += (24u64 << 20) - covered.min(24 << 20);
+    }
+    let dropped = disk1["stream"]["dropped_data_bytes"].as_u64().unwrap();
+    assert!(
+        missing <= dropped,
+        "{missing} bytes of data have no write event, but only {dropped} dropped bytes are reported"
+    );
+}
+
+/// Runs [`OVERLOAD_SCRIPT`] with bash in a fresh guest.
+fn guest_sh_bash(extra: &[&str]) -> Run {
+    let mut args = vec!["run"];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--", "bash", "-c", OVERLOAD_SCRIPT]);
+    run(&args)
+}
