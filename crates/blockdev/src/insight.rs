@@ -63,6 +63,17 @@ pub struct RequestInsight {
     pub file_offset: Option<u64>,
     /// The request writes the file system's journal (never cached by the priority policy).
     pub journal: bool,
+    /// Class of each 4 KiB of the request, from its start, when they differ (a request the
+    /// guest merged from blocks of several files); empty when every block has `class`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub block_classes: Vec<u8>,
+}
+
+impl RequestInsight {
+    /// Class of the 4 KiB block `i` of the request (counted from its start).
+    pub fn class_of_block(&self, i: usize) -> u8 {
+        self.block_classes.get(i).copied().unwrap_or(self.class)
+    }
 }
 
 impl RequestInsight {
@@ -79,6 +90,7 @@ impl RequestInsight {
             file: None,
             file_offset: None,
             journal: false,
+            block_classes: Vec::new(),
         }
     }
 }

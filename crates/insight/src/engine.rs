@@ -949,11 +949,47 @@ impl Engine {
         let t = tally.entry(r.insight.class).or_default();
         t.requests += 1;
         t.bytes += r.len;
-        self.log.write(if write {
-            InsightRecord::Write(r)
-        } else {
-            InsightRecord::Read(r)
-        });
+        // One log record per run of chunks with the same classification: a request the guest
+        // merged from blocks of several files is logged as the parts it is made of, so hints
+        // and files are attributed to exactly their blocks.
+        let mut start = 0usize;
+        while start < chunks.len() {
+            let ins = self.insight_of(&chunks[start..start + 1], r.insight.journal);
+            let mut end = start + 1;
+            while end < chunks.len()
+                && same_run(
+                    &self.insight_of(&chunks[end..end + 1], r.insight.journal),
+                    &ins,
+                )
+            {
+                end += 1;
+            }
+            let off = start as u64 * CHUNK;
+            let len = (end as u64 * CHUNK).min(r.len).saturating_sub(off);
+            let mut part = r.clone();
+            part.offset = r.offset + off;
+            part.len = len;
+            part.insight = if start == 0 && end == chunks.len() {
+                let mut whole = r.insight.clone();
+                whole.block_classes.clear();
+                whole
+            } else {
+                ins
+            };
+            self.log.write(if write {
+                InsightRecord::Write(part)
+            } else {
+                InsightRecord::Read(part)
+            });
+            start = end;
+        }
+        if chunks.is_empty() {
+            self.log.write(if write {
+                InsightRecord::Write(r)
+            } else {
+                InsightRecord::Read(r)
+            });
+        }
     }
 
     /// The insight of a request from its chunks' matches.
@@ -986,6 +1022,29 @@ impl Engine {
             (None, Content::Mixed) => self.cfg.size_classes.metadata,
             (None, _) => ins.size_class.unwrap_or(self.cfg.size_classes.otherwise),
         };
+        if chunks.len() > 1 {
+            // Blocks of different files (or data next to metadata) keep their own class.
+            let per: Vec<u8> = chunks
+                .iter()
+                .map(|c| match &c.1 {
+                    None => self.cfg.size_classes.metadata,
+                    Some(m) => m.app_class.unwrap_or(m.size_class),
+                })
+                .collect();
+            let apps: Vec<Option<u8>> = chunks
+                .iter()
+                .map(|c| c.1.as_ref().and_then(|m| m.app_class))
+                .collect();
+            if apps.iter().any(|a| *a != apps[0]) {
+                // Hinted and unhinted (or differently hinted) blocks in one request: the
+                // request as a whole has no single application class.
+                ins.app_class = None;
+                ins.class = per.iter().copied().max().unwrap_or(ins.class);
+            }
+            if per.iter().any(|c| *c != per[0]) {
+                ins.block_classes = per;
+            }
+        }
         ins
     }
 }
@@ -1040,4 +1099,15 @@ impl SyscallObserver for InsightEngine {
     fn finish(&mut self) {
         self.lock().flush();
     }
+}
+
+/// Whether two single-chunk insights belong to the same logged run.
+fn same_run(a: &RequestInsight, b: &RequestInsight) -> bool {
+    a.class == b.class
+        && a.content == b.content
+        && a.app_class == b.app_class
+        && a.file == b.file
+        && a.pid == b.pid
+        && a.pattern == b.pattern
+        && a.size_class == b.size_class
 }

@@ -278,13 +278,14 @@ impl fmt::Display for RunStats {
                     .collect();
                 writeln!(
                     f,
-                    "    file events: {} ({}); {} jbd2 transactions, {} pending blocks ({} claimed, {} expired), {} data writes dropped in {} overloads",
+                    "    file events: {} ({}); {} jbd2 transactions, {} pending blocks ({} claimed, {} expired, {} evicted by the cap), {} data writes dropped in {} overloads",
                     st.events,
                     kinds.join(" "),
                     st.txns_applied,
                     st.pending_blocks,
                     st.pending_claimed,
                     st.pending_expired,
+                    st.pending_evicted,
                     st.dropped_data_writes,
                     st.overload_episodes
                 )?;

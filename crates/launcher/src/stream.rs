@@ -450,6 +450,8 @@ pub struct InferStats {
     pub journal_errors: u64,
     pub pending_blocks: u64,
     pub pending_expired: u64,
+    /// Pending blocks dropped by the pending set's byte cap (their data events are lost).
+    pub pending_evicted: u64,
     pub pending_claimed: u64,
     pub dropped_data_writes: u64,
     pub dropped_data_bytes: u64,
@@ -598,6 +600,7 @@ impl EngineSink {
             s.journal_errors = e.journal_errors + e.journal_csum_errors;
             s.pending_blocks = e.pending_blocks;
             s.pending_expired = e.pending_expired;
+            s.pending_evicted = e.pending_evicted;
             s.pending_claimed = e.pending_claimed;
             s.dropped_data_writes = e.dropped_data_writes;
             s.dropped_data_bytes = e.dropped_data_bytes;

@@ -348,13 +348,26 @@ impl CacheSnapshot {
 
 /// Class and journal flag of a request; no insight means [`CLASS_DEFAULT`], not journal.
 fn request_class(req: &Request<'_>) -> (u8, bool) {
-    req.insights
-        .as_ref()
-        .and_then(|i| {
-            let any: &(dyn Any + Send + Sync) = &**i;
-            any.downcast_ref::<RequestInsight>()
-        })
-        .map_or((CLASS_DEFAULT, false), |i| (i.class, i.journal))
+    request_insight(req).map_or((CLASS_DEFAULT, false), |i| (i.class, i.journal))
+}
+
+fn request_insight<'r>(req: &'r Request<'_>) -> Option<&'r RequestInsight> {
+    req.insights.as_ref().and_then(|i| {
+        let any: &(dyn Any + Send + Sync) = &**i;
+        any.downcast_ref::<RequestInsight>()
+    })
+}
+
+/// Class of the part of `req` at disk byte `pos`: a request merged from several files carries
+/// one class per 4 KiB of its data.
+fn class_at(req: &Request<'_>, pos: u64, default: u8) -> u8 {
+    match request_insight(req) {
+        Some(i) if !i.block_classes.is_empty() => {
+            let idx = pos.saturating_sub(req.offset()) / 4096;
+            i.class_of_block(usize::try_from(idx).unwrap_or(usize::MAX))
+        }
+        _ => default,
+    }
 }
 
 fn stage_err(reason: String) -> StageError {
@@ -781,9 +794,9 @@ impl ICache {
                         if let Some(d) = self.store.data_mut(slot).get_mut(off..) {
                             copy_into(d, piece);
                         }
-                        self.touch(slot, class);
+                        self.touch(slot, class_at(req, s, class));
                     } else if admit && e - s == bs {
-                        self.insert(next, block, class, piece, false)?;
+                        self.insert(next, block, class_at(req, s, class), piece, false)?;
                     }
                 }
                 Ok(Status::Ok)
@@ -799,11 +812,14 @@ impl ICache {
                         if let Some(d) = self.store.data_mut(slot).get_mut(off..) {
                             copy_into(d, piece);
                         }
-                        self.touch(slot, class);
+                        self.touch(slot, class_at(req, s, class));
                         self.set_dirty(slot, true);
                         continue;
                     }
-                    if admit && e - s == bs && self.insert(next, block, class, piece, true)? {
+                    if admit
+                        && e - s == bs
+                        && self.insert(next, block, class_at(req, s, class), piece, true)?
+                    {
                         continue;
                     }
                     // Partial block not cached, journal, or refused by the policy: to disk.

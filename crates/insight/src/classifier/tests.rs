@@ -241,11 +241,31 @@ fn aligned_write_is_data_with_size_class_and_file() {
     let x = w.block_write(0, &mixed);
     assert_eq!((x.content, x.class), (Content::Mixed, 5));
     let recs = w.records();
-    let writes = recs
+    let writes: Vec<_> = recs
         .iter()
-        .filter(|r| matches!(r, InsightRecord::Write(_)))
-        .count();
-    assert_eq!(writes, 4);
+        .filter_map(|r| match r {
+            InsightRecord::Write(b) => Some(b),
+            _ => None,
+        })
+        .collect();
+    // The mixed request is logged as its two parts: the data chunk and the metadata chunk.
+    assert_eq!(writes.len(), 5);
+    let parts: Vec<_> = writes[3..]
+        .iter()
+        .map(|b| (b.offset, b.len, b.insight.content, b.insight.class))
+        .collect();
+    assert_eq!(
+        parts,
+        vec![
+            (0, 4096, Content::Data, 4),
+            (4096, 4096, Content::Metadata, 5)
+        ]
+    );
+    assert_eq!(
+        x.block_classes,
+        vec![4, 5],
+        "the cache gets a class per block"
+    );
     let cnt = w.engine.counters();
     assert_eq!(cnt.write_chunks_data, 3);
     assert_eq!(cnt.writes.get(&4).unwrap().requests, 1);
@@ -473,4 +493,50 @@ fn overwritten_chunks_are_superseded_and_identical_chunks_counted() {
     assert_eq!(w.engine.counters().superseded, 1);
     assert_eq!(w.block_write(4096, &a).content, Content::Metadata);
     assert_eq!(w.block_write(4096, &b).content, Content::Data);
+}
+
+#[test]
+fn a_request_merged_from_a_hinted_and_an_unhinted_file_keeps_each_blocks_hint() {
+    let mut w = world(InsightConfig::default());
+    w.open(100, "dd", "/t/hinted", 3, 0o101);
+    w.open(100, "dd", "/p/plain", 4, 0o101);
+    let a = content(11, 8192);
+    let b = content(12, 8192);
+    // The hinted file's pwrite64 carries application class 6 (libvmsight / the shim).
+    let mut ca = w.io_event(100, "dd", 3, 0, &a, 0, false);
+    ca.entry.args[4] = VMSIGHT_HINT_MAGIC;
+    ca.entry.args[5] = 6;
+    w.syscall(&ca);
+    let cb = w.io_event(100, "dd", 4, 0, &b, 0, false);
+    w.syscall(&cb);
+    // The guest block layer merged both files' neighbouring blocks into one request.
+    let mut merged = a.clone();
+    merged.extend_from_slice(&b);
+    let i = w.block_write(1 << 20, &merged);
+    assert_eq!(i.content, Content::Data);
+    assert_eq!(
+        i.app_class, None,
+        "no single application class for the whole request"
+    );
+    assert_eq!(i.block_classes, vec![6, 6, 4, 4]);
+    let parts: Vec<_> = w
+        .records()
+        .iter()
+        .filter_map(|r| match r {
+            InsightRecord::Write(b) => Some((
+                b.offset,
+                b.len,
+                b.insight.app_class,
+                b.insight.file.as_deref().map(str::to_string),
+            )),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        parts,
+        vec![
+            (1 << 20, 8192, Some(6), Some("/t/hinted".to_string())),
+            ((1 << 20) + 8192, 8192, None, Some("/p/plain".to_string())),
+        ]
+    );
 }

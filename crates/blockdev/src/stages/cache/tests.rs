@@ -557,7 +557,14 @@ fn a_read_without_insight_keeps_the_class_of_a_cached_block() {
     let mut disk = MemDisk::new((64 * BS) as usize);
     let mut c = cache(4, CachePolicy::Priority, CacheMode::WriteThrough);
     let data = vec![7u8; BS as usize];
-    do_write(&mut c, &mut disk, &mem, 0, &data, insight(CLASS_METADATA, false));
+    do_write(
+        &mut c,
+        &mut disk,
+        &mem,
+        0,
+        &data,
+        insight(CLASS_METADATA, false),
+    );
     // The classifier cannot know what a read is before the read syscall returns: the hit must
     // not demote the metadata block to the default class.
     assert_eq!(do_read(&mut c, &mut disk, &mem, 0, BS, None), data);
@@ -568,4 +575,28 @@ fn a_read_without_insight_keeps_the_class_of_a_cached_block() {
     // A miss without insight enters at the default class.
     do_read(&mut c, &mut disk, &mem, 8, BS, None);
     assert_eq!(c.metrics().snapshot().classes[0].resident_bytes, BS);
+}
+
+#[test]
+fn a_merged_request_caches_each_block_with_its_own_class() {
+    let mem = guest_mem();
+    let mut disk = MemDisk::new((64 * BS) as usize);
+    let mut c = cache(8, CachePolicy::Priority, CacheMode::WriteThrough);
+    let mut ins = crate::insight::RequestInsight::metadata();
+    ins.class = 5;
+    ins.block_classes = vec![5, 0, 4];
+    let data = vec![3u8; 3 * BS as usize];
+    let st = do_write(
+        &mut c,
+        &mut disk,
+        &mem,
+        0,
+        &data,
+        Some(std::sync::Arc::new(ins) as Insights),
+    );
+    assert_eq!(st, Status::Ok);
+    let s = c.metrics().snapshot();
+    assert_eq!(s.classes[5].resident_bytes, BS);
+    assert_eq!(s.classes[0].resident_bytes, BS);
+    assert_eq!(s.classes[4].resident_bytes, BS);
 }
