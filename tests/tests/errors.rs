@@ -70,3 +70,67 @@ fn no_command_without_a_terminal_is_an_error() {
     assert_eq!(r.code, Some(1), "{r:?}");
     assert!(one_line_error(&r).contains("no command"), "{r:?}");
 }
+
+#[test]
+fn bad_storage_and_streaming_options_are_one_line_errors() {
+    for (args, code, needle) in [
+        (
+            vec!["run", "--cache-policy", "fifo", "--", "true"],
+            2,
+            "fifo",
+        ),
+        (
+            vec!["run", "--cache-mode", "sometimes", "--", "true"],
+            2,
+            "sometimes",
+        ),
+        (
+            vec!["run", "--disk-model", "floppy", "--", "true"],
+            2,
+            "floppy",
+        ),
+        (vec!["run", "--cache-size", "lots", "--", "true"], 2, "lots"),
+        (
+            vec!["run", "--disk", "x.img,mount=rel", "--", "true"],
+            2,
+            "absolute",
+        ),
+        (
+            vec!["run", "--record-writes", "x.rec", "--", "true"],
+            2,
+            "DISK:FILE",
+        ),
+        (
+            vec!["run", "--record-writes", "5:/tmp/r.rec", "--", "true"],
+            1,
+            "disk 5",
+        ),
+        (
+            vec!["run", "--insight-paths", "/a", "--", "true"],
+            1,
+            "--insights",
+        ),
+        (
+            vec!["run", "--redis", "redis://127.0.0.1:1/", "--", "true"],
+            1,
+            "Redis",
+        ),
+        (vec!["stats", "no-such-vm"], 1, "no running VM"),
+        (vec!["stream", "no-such-vm"], 1, "no running VM"),
+        (
+            vec!["replay", "/nonexistent/base.img", "/nonexistent/rec"],
+            1,
+            "/nonexistent",
+        ),
+        (
+            vec!["report", "/nonexistent/insights.jsonl"],
+            1,
+            "/nonexistent",
+        ),
+    ] {
+        let r = run(&args);
+        assert_eq!(r.code, Some(code), "{args:?}: {r:?}");
+        let line = one_line_error(&r);
+        assert!(line.contains(needle), "{args:?}: {line}");
+    }
+}
