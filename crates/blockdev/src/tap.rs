@@ -262,11 +262,17 @@ impl TapQueue {
 
     /// Fraction of the byte limit in use now (0.0–1.0+), for overload control.
     pub fn fill_ratio(&self) -> f64 {
+        self.fill_ratio_with(0)
+    }
+
+    /// Like [`TapQueue::fill_ratio`], counting `taken` bytes the consumer has just taken out
+    /// but not processed yet (a batch in hand is still backlog).
+    pub fn fill_ratio_with(&self, taken: u64) -> f64 {
         let st = self.lock();
         if self.cfg.max_bytes == 0 {
             return 1.0;
         }
-        st.bytes as f64 / self.cfg.max_bytes as f64
+        st.bytes.saturating_add(taken) as f64 / self.cfg.max_bytes as f64
     }
 
     /// Counters and current depth.

@@ -567,8 +567,10 @@ impl EngineSink {
         }
     }
 
-    fn overload_control(&mut self, engine: &mut Engine) {
-        let fill = self.queue.fill_ratio();
+    fn overload_control(&mut self, engine: &mut Engine, in_hand: u64) {
+        // The batch just taken out of the queue is still backlog: counting only what is left
+        // in the queue would almost never see the overload.
+        let fill = self.queue.fill_ratio_with(in_hand);
         if !self.overloaded && fill > OVERLOAD_ON {
             self.overloaded = true;
             engine.set_drop_data(true);
@@ -651,7 +653,8 @@ impl TapSink for EngineSink {
             // Not attached: nothing to infer from (the tap is normally off then).
             return;
         };
-        self.overload_control(engine);
+        let in_hand: u64 = batch.iter().map(TapEvent::payload_bytes).sum();
+        self.overload_control(engine, in_hand);
         for ev in batch {
             self.apply(engine, ev);
         }
