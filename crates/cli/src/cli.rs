@@ -426,14 +426,12 @@ fn cmd_image(action: ImageCmd) -> Result<i32, String> {
         ImageCmd::Info { json } => {
             let img = vmsight_image::default_image().map_err(|e| e.to_string())?;
             let info = vmsight_image::info(&img);
-            if json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&info).map_err(|e| e.to_string())?
-                );
+            let text = if json {
+                serde_json::to_string_pretty(&info).map_err(|e| e.to_string())?
             } else {
-                println!("{info}");
-            }
+                info.to_string()
+            };
+            print_stdout(&text)?;
         }
     }
     Ok(0)
@@ -442,27 +440,25 @@ fn cmd_image(action: ImageCmd) -> Result<i32, String> {
 fn cmd_ps(json: bool) -> Result<i32, String> {
     let vms = runtime::list_running(&runtime::runtime_base());
     if json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&vms).map_err(|e| e.to_string())?
-        );
+        print_stdout(&serde_json::to_string_pretty(&vms).map_err(|e| e.to_string())?)?;
         return Ok(0);
     }
-    println!(
+    let mut text = format!(
         "{:<20} {:>8} {:>8} {:<5} DISKS",
         "NAME", "PID", "QEMU", "ACCEL"
     );
     for v in vms {
         let disks: Vec<String> = v.disks.iter().map(|d| d.display().to_string()).collect();
-        println!(
-            "{:<20} {:>8} {:>8} {:<5} {}",
+        text.push_str(&format!(
+            "\n{:<20} {:>8} {:>8} {:<5} {}",
             v.name,
             v.pid,
             v.qemu_pid.map(|p| p.to_string()).unwrap_or_default(),
             v.accel,
             disks.join(",")
-        );
+        ));
     }
+    print_stdout(&text)?;
     Ok(0)
 }
 
@@ -494,9 +490,9 @@ fn cmd_report(a: ReportArgs) -> Result<i32, String> {
             .map_err(|e| format!("Cannot write the SVG plot {}: {e}.", out.display()))?;
     }
     if a.json {
-        println!("{}", report.json());
+        print_stdout(&report.json())?;
     } else {
-        print!("{}", report.text());
+        print_stdout(report.text().trim_end_matches('\n'))?;
     }
     Ok(0)
 }
@@ -630,9 +626,9 @@ fn cmd_stats(a: StatsArgs) -> Result<i32, String> {
                 Err(e) => return Err(e),
             };
         if a.json {
-            println!("{reply}");
+            print_stdout(&reply.to_string())?;
         } else {
-            print!("{}", format_stats(&reply));
+            print_stdout(format_stats(&reply).trim_end_matches('\n'))?;
         }
         match a.watch {
             Some(secs) if secs > 0.0 => {
@@ -754,4 +750,17 @@ fn cmd_replay(a: ReplayArgs) -> Result<i32, String> {
         s.tap_events, s.file_events
     );
     Ok(0)
+}
+
+/// Prints `text` and a newline; a reader that went away (`vmsight ... | head`) is not an error
+/// (println! would panic on the broken pipe).
+fn print_stdout(text: &str) -> Result<(), String> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match writeln!(out, "{text}").and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(format!("cannot write to stdout: {e}"))
+        }
+        _ => Ok(()),
+    }
 }
