@@ -327,13 +327,19 @@ fn classification_is_bounded_and_survives_bad_memory() {
 fn chunk_plans_split_buffers_at_file_offset_boundaries() {
     // Aligned: two whole chunks, no partial pieces.
     let p = chunk_plan(8192, 8192);
-    assert_eq!((p.first_chunk, p.whole, p.head_len, p.tail_len), (2, 2, 0, 0));
+    assert_eq!(
+        (p.first_chunk, p.whole, p.head_len, p.tail_len),
+        (2, 2, 0, 0)
+    );
     // Small, inside one chunk: all head.
     let p = chunk_plan(100, 50);
     assert_eq!((p.whole, p.head_len, p.tail_len), (0, 50, 0));
     // Crossing one boundary without a whole chunk: head and tail on both sides.
     let p = chunk_plan(4000, 200);
-    assert_eq!((p.whole, p.head_len, p.tail_start, p.tail_len), (0, 96, 96, 104));
+    assert_eq!(
+        (p.whole, p.head_len, p.tail_start, p.tail_len),
+        (0, 96, 96, 104)
+    );
     // Misaligned with whole chunks in the middle.
     let p = chunk_plan(100, 10000);
     assert_eq!((p.first_buf, p.first_chunk, p.whole), (3996, 1, 1));
