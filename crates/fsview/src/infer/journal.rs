@@ -336,7 +336,20 @@ impl Journal {
                     out.push(txn);
                 }
                 Assembly::Wait => {
-                    if self.commits.len() > MAX_WAITING_BEHIND {
+                    // Attached to a journal already in use (no known log start, nothing applied
+                    // yet): a commit whose descriptor is not buffered belongs to the transaction
+                    // that was being written when streaming started. jbd2 writes a commit only
+                    // after the transaction's other blocks are on disk, so its descriptor came
+                    // before the tap and will never arrive: give it up now instead of making
+                    // every later transaction wait behind it (its changes reach the engine as
+                    // checkpoint writes).
+                    let straddles = self.next.is_none()
+                        && self.last_applied.is_none()
+                        && !self.blocks.keys().any(|&p| {
+                            matches!(self.header(p), Some((bt, s2)) if s2 == seq
+                                && (bt == BT_DESCRIPTOR || bt == BT_REVOKE))
+                        });
+                    if straddles || self.commits.len() > MAX_WAITING_BEHIND {
                         self.stats.abandoned += 1;
                         self.skip(seq, cpos);
                         continue;
