@@ -707,36 +707,7 @@ impl Crawler<'_> {
 
     /// Inline data: up to 60 bytes in i_block, the rest in the in-inode `system.data` xattr.
     fn inline_bytes(&self, ino: u32, ri: &RawInode<'_>) -> Result<Vec<u8>> {
-        let mut data = ri.raw.get(40..100).unwrap_or(&[]).to_vec();
-        let raw = ri.raw;
-        let extra = if raw.len() > 128 {
-            usize::from(le16(raw, 128))
-        } else {
-            0
-        };
-        let start = 128 + extra;
-        if raw.len() >= start + 4 && le32(raw, start) == 0xEA02_0000 {
-            let base = start + 4;
-            let mut p = base;
-            // Each entry is at least 16 bytes, so this loop is bounded by the inode size.
-            while p + 16 <= raw.len() && le32(raw, p) != 0 {
-                let name_len = usize::from(raw[p]);
-                let index = raw[p + 1];
-                let voff = usize::from(le16(raw, p + 2));
-                let vsize = le32(raw, p + 8) as usize;
-                let name = raw
-                    .get(p + 16..p + 16 + name_len)
-                    .ok_or_else(|| Error::inode(ino, "in-inode xattr name runs past the inode"))?;
-                if index == 7 && name == b"data" {
-                    let v = raw.get(base + voff..base + voff + vsize).ok_or_else(|| {
-                        Error::inode(ino, "system.data value runs past the inode")
-                    })?;
-                    data.extend_from_slice(v);
-                    break;
-                }
-                p += (16 + name_len + 3) & !3;
-            }
-        }
+        let mut data = inline_data_raw(ri.raw).map_err(|why| Error::inode(ino, why))?;
         if FileKind::from_mode(ri.mode) != FileKind::Directory {
             if ri.size > data.len() as u64 {
                 return Err(Error::inode(
@@ -1291,6 +1262,42 @@ fn parse_dir_block(dir: u32, blk: &[u8], block: u16, out: &mut Vec<RawEntry>) ->
         p += rec_len;
     }
     Ok(())
+}
+
+/// The inline data of a raw inode record: `i_block` (60 bytes) followed by the value of the
+/// in-inode `system.data` extended attribute. Shared by the crawler (strict) and the inference
+/// engine (lenient). Each xattr entry is at least 16 bytes, so the walk is bounded by the
+/// inode size.
+pub(crate) fn inline_data_raw(raw: &[u8]) -> std::result::Result<Vec<u8>, &'static str> {
+    let mut data = raw.get(40..100).unwrap_or(&[]).to_vec();
+    let extra = if raw.len() > 128 {
+        usize::from(le16(raw, 128))
+    } else {
+        0
+    };
+    let start = 128 + extra;
+    if raw.len() >= start + 4 && le32(raw, start) == 0xEA02_0000 {
+        let base = start + 4;
+        let mut p = base;
+        while p + 16 <= raw.len() && le32(raw, p) != 0 {
+            let name_len = usize::from(raw[p]);
+            let index = raw[p + 1];
+            let voff = usize::from(le16(raw, p + 2));
+            let vsize = le32(raw, p + 8) as usize;
+            let name = raw
+                .get(p + 16..p + 16 + name_len)
+                .ok_or("in-inode xattr name runs past the inode")?;
+            if index == 7 && name == b"data" {
+                let v = raw
+                    .get(base.saturating_add(voff)..base.saturating_add(voff).saturating_add(vsize))
+                    .ok_or("system.data value runs past the inode")?;
+                data.extend_from_slice(v);
+                break;
+            }
+            p += (16 + name_len + 3) & !3;
+        }
+    }
+    Ok(data)
 }
 
 #[cfg(test)]

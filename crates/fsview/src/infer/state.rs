@@ -176,36 +176,10 @@ pub(crate) fn symlink_target(inode: &Inode, read: ReadFn<'_>) -> Vec<u8> {
         .unwrap_or_default()
 }
 
-/// Inline data: `i_block` plus the in-inode `system.data` xattr value.
+/// Inline data: `i_block` plus the in-inode `system.data` xattr value; a damaged xattr area
+/// leaves the `i_block` bytes only (the engine is lenient where the crawler is strict).
 fn inline_bytes(raw: &[u8]) -> Vec<u8> {
-    let mut data = raw.get(40..100).unwrap_or(&[]).to_vec();
-    let extra = if raw.len() > 128 {
-        usize::from(le16(raw, 128))
-    } else {
-        0
-    };
-    let start = 128 + extra;
-    if raw.len() >= start + 4 && le32(raw, start) == 0xEA02_0000 {
-        let base = start + 4;
-        let mut p = base;
-        while p + 16 <= raw.len() && le32(raw, p) != 0 {
-            let name_len = usize::from(raw[p]);
-            let index = raw[p + 1];
-            let voff = usize::from(le16(raw, p + 2));
-            let vsize = le32(raw, p + 8) as usize;
-            let name = raw.get(p + 16..p + 16 + name_len).unwrap_or(&[]);
-            if index == 7 && name == b"data" {
-                if let Some(v) =
-                    raw.get(base + voff..base.saturating_add(voff).saturating_add(vsize))
-                {
-                    data.extend_from_slice(v);
-                }
-                break;
-            }
-            p += (16 + name_len + 3) & !3;
-        }
-    }
-    data
+    crate::ext4::inline_data_raw(raw).unwrap_or_else(|_| raw.get(40..100).unwrap_or(&[]).to_vec())
 }
 
 struct Mapper<'g, 'r> {
