@@ -123,7 +123,13 @@ fn main() -> ExitCode {
     let mut model_metrics = None;
     if model != DiskModelConfig::None {
         let capacity = std::fs::metadata(&cfg.path).map_or(0, |m| m.len() / 512 * 512);
-        let (s, m) = DiskModel::stage(model, capacity);
+        let (s, m) = match DiskModel::stage(model, capacity) {
+            Ok(sm) => sm,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
         eprintln!("disk model: {}", m.describe());
         stages.push(s);
         model_metrics = Some(m);

@@ -2,8 +2,8 @@
 //! glue from descriptor chains through validation and the pipeline to the used ring.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
-use std::time::Instant;
+use std::sync::{Arc, Condvar, Mutex, PoisonError, RwLock};
+use std::time::{Duration, Instant};
 
 use tracing::{debug, error, warn};
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
@@ -15,15 +15,17 @@ use virtio_bindings::virtio_blk::{
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use virtio_queue::{DescriptorChain, QueueOwnedT};
-use vm_memory::{Bytes, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
 };
 
 use crate::metrics::{add, inc, BlockMetrics};
-use crate::pipeline::{Pipeline, StageError, Status};
-use crate::request::{self, Limits, Parsed, RequestError, RequestKind, ID_BYTES, SECTOR_SIZE};
+use crate::pipeline::{IoResult, Pipeline, StageError, Status};
+use crate::request::{
+    self, Limits, Parsed, Request, RequestError, RequestKind, ID_BYTES, SECTOR_SIZE,
+};
 
 /// Guest memory as the vhost-user crates hand it to us.
 pub(crate) type GuestMem = GuestMemoryAtomic<GuestMemoryMmap>;
@@ -42,15 +44,165 @@ pub(crate) struct DeviceSpec {
     pub serial: [u8; ID_BYTES],
 }
 
+/// Requests submitted to the pipeline and not yet completed, to drain at shutdown.
+#[derive(Default)]
+pub(crate) struct Inflight {
+    count: Mutex<u64>,
+    idle: Condvar,
+}
+
+impl Inflight {
+    fn enter(&self) {
+        *self.count.lock().unwrap_or_else(PoisonError::into_inner) += 1;
+    }
+
+    fn leave(&self) {
+        let mut c = self.count.lock().unwrap_or_else(PoisonError::into_inner);
+        *c = c.saturating_sub(1);
+        if *c == 0 {
+            self.idle.notify_all();
+        }
+    }
+
+    /// Waits until nothing is in flight or `timeout` passed; returns what is still in flight.
+    pub(crate) fn wait_idle(&self, timeout: Duration) -> u64 {
+        let c = self.count.lock().unwrap_or_else(PoisonError::into_inner);
+        let (c, _) = self
+            .idle
+            .wait_timeout_while(c, timeout, |c| *c > 0)
+            .unwrap_or_else(PoisonError::into_inner);
+        *c
+    }
+}
+
+/// How long a stopping backend waits for requests in flight before giving up on them.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// The vhost-user-blk backend of one disk.
 pub(crate) struct BlockDevice {
     spec: DeviceSpec,
     config: [u8; CONFIG_SPACE_LEN],
-    pipeline: Mutex<Pipeline>,
+    pipeline: Pipeline,
     metrics: Arc<BlockMetrics>,
+    inflight: Arc<Inflight>,
     mem: RwLock<Option<GuestMem>>,
     event_idx: AtomicBool,
     next_id: AtomicU64,
+}
+
+/// Where a completed request goes: the used ring of its queue.
+struct UsedRing {
+    vring: Vring,
+    queue: u16,
+    metrics: Arc<BlockMetrics>,
+}
+
+impl UsedRing {
+    /// Adds `head` with `len` to the used ring and interrupts the guest if it wants one
+    /// (EVENT_IDX aware). Callable from any thread, in any order.
+    fn add(&self, head: u16, len: u32) {
+        if let Err(e) = self.vring.add_used(head, len) {
+            error!(queue = self.queue, error = %e, "cannot add to the used ring");
+            inc(&self.metrics.err_queue);
+            return;
+        }
+        match self.vring.needs_notification() {
+            Ok(false) => {}
+            Ok(true) | Err(_) => {
+                if let Err(e) = self.vring.signal_used_queue() {
+                    debug!(queue = self.queue, error = %e, "cannot signal the used queue");
+                } else {
+                    inc(&self.metrics.notifications);
+                }
+            }
+        }
+    }
+}
+
+/// Everything needed to answer one request when the pipeline is done with it.
+struct Reply {
+    metrics: Arc<BlockMetrics>,
+    inflight: Arc<Inflight>,
+    status_addr: GuestAddress,
+    started: Instant,
+}
+
+impl Reply {
+    /// Writes the status byte, counts the request and returns the used length.
+    fn finish(self, req: &Request, result: IoResult) -> u32 {
+        let (status, data_len) = outcome(&self.metrics, req, result);
+        self.metrics.count_kind(req.kind);
+        let used = write_status(
+            &self.metrics,
+            req.memory(),
+            self.status_addr,
+            status,
+            data_len,
+        );
+        self.metrics.in_flight.fetch_sub(1, Ordering::Relaxed);
+        add(
+            &self.metrics.latency_ns_total,
+            u64::try_from(self.started.elapsed().as_nanos()).unwrap_or(u64::MAX),
+        );
+        self.inflight.leave();
+        used
+    }
+}
+
+/// The status and data length the guest gets for a pipeline result; counts bytes and errors.
+fn outcome(metrics: &BlockMetrics, req: &Request, result: IoResult) -> (Status, u32) {
+    match result {
+        Ok(Status::Ok) => {
+            match req.kind {
+                RequestKind::Read => add(&metrics.bytes_read, req.len),
+                RequestKind::Write => add(&metrics.bytes_written, req.len),
+                RequestKind::Discard => add(&metrics.bytes_discarded, req.len),
+                RequestKind::WriteZeroes => add(&metrics.bytes_zeroed, req.len),
+                RequestKind::Flush | RequestKind::GetId => {}
+            }
+            let data = match req.kind {
+                RequestKind::Read => u32::try_from(req.len).unwrap_or(u32::MAX - 1),
+                RequestKind::GetId => req.len.min(ID_BYTES as u64) as u32,
+                _ => 0,
+            };
+            (Status::Ok, data)
+        }
+        Ok(other) => {
+            if other == Status::Unsupp {
+                inc(&metrics.err_unsupported);
+            } else {
+                inc(&metrics.err_stage);
+            }
+            (other, 0)
+        }
+        Err(e) => {
+            match e {
+                StageError::Io { .. } => inc(&metrics.err_io),
+                _ => inc(&metrics.err_stage),
+            }
+            warn!(queue = req.queue, kind = ?req.kind, sector = req.sector, len = req.len, error = %e, "block request failed");
+            (Status::IoErr, 0)
+        }
+    }
+}
+
+/// Writes the status byte and computes the used length (data bytes + status byte).
+fn write_status(
+    metrics: &BlockMetrics,
+    mem: &GuestMemoryMmap,
+    addr: GuestAddress,
+    status: Status,
+    data_len: u32,
+) -> u32 {
+    if mem.write_obj(status.as_u8(), addr).is_err() {
+        // Validated as mapped during parsing; only a concurrent memory change gets here.
+        inc(&metrics.err_unusable_chain);
+        return 0;
+    }
+    if status == Status::Ok {
+        inc(&metrics.completed_ok);
+    }
+    data_len.saturating_add(1)
 }
 
 impl BlockDevice {
@@ -59,22 +211,29 @@ impl BlockDevice {
         Self {
             spec,
             config,
-            pipeline: Mutex::new(pipeline),
+            pipeline,
             metrics,
+            inflight: Arc::default(),
             mem: RwLock::new(None),
             event_idx: AtomicBool::new(false),
             next_id: AtomicU64::new(0),
         }
     }
 
-    /// Lets every stage write out what it still holds (e.g. a write-back cache's dirty blocks)
-    /// when the backend stops; failures are logged, there is nobody left to tell.
+    /// Stops the pipeline once no more requests can arrive: stages let go of what they hold,
+    /// in-flight requests complete (bounded wait), then every stage writes out what it still
+    /// keeps (e.g. a write-back cache's dirty blocks). Failures are logged, there is nobody
+    /// left to tell.
     pub(crate) fn shutdown_pipeline(&self) {
-        let mut p = match self.pipeline.lock() {
-            Ok(p) => p,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        if let Err(e) = p.shutdown() {
+        self.pipeline.release();
+        let left = self.inflight.wait_idle(DRAIN_TIMEOUT);
+        if left > 0 {
+            warn!(
+                requests = left,
+                "requests still in flight after the drain timeout"
+            );
+        }
+        if let Err(e) = self.pipeline.shutdown() {
             warn!(error = %e, "a pipeline stage failed to shut down cleanly");
         }
     }
@@ -96,114 +255,61 @@ impl BlockDevice {
         f
     }
 
-    /// Handles one descriptor chain completely and returns the used length to report.
-    pub(crate) fn handle_chain<M>(
+    /// Takes one descriptor chain; `on_used(len)` runs exactly once with the used length to
+    /// report, now (invalid chains, GET_ID) or when the pipeline completes the request, on
+    /// whichever thread does.
+    pub(crate) fn submit_chain<M>(
         &self,
         chain: DescriptorChain<M>,
         mem: &GuestMemoryMmap,
         queue: u16,
-    ) -> u32
-    where
+        on_used: impl FnOnce(u32) + Send + 'static,
+    ) where
         M: std::ops::Deref,
         M::Target: vm_memory::GuestMemory,
     {
         let started = Instant::now();
-        inc(&self.metrics.in_flight);
-        let used = self.handle_chain_inner(chain, mem, queue, started);
-        self.metrics.in_flight.fetch_sub(1, Ordering::Relaxed);
-        add(
-            &self.metrics.latency_ns_total,
-            u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX),
-        );
-        used
-    }
-
-    fn handle_chain_inner<M>(
-        &self,
-        chain: DescriptorChain<M>,
-        mem: &GuestMemoryMmap,
-        queue: u16,
-        started: Instant,
-    ) -> u32
-    where
-        M: std::ops::Deref,
-        M::Target: vm_memory::GuestMemory,
-    {
         let (mut req, status_addr) = match request::parse(chain, mem, &self.spec.limits) {
             Parsed::Request { req, status } => (req, status),
             Parsed::Rejected { error, status } => {
                 self.count_rejection(&error);
                 debug!(queue, %error, "rejecting virtio-blk request");
                 let st = error.status().unwrap_or(Status::IoErr);
-                return self.finish(mem, Some(status), st, 0);
+                return on_used(write_status(&self.metrics, mem, status, st, 0));
             }
             Parsed::Unusable(error) => {
                 inc(&self.metrics.err_unusable_chain);
                 debug!(queue, %error, "returning unusable descriptor chain with length 0");
-                return 0;
+                return on_used(0);
             }
         };
         req.id = self.next_id.fetch_add(1, Ordering::Relaxed);
         req.queue = queue;
         req.submitted_at = started;
-
-        let (status, data_len) = if req.kind == RequestKind::GetId {
-            // Device identity, not storage: answered here, outside the pipeline.
-            let n = usize::try_from(req.len).unwrap_or(ID_BYTES).min(ID_BYTES);
-            let id = self.spec.serial.get(..n).unwrap_or(&[]);
-            match req.write_data(0, id) {
-                Ok(()) => (Status::Ok, n as u32),
-                Err(e) => {
-                    inc(&self.metrics.err_stage);
-                    debug!(queue, error = %e, "GET_ID answer could not be written");
-                    (Status::IoErr, 0)
-                }
-            }
-        } else {
-            let result = match self.pipeline.lock() {
-                Ok(mut p) => p.run(&mut req),
-                Err(poisoned) => {
-                    // A stage panicked earlier; keep serving with the pipeline as it is.
-                    let mut p = poisoned.into_inner();
-                    p.run(&mut req)
-                }
-            };
-            match result {
-                Ok(Status::Ok) => {
-                    match req.kind {
-                        RequestKind::Read => add(&self.metrics.bytes_read, req.len),
-                        RequestKind::Write => add(&self.metrics.bytes_written, req.len),
-                        RequestKind::Discard => add(&self.metrics.bytes_discarded, req.len),
-                        RequestKind::WriteZeroes => add(&self.metrics.bytes_zeroed, req.len),
-                        RequestKind::Flush | RequestKind::GetId => {}
-                    }
-                    let data = if req.kind == RequestKind::Read {
-                        u32::try_from(req.len).unwrap_or(u32::MAX - 1)
-                    } else {
-                        0
-                    };
-                    (Status::Ok, data)
-                }
-                Ok(other) => {
-                    if other == Status::Unsupp {
-                        inc(&self.metrics.err_unsupported);
-                    } else {
-                        inc(&self.metrics.err_stage);
-                    }
-                    (other, 0)
-                }
-                Err(e) => {
-                    match e {
-                        StageError::Io { .. } => inc(&self.metrics.err_io),
-                        _ => inc(&self.metrics.err_stage),
-                    }
-                    warn!(queue, kind = ?req.kind, sector = req.sector, len = req.len, error = %e, "block request failed");
-                    (Status::IoErr, 0)
-                }
-            }
+        inc(&self.metrics.in_flight);
+        self.inflight.enter();
+        let reply = Reply {
+            metrics: self.metrics.clone(),
+            inflight: self.inflight.clone(),
+            status_addr,
+            started,
         };
-        self.metrics.count_kind(req.kind);
-        self.finish(mem, Some(status_addr), status, data_len)
+        if req.kind == RequestKind::GetId {
+            // Device identity, not storage: answered here, outside the pipeline.
+            let result = self.answer_get_id(&req);
+            return on_used(reply.finish(&req, result));
+        }
+        self.pipeline.submit(req, move |req, result| {
+            on_used(reply.finish(&req, result));
+        });
+    }
+
+    /// Writes the serial into a GET_ID request's buffer.
+    fn answer_get_id(&self, req: &Request) -> IoResult {
+        let n = usize::try_from(req.len).unwrap_or(ID_BYTES).min(ID_BYTES);
+        let id = self.spec.serial.get(..n).unwrap_or(&[]);
+        req.write_data(0, id)?;
+        Ok(Status::Ok)
     }
 
     fn count_rejection(&self, error: &RequestError) {
@@ -214,31 +320,9 @@ impl BlockDevice {
         }
     }
 
-    /// Writes the status byte and computes the used length (data bytes + status byte).
-    fn finish(
-        &self,
-        mem: &GuestMemoryMmap,
-        status_addr: Option<vm_memory::GuestAddress>,
-        status: Status,
-        data_len: u32,
-    ) -> u32 {
-        let Some(addr) = status_addr else {
-            return 0;
-        };
-        if mem.write_obj(status.as_u8(), addr).is_err() {
-            // Validated as mapped during parsing; only a concurrent memory change gets here.
-            inc(&self.metrics.err_unusable_chain);
-            return 0;
-        }
-        if status == Status::Ok {
-            inc(&self.metrics.completed_ok);
-        }
-        data_len.saturating_add(1)
-    }
-
-    /// Drains one vring: takes every available chain, handles it, adds it to the used ring and
-    /// signals the guest when needed (EVENT_IDX aware). Never fails: guest-induced errors are
-    /// counted and logged, so the worker thread survives any guest.
+    /// Drains one vring: takes every available chain and submits it; completions reach the
+    /// used ring (and the guest's interrupt) as each finishes, in any order. Never fails:
+    /// guest-induced errors are counted and logged, so the worker thread survives any guest.
     pub(crate) fn process_vring(&self, vring: &Vring, queue: u16) {
         let atomic = match self.mem.read() {
             Ok(g) => g.clone(),
@@ -251,6 +335,11 @@ impl BlockDevice {
         };
         let guard = atomic.memory();
         let mem: &GuestMemoryMmap = &guard;
+        let used = Arc::new(UsedRing {
+            vring: vring.clone(),
+            queue,
+            metrics: self.metrics.clone(),
+        });
         loop {
             if let Err(e) = vring.disable_notification() {
                 debug!(queue, error = %e, "cannot disable notifications");
@@ -267,28 +356,10 @@ impl BlockDevice {
                     }
                 }
             };
-            let mut used_any = false;
             for chain in chains {
                 let head = chain.head_index();
-                let len = self.handle_chain(chain, mem, queue);
-                if let Err(e) = vring.add_used(head, len) {
-                    error!(queue, error = %e, "cannot add to the used ring");
-                    inc(&self.metrics.err_queue);
-                    return;
-                }
-                used_any = true;
-            }
-            if used_any {
-                match vring.needs_notification() {
-                    Ok(false) => {}
-                    Ok(true) | Err(_) => {
-                        if let Err(e) = vring.signal_used_queue() {
-                            debug!(queue, error = %e, "cannot signal the used queue");
-                        } else {
-                            inc(&self.metrics.notifications);
-                        }
-                    }
-                }
+                let used = used.clone();
+                self.submit_chain(chain, mem, queue, move |len| used.add(head, len));
             }
             match vring.enable_notification() {
                 // More chains arrived while notifications were off: go round again.
@@ -300,6 +371,27 @@ impl BlockDevice {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+impl BlockDevice {
+    /// Submits one chain and waits for its used length (tests).
+    pub(crate) fn handle_chain<M>(
+        &self,
+        chain: DescriptorChain<M>,
+        mem: &GuestMemoryMmap,
+        queue: u16,
+    ) -> u32
+    where
+        M: std::ops::Deref,
+        M::Target: vm_memory::GuestMemory,
+    {
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.submit_chain(chain, mem, queue, move |len| {
+            let _ = tx.send(len);
+        });
+        rx.recv().unwrap_or(u32::MAX)
     }
 }
 
@@ -540,6 +632,134 @@ mod tests {
             .read_obj(GuestAddress(0x40_0000 + 1029 * 512))
             .expect("byte");
         assert_eq!(b, ((1029 * 256 / 512) % 251) as u8);
+    }
+
+    /// Writes a virtio-blk header at `addr`.
+    fn header_at(m: &GuestMemoryMmap, addr: u64, req_type: u32, sector: u64) {
+        let mut h = [0u8; 16];
+        h[..4].copy_from_slice(&req_type.to_le_bytes());
+        h[8..].copy_from_slice(&sector.to_le_bytes());
+        m.write_slice(&h, GuestAddress(addr)).expect("header");
+    }
+
+    fn chained(descs: &[RawDescriptor], first: u16) -> Vec<RawDescriptor> {
+        use virtio_bindings::virtio_ring::VRING_DESC_F_NEXT;
+        use virtio_queue::desc::split::Descriptor as SplitDescriptor;
+        let n = descs.len();
+        descs
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                let d = SplitDescriptor::from(*d);
+                let (flags, next) = if i + 1 < n {
+                    (d.flags() | VRING_DESC_F_NEXT as u16, first + i as u16 + 1)
+                } else {
+                    (d.flags(), 0)
+                };
+                RawDescriptor::from(SplitDescriptor::new(d.addr().0, d.len(), flags, next))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn completions_out_of_order_reach_the_used_ring_with_their_status_and_length() {
+        use crate::pipeline::tests::{wait_held, Hold, Shared};
+        use vhost_user_backend::VringT;
+        let img = image();
+        let file = RawFile::open(img.path(), false, false).expect("open");
+        let hold = Arc::new(Hold::sector(7));
+        let mut pipeline = Pipeline::new(Box::new(file));
+        pipeline.push(Box::new(Shared(hold.clone()))).expect("push");
+        let spec = DeviceSpec {
+            limits: limits(),
+            num_queues: 1,
+            queue_size: 16,
+            serial: [0; ID_BYTES],
+        };
+        let dev = BlockDevice::new(spec, pipeline, Arc::new(BlockMetrics::new()));
+        let m = mem();
+        // Chain A (heads 0..3): read sector 7 (held). Chain B (3..6): read sector 2 (passes).
+        header_at(&m, 0x1_0000, VIRTIO_BLK_T_IN, 7);
+        header_at(&m, 0x1_1000, VIRTIO_BLK_T_IN, 2);
+        let mut descs = chained(&[r(0x1_0000, 16), w(0x2_0000, 512), w(0x3_0000, 1)], 0);
+        descs.extend(chained(
+            &[r(0x1_1000, 16), w(0x2_1000, 1024), w(0x3_1000, 1)],
+            3,
+        ));
+        m.write_obj(0xffu8, GuestAddress(0x3_0000)).expect("poison");
+        m.write_obj(0xffu8, GuestAddress(0x3_1000)).expect("poison");
+        let q = MockSplitQueue::new(&m, 16);
+        q.add_desc_chains(&descs, 0).expect("chains");
+        let atomic = GuestMemoryAtomic::new(m.clone());
+        let vring = Vring::new(atomic.clone(), 16).expect("vring");
+        vring
+            .set_queue_info(q.desc_table_addr().0, q.avail_addr().0, q.used_addr().0)
+            .expect("queue info");
+        vring.set_queue_size(16);
+        vring.set_queue_ready(true);
+        dev.update_memory(atomic).expect("memory");
+
+        dev.process_vring(&vring, 0);
+        wait_held(&hold, 1);
+        // B is used first although A came first.
+        assert_eq!(q.used().idx().load(), 1);
+        let e = q.used().ring().ref_at(0).expect("elem").load();
+        assert_eq!((e.id(), e.len()), (3, 1024 + 1));
+        let st: u8 = m.read_obj(GuestAddress(0x3_1000)).expect("status");
+        assert_eq!(st, 0);
+        let st: u8 = m.read_obj(GuestAddress(0x3_0000)).expect("status");
+        assert_eq!(st, 0xff, "A is not answered yet");
+        let b: u8 = m.read_obj(GuestAddress(0x2_1000 + 512)).expect("data");
+        assert_eq!(b, 3, "B read sectors 2 and 3");
+
+        hold.let_go();
+        assert_eq!(q.used().idx().load(), 2);
+        let e = q.used().ring().ref_at(1).expect("elem").load();
+        assert_eq!((e.id(), e.len()), (0, 512 + 1));
+        let st: u8 = m.read_obj(GuestAddress(0x3_0000)).expect("status");
+        assert_eq!(st, 0);
+        let b: u8 = m.read_obj(GuestAddress(0x2_0000)).expect("data");
+        assert_eq!(b, 7);
+    }
+
+    #[test]
+    fn shutdown_completes_requests_held_in_flight_exactly_once() {
+        use crate::pipeline::tests::{Hold, Shared};
+        let img = image();
+        let file = RawFile::open(img.path(), false, false).expect("open");
+        let hold = Arc::new(Hold::sector(7));
+        let mut pipeline = Pipeline::new(Box::new(file));
+        pipeline.push(Box::new(Shared(hold.clone()))).expect("push");
+        let dev = BlockDevice::new(
+            DeviceSpec {
+                limits: limits(),
+                num_queues: 1,
+                queue_size: 16,
+                serial: [0; ID_BYTES],
+            },
+            pipeline,
+            Arc::new(BlockMetrics::new()),
+        );
+        let m = mem();
+        header(&m, VIRTIO_BLK_T_IN, 7);
+        let (tx, rx) = std::sync::mpsc::channel();
+        for _ in 0..3 {
+            let q = MockSplitQueue::new(&m, 16);
+            let chain = q
+                .build_desc_chain(&[r(HDR, 16), w(DATA, 512), w(STATUS, 1)])
+                .expect("chain");
+            let tx = tx.clone();
+            dev.submit_chain(chain, &m, 0, move |len| {
+                let _ = tx.send(len);
+            });
+        }
+        assert_eq!(hold.held(), 3);
+        assert!(rx.try_recv().is_err());
+        dev.shutdown_pipeline();
+        let lens: Vec<u32> = (0..3).map(|_| rx.recv().expect("completed")).collect();
+        assert_eq!(lens, vec![513, 513, 513]);
+        assert!(rx.try_recv().is_err(), "each request completes once");
+        assert_eq!(dev.metrics.in_flight.load(Ordering::Relaxed), 0);
     }
 
     #[test]

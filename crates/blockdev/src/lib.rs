@@ -33,6 +33,7 @@ pub mod pipeline;
 pub mod request;
 pub mod stages;
 pub mod tap;
+pub mod timer;
 
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::UnixStream;
@@ -49,9 +50,11 @@ use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 
 pub use device::CONFIG_SPACE_LEN;
 pub use error::BlockError;
-pub use file::RawFile;
+pub use file::{FileStage, RawFile};
 pub use metrics::{BlockMetrics, ErrorCounts, MetricsSnapshot};
-pub use pipeline::{Next, Pipeline, Stage, StageError, Status, Terminal};
+pub use pipeline::{
+    Io, IoResult, Lower, Next, Pipeline, Serialized, Stage, StageError, Status, SyncStage, Terminal,
+};
 pub use request::{
     Insights, Limits, Request, RequestError, RequestKind, SectorRange, Segment, SECTOR_SIZE,
 };
@@ -83,6 +86,14 @@ pub struct DiskConfig {
     /// Use `O_DIRECT` for aligned reads and writes (falls back to buffered I/O when a request
     /// is unaligned or the file system refuses `O_DIRECT`).
     pub direct_io: bool,
+    /// I/O threads serving the image (requests in flight at once below the stages);
+    /// 1..=[`file::MAX_IO_THREADS`].
+    #[serde(default = "default_io_threads")]
+    pub io_threads: usize,
+}
+
+fn default_io_threads() -> usize {
+    file::DEFAULT_IO_THREADS
 }
 
 impl DiskConfig {
@@ -107,6 +118,7 @@ impl DiskConfig {
             num_queues: DEFAULT_NUM_QUEUES,
             queue_size: DEFAULT_QUEUE_SIZE,
             direct_io: false,
+            io_threads: file::DEFAULT_IO_THREADS,
         }
     }
 
@@ -126,6 +138,13 @@ impl DiskConfig {
             return Err(bad(format!(
                 "num_queues is {}; it must be between 1 and {MAX_NUM_QUEUES}",
                 self.num_queues
+            )));
+        }
+        if self.io_threads == 0 || self.io_threads > file::MAX_IO_THREADS {
+            return Err(bad(format!(
+                "io_threads is {}; it must be between 1 and {}",
+                self.io_threads,
+                file::MAX_IO_THREADS
             )));
         }
         if !self.queue_size.is_power_of_two() || self.queue_size < 4 {
@@ -279,9 +298,16 @@ pub fn spawn_backend_with(
         queue_size: cfg.queue_size,
         serial,
     };
-    let mut pipeline = Pipeline::new(Box::new(file));
+    let path_err = |e: StageError| BlockError::Daemon {
+        path: cfg.path.clone(),
+        reason: e.to_string(),
+    };
+    let mut pipeline = Pipeline::with_terminal(Box::new(FileStage::new(file, cfg.io_threads)?));
+    pipeline
+        .push(Box::new(stages::FlushOrder::new()))
+        .map_err(path_err)?;
     for s in stages {
-        pipeline.push(s);
+        pipeline.push(s).map_err(path_err)?;
     }
     let stage_names = pipeline.stage_names();
     let metrics = Arc::new(BlockMetrics::new());
@@ -438,12 +464,8 @@ mod tests {
         fn name(&self) -> &str {
             "tap"
         }
-        fn process(
-            &mut self,
-            req: &mut Request<'_>,
-            next: &mut dyn Next,
-        ) -> Result<Status, StageError> {
-            next.run(req)
+        fn submit(&self, io: Io) {
+            io.forward();
         }
     }
 
@@ -455,7 +477,7 @@ mod tests {
         let h = spawn_backend_with(DiskConfig::new(img.path()), &sock, vec![Box::new(Tap)])
             .expect("spawn");
         assert!(sock.exists(), "listener bound synchronously");
-        assert_eq!(h.stage_names(), ["tap", "raw-file"]);
+        assert_eq!(h.stage_names(), ["flush-order", "tap", "raw-file"]);
         assert_eq!(h.capacity_bytes(), 64 * 1024);
         assert!(!h.is_finished());
         h.shutdown();

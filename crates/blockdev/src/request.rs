@@ -105,7 +105,7 @@ pub type Insights = Arc<dyn Any + Send + Sync>;
 /// are multiples of 512 where required, the data buffers are mapped guest memory with the
 /// right direction, and mutating requests only reach a read-write disk.
 #[derive(Clone)]
-pub struct Request<'a> {
+pub struct Request {
     /// What the guest asks for.
     pub kind: RequestKind,
     /// First sector (`Read`/`Write`; 0 for the others, see `ranges`).
@@ -125,10 +125,10 @@ pub struct Request<'a> {
     pub insights: Option<Insights>,
     /// When the request was taken off the available ring.
     pub submitted_at: Instant,
-    mem: &'a GuestMemoryMmap,
+    mem: GuestMemoryMmap,
 }
 
-impl std::fmt::Debug for Request<'_> {
+impl std::fmt::Debug for Request {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Request")
             .field("kind", &self.kind)
@@ -143,10 +143,10 @@ impl std::fmt::Debug for Request<'_> {
     }
 }
 
-impl<'a> Request<'a> {
+impl Request {
     /// The guest memory the segments point into.
-    pub fn memory(&self) -> &'a GuestMemoryMmap {
-        self.mem
+    pub fn memory(&self) -> &GuestMemoryMmap {
+        &self.mem
     }
 
     /// Byte offset of `sector` in the image.
@@ -243,7 +243,7 @@ impl<'a> Request<'a> {
     /// of the segment lengths; `id`, `queue` are 0 and `insights` is `None` (all public fields,
     /// set them if useful).
     pub fn new_internal(
-        mem: &'a GuestMemoryMmap,
+        mem: &GuestMemoryMmap,
         kind: RequestKind,
         sector: u64,
         segments: Vec<Segment>,
@@ -259,14 +259,22 @@ impl<'a> Request<'a> {
             queue: 0,
             insights: None,
             submitted_at: Instant::now(),
-            mem,
+            mem: mem.clone(),
         }
+    }
+
+    /// Moves the request out, leaving an empty flush request on the same memory in its place
+    /// (lets code holding `&mut Request` hand the request to an owner-taking API and put it
+    /// back afterwards).
+    pub fn take(&mut self) -> Request {
+        let empty = Request::new_internal(&self.mem, RequestKind::Flush, 0, Vec::new());
+        std::mem::replace(self, empty)
     }
 
     /// A request built directly, for tests of stages.
     #[cfg(test)]
     pub(crate) fn new_for_test(
-        mem: &'a GuestMemoryMmap,
+        mem: &GuestMemoryMmap,
         kind: RequestKind,
         sector: u64,
         segments: Vec<Segment>,
@@ -461,11 +469,11 @@ impl RequestError {
 
 /// Outcome of parsing one descriptor chain.
 #[derive(Debug)]
-pub enum Parsed<'a> {
+pub enum Parsed {
     /// A valid request, and where its status byte goes.
     Request {
         /// The request.
-        req: Request<'a>,
+        req: Request,
         /// Guest address of the status byte.
         status: GuestAddress,
     },
@@ -488,11 +496,7 @@ struct Desc {
 }
 
 /// Parses and validates one descriptor chain.
-pub fn parse<'a, M>(
-    chain: DescriptorChain<M>,
-    mem: &'a GuestMemoryMmap,
-    limits: &Limits,
-) -> Parsed<'a>
+pub fn parse<M>(chain: DescriptorChain<M>, mem: &GuestMemoryMmap, limits: &Limits) -> Parsed
 where
     M: Deref,
     M::Target: GuestMemory,
@@ -551,11 +555,11 @@ where
 }
 
 /// Rules that apply once a status byte exists.
-fn validate<'a>(
+fn validate(
     descs: &[Desc],
-    mem: &'a GuestMemoryMmap,
+    mem: &GuestMemoryMmap,
     limits: &Limits,
-) -> Result<Request<'a>, RequestError> {
+) -> Result<Request, RequestError> {
     // 3. Device-readable descriptors first, then device-writable ones.
     let n_readable = descs.iter().take_while(|d| !d.writable).count();
     let (readable, writable) = descs.split_at(n_readable);
@@ -632,7 +636,7 @@ fn validate<'a>(
         queue: 0,
         insights: None,
         submitted_at: Instant::now(),
-        mem,
+        mem: mem.clone(),
     };
     match kind {
         RequestKind::Read | RequestKind::Write => {
@@ -850,17 +854,13 @@ pub(crate) mod tests {
             .expect("write header");
     }
 
-    fn parse_descs<'a>(
-        mem: &'a GuestMemoryMmap,
-        descs: &[RawDescriptor],
-        limits: &Limits,
-    ) -> Parsed<'a> {
+    fn parse_descs(mem: &GuestMemoryMmap, descs: &[RawDescriptor], limits: &Limits) -> Parsed {
         let q = MockSplitQueue::new(mem, 16);
         let chain = q.build_desc_chain(descs).expect("build chain");
         parse(chain, mem, limits)
     }
 
-    fn ok<'a>(p: Parsed<'a>) -> Request<'a> {
+    fn ok(p: Parsed) -> Request {
         match p {
             Parsed::Request { req, status } => {
                 assert_eq!(status, GuestAddress(STATUS));
@@ -870,7 +870,7 @@ pub(crate) mod tests {
         }
     }
 
-    fn rejected(p: Parsed<'_>) -> RequestError {
+    fn rejected(p: Parsed) -> RequestError {
         match p {
             Parsed::Rejected { error, status } => {
                 assert_eq!(status, GuestAddress(STATUS));
@@ -880,7 +880,7 @@ pub(crate) mod tests {
         }
     }
 
-    fn unusable(p: Parsed<'_>) -> RequestError {
+    fn unusable(p: Parsed) -> RequestError {
         match p {
             Parsed::Unusable(e) => {
                 assert_eq!(e.status(), None);

@@ -24,7 +24,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
-use crate::pipeline::{Next, Stage, StageError, Status};
+use crate::pipeline::{Io, Stage, Status};
 use crate::request::{Request, RequestKind};
 
 /// What a tapped request did.
@@ -321,57 +321,56 @@ impl Stage for WriteTap {
         "write-tap"
     }
 
-    fn process(
-        &mut self,
-        req: &mut Request<'_>,
-        next: &mut dyn Next,
-    ) -> Result<Status, StageError> {
-        let status = next.run(req)?;
-        if status != Status::Ok || !self.queue.is_enabled() {
-            return Ok(status);
-        }
-        match req.kind {
-            RequestKind::Write => {
-                let offset = req.offset();
-                let len = req.len;
-                let room = {
-                    let st = self.queue.lock();
-                    self.queue.has_room(&st, len)
-                };
-                let data = if room {
-                    let mut buf = vec![0u8; usize::try_from(len).unwrap_or(0)];
-                    match req.read_data(0, &mut buf) {
-                        Ok(()) => Some(buf),
-                        Err(_) => {
-                            self.queue
-                                .metrics
-                                .read_errors
-                                .fetch_add(1, Ordering::Relaxed);
-                            None
-                        }
+    fn submit(&self, io: Io) {
+        let queue = self.queue.clone();
+        io.forward_then(move |io, result| {
+            if matches!(result, Ok(Status::Ok)) && queue.is_enabled() {
+                record(&queue, io.request());
+            }
+            io.complete(result);
+        });
+    }
+}
+
+/// Copies one completed mutation into the queue (bytes only while there is room).
+fn record(queue: &TapQueue, req: &Request) {
+    match req.kind {
+        RequestKind::Write => {
+            let offset = req.offset();
+            let len = req.len;
+            let room = {
+                let st = queue.lock();
+                queue.has_room(&st, len)
+            };
+            let data = if room {
+                let mut buf = vec![0u8; usize::try_from(len).unwrap_or(0)];
+                match req.read_data(0, &mut buf) {
+                    Ok(()) => Some(buf),
+                    Err(_) => {
+                        queue.metrics.read_errors.fetch_add(1, Ordering::Relaxed);
+                        None
                     }
-                } else {
-                    let m = &self.queue.metrics;
-                    m.writes_without_data.fetch_add(1, Ordering::Relaxed);
-                    m.bytes_without_data.fetch_add(len, Ordering::Relaxed);
-                    None
-                };
-                self.queue.push(TapKind::Write { offset, len, data });
-            }
-            RequestKind::Discard | RequestKind::WriteZeroes => {
-                for r in &req.ranges {
-                    let (offset, len) = (r.offset(), r.bytes());
-                    self.queue.push(if req.kind == RequestKind::Discard {
-                        TapKind::Discard { offset, len }
-                    } else {
-                        TapKind::WriteZeroes { offset, len }
-                    });
                 }
-            }
-            RequestKind::Flush => self.queue.push(TapKind::Flush),
-            RequestKind::Read | RequestKind::GetId => {}
+            } else {
+                let m = &queue.metrics;
+                m.writes_without_data.fetch_add(1, Ordering::Relaxed);
+                m.bytes_without_data.fetch_add(len, Ordering::Relaxed);
+                None
+            };
+            queue.push(TapKind::Write { offset, len, data });
         }
-        Ok(status)
+        RequestKind::Discard | RequestKind::WriteZeroes => {
+            for r in &req.ranges {
+                let (offset, len) = (r.offset(), r.bytes());
+                queue.push(if req.kind == RequestKind::Discard {
+                    TapKind::Discard { offset, len }
+                } else {
+                    TapKind::WriteZeroes { offset, len }
+                });
+            }
+        }
+        RequestKind::Flush => queue.push(TapKind::Flush),
+        RequestKind::Read | RequestKind::GetId => {}
     }
 }
 
@@ -604,7 +603,7 @@ pub fn read_recording(path: &Path) -> Result<Vec<TapEvent>, RecordingError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pipeline::{Pipeline, Terminal};
+    use crate::pipeline::{Pipeline, StageError, Terminal};
     use crate::request::Segment;
     use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
@@ -613,7 +612,7 @@ mod tests {
         fn name(&self) -> &str {
             "sink"
         }
-        fn execute(&mut self, _req: &mut Request<'_>) -> Result<Status, StageError> {
+        fn execute(&mut self, _req: &mut Request) -> Result<Status, StageError> {
             Ok(Status::Ok)
         }
     }
@@ -623,7 +622,7 @@ mod tests {
         fn name(&self) -> &str {
             "fail"
         }
-        fn execute(&mut self, _req: &mut Request<'_>) -> Result<Status, StageError> {
+        fn execute(&mut self, _req: &mut Request) -> Result<Status, StageError> {
             Ok(Status::IoErr)
         }
     }
@@ -632,7 +631,7 @@ mod tests {
         GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).expect("guest memory")
     }
 
-    fn write_req<'a>(m: &'a GuestMemoryMmap, sector: u64, bytes: &[u8]) -> Request<'a> {
+    fn write_req(m: &GuestMemoryMmap, sector: u64, bytes: &[u8]) -> Request {
         m.write_slice(bytes, GuestAddress(0x1000)).expect("fill");
         Request::new_for_test(
             m,
@@ -650,7 +649,7 @@ mod tests {
         let m = mem();
         let q = TapQueue::new(TapConfig::default(), true);
         let mut p = Pipeline::new(Box::new(Sink));
-        p.push(Box::new(WriteTap::new(q.clone())));
+        p.push(Box::new(WriteTap::new(q.clone()))).expect("push");
         let data: Vec<u8> = (0..1024u32).map(|i| i as u8).collect();
         let mut r = write_req(&m, 8, &data);
         assert_eq!(p.run(&mut r).expect("runs"), Status::Ok);
@@ -672,7 +671,7 @@ mod tests {
         let m = mem();
         let q = TapQueue::new(TapConfig::default(), true);
         let mut p = Pipeline::new(Box::new(Fail));
-        p.push(Box::new(WriteTap::new(q.clone())));
+        p.push(Box::new(WriteTap::new(q.clone()))).expect("push");
         let mut r = write_req(&m, 0, &[1u8; 512]);
         assert_eq!(p.run(&mut r).expect("runs"), Status::IoErr);
         assert!(q.pop_batch(10, Duration::ZERO).expect("open").is_empty());
@@ -683,7 +682,7 @@ mod tests {
         let m = mem();
         let q = TapQueue::new(TapConfig::default(), false);
         let mut p = Pipeline::new(Box::new(Sink));
-        p.push(Box::new(WriteTap::new(q.clone())));
+        p.push(Box::new(WriteTap::new(q.clone()))).expect("push");
         let mut r = write_req(&m, 0, &[1u8; 512]);
         p.run(&mut r).expect("runs");
         assert!(q.pop_batch(10, Duration::ZERO).expect("open").is_empty());
@@ -698,7 +697,7 @@ mod tests {
         let m = mem();
         let q = TapQueue::new(TapConfig { max_bytes: 1024 }, true);
         let mut p = Pipeline::new(Box::new(Sink));
-        p.push(Box::new(WriteTap::new(q.clone())));
+        p.push(Box::new(WriteTap::new(q.clone()))).expect("push");
         for s in 0..3 {
             let mut r = write_req(&m, s, &[s as u8; 512]);
             p.run(&mut r).expect("runs");

@@ -8,7 +8,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use vmsight_blockdev::insight::RequestInsight;
-use vmsight_blockdev::pipeline::{Next, Stage, StageError, Status};
+use vmsight_blockdev::pipeline::{Io, Stage, Status};
 use vmsight_blockdev::request::{Request, RequestKind};
 
 use crate::engine::InsightEngine;
@@ -24,7 +24,6 @@ pub struct Classifier {
     /// Byte ranges of the file system's journal on this disk (optional, e.g. from the ext4
     /// crawl); writes overlapping them are flagged `journal`.
     journal: Vec<Range<u64>>,
-    scratch: Vec<u8>,
 }
 
 impl Classifier {
@@ -38,7 +37,6 @@ impl Classifier {
             engine,
             disk,
             journal,
-            scratch: Vec::new(),
         }
     }
 
@@ -47,15 +45,32 @@ impl Classifier {
         self.journal.iter().any(|r| r.start < end && off < r.end)
     }
 
-    /// Copies the request's data into the scratch buffer; `false` if the guest memory is
-    /// gone or the request is implausibly large (the request still proceeds, unclassified).
-    fn load(&mut self, req: &Request<'_>) -> bool {
-        if req.len > MAX_SCRATCH {
-            return false;
+    /// Classifies a write before it goes down (later stages, e.g. the cache, see the class).
+    fn classify_write(&self, req: &Request) -> RequestInsight {
+        let off = req.offset();
+        let journal = self.in_journal(off, req.len);
+        match load(req) {
+            Some(data) => self
+                .engine
+                .lock()
+                .classify_write(self.disk, off, &data, journal),
+            None => {
+                let mut m = RequestInsight::metadata();
+                m.journal = journal;
+                m
+            }
         }
-        self.scratch.resize(req.len as usize, 0);
-        req.read_data(0, &mut self.scratch).is_ok()
     }
+}
+
+/// Copies the request's data; `None` if the guest memory is gone or the request is
+/// implausibly large (the request still proceeds, unclassified).
+fn load(req: &Request) -> Option<Vec<u8>> {
+    if req.len > MAX_SCRATCH {
+        return None;
+    }
+    let mut buf = vec![0u8; req.len as usize];
+    req.read_data(0, &mut buf).ok().map(|()| buf)
 }
 
 impl Stage for Classifier {
@@ -63,49 +78,38 @@ impl Stage for Classifier {
         "classifier"
     }
 
-    fn process(
-        &mut self,
-        req: &mut Request<'_>,
-        next: &mut dyn Next,
-    ) -> Result<Status, StageError> {
-        match req.kind {
+    fn submit(&self, mut io: Io) {
+        match io.request().kind {
             RequestKind::Write => {
-                let off = req.offset();
-                let journal = self.in_journal(off, req.len);
-                let insight = if self.load(req) {
-                    self.engine
-                        .lock()
-                        .classify_write(self.disk, off, &self.scratch, journal)
-                } else {
-                    let mut m = RequestInsight::metadata();
-                    m.journal = journal;
-                    m
-                };
-                req.insights = Some(Arc::new(insight));
-                next.run(req)
+                let insight = self.classify_write(io.request());
+                io.request_mut().insights = Some(Arc::new(insight));
+                io.forward();
             }
             RequestKind::Read => {
-                let status = next.run(req)?;
-                if status == Status::Ok && self.load(req) {
-                    let off = req.offset();
-                    let insight = self
-                        .engine
-                        .lock()
-                        .classify_read(self.disk, off, &self.scratch);
-                    req.insights = Some(Arc::new(insight));
-                }
-                Ok(status)
+                // The data is only there once the stages below have read it.
+                let engine = self.engine.clone();
+                let disk = self.disk;
+                io.forward_then(move |mut io, result| {
+                    if matches!(result, Ok(Status::Ok)) {
+                        if let Some(data) = load(io.request()) {
+                            let off = io.request().offset();
+                            let insight = engine.lock().classify_read(disk, off, &data);
+                            io.request_mut().insights = Some(Arc::new(insight));
+                        }
+                    }
+                    io.complete(result);
+                });
             }
             RequestKind::Discard | RequestKind::WriteZeroes => {
                 {
                     let mut g = self.engine.lock();
-                    for r in &req.ranges {
+                    for r in &io.request().ranges {
                         g.log_discard(self.disk, r.offset(), r.bytes());
                     }
                 }
-                next.run(req)
+                io.forward();
             }
-            _ => next.run(req),
+            _ => io.forward(),
         }
     }
 }

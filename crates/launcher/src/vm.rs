@@ -348,7 +348,9 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
         let model = extra && !matches!(cfg.storage.model, DiskModelConfig::None);
         if model {
             let capacity = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
-            let (stage, m) = DiskModel::stage(cfg.storage.model, capacity);
+            let (stage, m) = DiskModel::stage(cfg.storage.model, capacity).map_err(|e| {
+                LaunchError::Config(format!("disk {i} ({}): {e}", path.display()))
+            })?;
             stages.push(stage);
             stage_metrics.model = Some(m);
         }
@@ -361,6 +363,7 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
                 queue_size: QUEUE_SIZE,
                 // A modelled disk must not be hidden by the host page cache.
                 direct_io: *direct || model,
+                io_threads: vmsight_blockdev::file::DEFAULT_IO_THREADS,
             },
             &sock,
             stages,

@@ -31,7 +31,7 @@ use tracing::{debug, warn};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::insight::{RequestInsight, CLASS_DEFAULT};
-use crate::pipeline::{Next, Stage, StageError, Status};
+use crate::pipeline::{Next, Serialized, Stage, StageError, Status, SyncStage};
 use crate::request::{Insights, Request, RequestKind, Segment, DEFAULT_MAX_DATA_LEN, SECTOR_SHIFT};
 use store::{Store, LEVELS};
 
@@ -100,6 +100,9 @@ pub enum CacheConfigError {
     /// The stage's I/O buffer could not be mapped.
     #[error("cannot allocate the cache's I/O buffer: {0}")]
     Buffer(String),
+    /// The cache's thread could not be started.
+    #[error("cannot start the cache's thread: {0}")]
+    Thread(String),
 }
 
 impl FromStr for CachePolicy {
@@ -347,11 +350,11 @@ impl CacheSnapshot {
 }
 
 /// Class and journal flag of a request; no insight means [`CLASS_DEFAULT`], not journal.
-fn request_class(req: &Request<'_>) -> (u8, bool) {
+fn request_class(req: &Request) -> (u8, bool) {
     request_insight(req).map_or((CLASS_DEFAULT, false), |i| (i.class, i.journal))
 }
 
-fn request_insight<'r>(req: &'r Request<'_>) -> Option<&'r RequestInsight> {
+fn request_insight(req: &Request) -> Option<&RequestInsight> {
     req.insights.as_ref().and_then(|i| {
         let any: &(dyn Any + Send + Sync) = &**i;
         any.downcast_ref::<RequestInsight>()
@@ -360,7 +363,7 @@ fn request_insight<'r>(req: &'r Request<'_>) -> Option<&'r RequestInsight> {
 
 /// Class of the part of `req` at disk byte `pos`: a request merged from several files carries
 /// one class per 4 KiB of its data.
-fn class_at(req: &Request<'_>, pos: u64, default: u8) -> u8 {
+fn class_at(req: &Request, pos: u64, default: u8) -> u8 {
     match request_insight(req) {
         Some(i) if !i.block_classes.is_empty() => {
             let idx = pos.saturating_sub(req.offset()) / 4096;
@@ -397,7 +400,7 @@ impl Lower {
         Ok(Self { bounce })
     }
 
-    fn request(&self, kind: RequestKind, offset: u64, len: usize) -> Request<'_> {
+    fn request(&self, kind: RequestKind, offset: u64, len: usize) -> Request {
         Request::new_internal(
             &self.bounce,
             kind,
@@ -508,12 +511,15 @@ impl ICache {
         Ok((cache, metrics))
     }
 
-    /// Like [`new`](Self::new), boxed for `spawn_backend_with`.
+    /// Like [`new`](Self::new), as a pipeline stage for `spawn_backend_with`. The cache runs
+    /// [`Serialized`]: on its own thread, one request at a time (its fills and write-backs are
+    /// several dependent I/Os per request), while the stages below stay asynchronous.
     pub fn stage(
         cfg: CacheConfig,
     ) -> Result<(Box<dyn Stage>, Arc<CacheMetrics>), CacheConfigError> {
         let (c, m) = Self::new(cfg)?;
-        Ok((Box::new(c), m))
+        let s = Serialized::new(c).map_err(|e| CacheConfigError::Thread(e.to_string()))?;
+        Ok((Box::new(s), m))
     }
 
     /// Live counters.
@@ -682,7 +688,7 @@ impl ICache {
 
     fn read(
         &mut self,
-        req: &mut Request<'_>,
+        req: &mut Request,
         next: &mut dyn Next,
         buf: &mut Vec<u8>,
     ) -> Result<Status, StageError> {
@@ -759,7 +765,7 @@ impl ICache {
 
     fn write(
         &mut self,
-        req: &mut Request<'_>,
+        req: &mut Request,
         next: &mut dyn Next,
         buf: &mut Vec<u8>,
     ) -> Result<Status, StageError> {
@@ -844,11 +850,7 @@ impl ICache {
 
     /// Discard / write-zeroes: cached blocks they overlap are dropped; a partially covered
     /// dirty block is written back first so its uncovered part survives.
-    fn discard(
-        &mut self,
-        req: &mut Request<'_>,
-        next: &mut dyn Next,
-    ) -> Result<Status, StageError> {
+    fn discard(&mut self, req: &mut Request, next: &mut dyn Next) -> Result<Status, StageError> {
         let ranges: Vec<(u64, u64)> = req
             .ranges
             .iter()
@@ -941,16 +943,12 @@ impl ICache {
     }
 }
 
-impl Stage for ICache {
+impl SyncStage for ICache {
     fn name(&self) -> &str {
         "icache"
     }
 
-    fn process(
-        &mut self,
-        req: &mut Request<'_>,
-        next: &mut dyn Next,
-    ) -> Result<Status, StageError> {
+    fn process(&mut self, req: &mut Request, next: &mut dyn Next) -> Result<Status, StageError> {
         match req.kind {
             RequestKind::Read | RequestKind::Write if req.len > 0 => {
                 let mut buf = std::mem::take(&mut self.buf);

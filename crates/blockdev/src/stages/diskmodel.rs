@@ -30,13 +30,14 @@
 use std::fmt;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::pipeline::{Next, Stage, StageError, Status};
+use crate::pipeline::{Io, Stage, StageError};
 use crate::request::{Request, RequestKind};
+use crate::timer::Timer;
 
 /// Parameters of the HDD model.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -372,18 +373,38 @@ pub struct DiskModelSnapshot {
     pub overruns: u64,
 }
 
+/// The modelled disk's state: where its head is and until when it is busy.
+#[derive(Debug, Default)]
+struct ModelState {
+    head: Head,
+    busy_until: Option<Instant>,
+}
+
 /// The disk model stage.
-#[derive(Debug)]
 pub struct DiskModel {
     cfg: DiskModelConfig,
     span: u64,
-    head: Head,
+    state: Mutex<ModelState>,
     metrics: Arc<DiskModelMetrics>,
+    timer: Arc<Timer>,
+}
+
+impl fmt::Debug for DiskModel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DiskModel")
+            .field("cfg", &self.cfg)
+            .field("span", &self.span)
+            .finish()
+    }
 }
 
 impl DiskModel {
-    /// A model of `cfg` for a disk of `capacity_bytes` (the HDD seek span unless set).
-    pub fn new(cfg: DiskModelConfig, capacity_bytes: u64) -> (Self, Arc<DiskModelMetrics>) {
+    /// A model of `cfg` for a disk of `capacity_bytes` (the HDD seek span unless set), with
+    /// its timer thread.
+    pub fn new(
+        cfg: DiskModelConfig,
+        capacity_bytes: u64,
+    ) -> Result<(Self, Arc<DiskModelMetrics>), StageError> {
         let span = match cfg {
             DiskModelConfig::Hdd(p) => p.span_bytes.unwrap_or(capacity_bytes),
             _ => capacity_bytes,
@@ -398,28 +419,28 @@ impl DiskModel {
             sequential: AtomicU64::new(0),
             overruns: AtomicU64::new(0),
         });
-        (
-            Self {
-                cfg,
-                span,
-                head: Head::default(),
-                metrics: metrics.clone(),
-            },
-            metrics,
-        )
+        let model = Self {
+            cfg,
+            span,
+            state: Mutex::new(ModelState::default()),
+            metrics: metrics.clone(),
+            timer: Arc::new(Timer::new("disk-model")?),
+        };
+        Ok((model, metrics))
     }
 
     /// Like [`new`](Self::new), boxed for `spawn_backend_with`.
     pub fn stage(
         cfg: DiskModelConfig,
         capacity_bytes: u64,
-    ) -> (Box<dyn Stage>, Arc<DiskModelMetrics>) {
-        let (s, m) = Self::new(cfg, capacity_bytes);
-        (Box::new(s), m)
+    ) -> Result<(Box<dyn Stage>, Arc<DiskModelMetrics>), StageError> {
+        let (s, m) = Self::new(cfg, capacity_bytes)?;
+        Ok((Box::new(s), m))
     }
 
-    /// Modelled service time of `req` (advances the modelled head).
-    fn model(&mut self, req: &Request<'_>) -> Service {
+    /// Modelled service time of `req` and the instant the modelled disk finishes it (the
+    /// disk serves one request at a time, in arrival order: no command queueing).
+    fn schedule(&self, req: &Request, now: Instant) -> (Service, Instant) {
         let (offset, len) = match req.kind {
             RequestKind::WriteZeroes => (
                 req.ranges.first().map_or(0, |r| r.offset()),
@@ -427,33 +448,21 @@ impl DiskModel {
             ),
             _ => (req.offset(), req.len),
         };
-        service(&self.cfg, self.span, &mut self.head, req.kind, offset, len)
+        let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let svc = service(&self.cfg, self.span, &mut st.head, req.kind, offset, len);
+        let start = st.busy_until.map_or(now, |b| b.max(now));
+        let due = start + Duration::from_nanos(svc.ns.max(0.0) as u64);
+        st.busy_until = Some(due);
+        (svc, due)
     }
-}
 
-impl Stage for DiskModel {
-    fn name(&self) -> &str {
-        "disk-model"
-    }
-
-    fn process(
-        &mut self,
-        req: &mut Request<'_>,
-        next: &mut dyn Next,
-    ) -> Result<Status, StageError> {
-        let svc = self.model(req);
-        let start = Instant::now();
-        let result = next.run(req);
-        let host = start.elapsed();
+    fn count(&self, kind: RequestKind, svc: &Service) {
         let m = &self.metrics;
-        let modelled = Duration::from_nanos(svc.ns.max(0.0) as u64);
         m.requests.fetch_add(1, Ordering::Relaxed);
         m.modelled_busy_ns
-            .fetch_add(modelled.as_nanos() as u64, Ordering::Relaxed);
-        m.host_ns
-            .fetch_add(host.as_nanos() as u64, Ordering::Relaxed);
+            .fetch_add(svc.ns.max(0.0) as u64, Ordering::Relaxed);
         if matches!(
-            req.kind,
+            kind,
             RequestKind::Read | RequestKind::Write | RequestKind::WriteZeroes
         ) {
             if svc.seek {
@@ -463,18 +472,48 @@ impl Stage for DiskModel {
                 m.sequential.fetch_add(1, Ordering::Relaxed);
             }
         }
-        match modelled.checked_sub(host) {
-            Some(rest) if !rest.is_zero() => {
-                std::thread::sleep(rest);
-                m.slept_ns
-                    .fetch_add(rest.as_nanos() as u64, Ordering::Relaxed);
-            }
-            _ if !modelled.is_zero() => {
-                m.overruns.fetch_add(1, Ordering::Relaxed);
-            }
-            _ => {}
+    }
+}
+
+impl Stage for DiskModel {
+    fn name(&self) -> &str {
+        "disk-model"
+    }
+
+    /// The request runs on the host at once; its completion is held on the timer until the
+    /// modelled disk would have finished it, so host I/O time counts towards the modelled
+    /// time instead of adding to it. Nothing blocks: other requests keep flowing.
+    fn submit(&self, io: Io) {
+        let now = Instant::now();
+        let (svc, due) = self.schedule(io.request(), now);
+        self.count(io.request().kind, &svc);
+        if svc.ns <= 0.0 {
+            io.forward();
+            return;
         }
-        result
+        let timer = self.timer.clone();
+        let m = self.metrics.clone();
+        io.forward_then(move |io, result| {
+            let done = Instant::now();
+            m.host_ns.fetch_add(
+                u64::try_from(done.duration_since(now).as_nanos()).unwrap_or(u64::MAX),
+                Ordering::Relaxed,
+            );
+            if done < due {
+                m.slept_ns.fetch_add(
+                    u64::try_from((due - done).as_nanos()).unwrap_or(u64::MAX),
+                    Ordering::Relaxed,
+                );
+                timer.at(due, move || io.complete(result));
+            } else {
+                m.overruns.fetch_add(1, Ordering::Relaxed);
+                io.complete(result);
+            }
+        });
+    }
+
+    fn release(&self) {
+        self.timer.release();
     }
 }
 
@@ -608,14 +647,14 @@ mod tests {
             d.contains("90 us") && d.contains("40 us") && d.contains("500 MB/s"),
             "{d}"
         );
-        let (_, m) = DiskModel::new(DiskModelConfig::ssd(), GIB);
+        let (_, m) = DiskModel::new(DiskModelConfig::ssd(), GIB).expect("model");
         assert_eq!(m.describe(), d);
         assert_eq!(m.snapshot().model, d);
     }
 
     #[test]
     fn stage_counts_requests_and_seeks() {
-        use crate::pipeline::Pipeline;
+        use crate::pipeline::{Pipeline, Status};
         use crate::request::Segment;
         use crate::stages::memdisk::MemDisk;
         use vm_memory::{GuestAddress, GuestMemoryMmap};
@@ -623,9 +662,9 @@ mod tests {
         let cfg: DiskModelConfig = "hdd:rpm=6000000,settle_ms=0.001,seek_ms=0.001,mbps=100000"
             .parse()
             .expect("cfg");
-        let (stage, m) = DiskModel::stage(cfg, 1 << 20);
+        let (stage, m) = DiskModel::stage(cfg, 1 << 20).expect("model");
         let mut p = Pipeline::new(Box::new(MemDisk::new(1 << 20)));
-        p.push(stage);
+        p.push(stage).expect("push");
         let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 16)]).expect("mem");
         let seg = Segment {
             addr: GuestAddress(0),

@@ -35,7 +35,7 @@ impl Terminal for MemDisk {
         "mem-disk"
     }
 
-    fn execute(&mut self, req: &mut Request<'_>) -> Result<Status, StageError> {
+    fn execute(&mut self, req: &mut Request) -> Result<Status, StageError> {
         self.log.push((req.kind, req.offset(), req.len));
         let range = |off: u64, len: u64| off as usize..(off + len) as usize;
         match req.kind {

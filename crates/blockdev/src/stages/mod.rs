@@ -12,6 +12,7 @@ pub mod cache;
 pub mod diskmodel;
 #[cfg(test)]
 pub(crate) mod memdisk;
+pub mod order;
 
 pub use cache::{
     CacheConfig, CacheConfigError, CacheMetrics, CacheMode, CachePolicy, CacheSnapshot, ICache,
@@ -20,3 +21,4 @@ pub use diskmodel::{
     DiskModel, DiskModelConfig, DiskModelError, DiskModelMetrics, DiskModelSnapshot, HddParams,
     SsdParams,
 };
+pub use order::FlushOrder;

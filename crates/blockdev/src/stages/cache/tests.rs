@@ -12,7 +12,7 @@ const BS: u64 = 4096;
 /// `Next` that goes straight to a [`MemDisk`] we can still inspect.
 struct ToDisk<'a>(&'a mut MemDisk);
 impl Next for ToDisk<'_> {
-    fn run(&mut self, req: &mut Request<'_>) -> Result<Status, StageError> {
+    fn run(&mut self, req: &mut Request) -> Result<Status, StageError> {
         self.0.execute(req)
     }
 }
@@ -478,7 +478,7 @@ fn shutdown_through_a_pipeline_writes_dirty_blocks_to_the_image() {
         ..CacheConfig::from_mib(1)
     })
     .expect("cache");
-    p.push(stage);
+    p.push(stage).expect("push");
     let mem = guest_mem();
     let segs = segments(0x1000, 2 * BS, &[]);
     write_guest(&mem, &segs, &vec![0x42; 2 * BS as usize]);
