@@ -12,6 +12,7 @@ pub mod qmp;
 pub mod runtime;
 pub mod stats;
 pub mod stream;
+pub mod supervisor;
 pub mod term;
 pub mod trace;
 pub mod trace_records;

@@ -11,7 +11,7 @@
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
@@ -29,9 +29,10 @@ use crate::config::VmConfig;
 use crate::error::LaunchError;
 use crate::guestio::{self, ConsoleTail};
 use crate::qemu::{self, PlannedDisk, QemuPlan};
-use crate::qmp::{self, Qmp, QmpEvent};
+use crate::qmp::{self, Qmp};
 use crate::runtime::{self, RuntimeDir, VmRecord, WorkingCopy};
 use crate::stats::{DiskStats, RunStats};
+use crate::supervisor::{Effect, Flow, LateFacts, Supervisor};
 
 /// Counters of the optional stages of one disk, read at the end of the run.
 #[derive(Default)]
@@ -43,66 +44,7 @@ struct StageMetrics {
 /// Virtqueue size of every disk (QEMU's `queue-size`, the backend's `queue_size`).
 const QUEUE_SIZE: u16 = 256;
 
-/// Something that happened during the run, delivered to the supervising loop.
-#[derive(Debug)]
-pub enum Event {
-    /// The guest init is about to run the command (guest uptime in seconds).
-    Ready(f64),
-    /// The command exited with this status.
-    GuestExit(i32),
-    /// "Kernel panic" appeared on the console.
-    ConsolePanic,
-    Qmp(QmpEvent),
-    QemuExited(std::io::Result<ExitStatus>),
-    Signal(i32),
-    /// The user typed the console escape (Ctrl-]).
-    ConsoleQuit,
-    /// Hold mode: the guest init's PID for the command, which waits for `go`.
-    CmdPid(u32),
-}
-
-/// How the run ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum EndReason {
-    /// The command ran and exited with this status.
-    CommandExited(i32),
-    /// The guest powered off by itself (interactive shell exit, or a command running `poweroff`).
-    GuestPoweroff,
-    /// The guest kernel panicked; the panic text from the console.
-    GuestPanic(String),
-    /// QEMU exited on its own without a guest shutdown.
-    QemuFailed(String),
-    /// A disk backend failed.
-    BackendFailed(String),
-    /// vmsight was told to stop (SIGINT/SIGTERM/SIGHUP or the console escape).
-    Interrupted(i32),
-}
-
-impl EndReason {
-    /// The exit status `vmsight run` returns: the command's own status, 0 for a guest poweroff,
-    /// 128+signal when interrupted, and 125 when the VM itself failed.
-    pub fn exit_code(&self) -> i32 {
-        match self {
-            EndReason::CommandExited(c) => *c,
-            EndReason::GuestPoweroff => 0,
-            EndReason::Interrupted(sig) => 128 + sig,
-            EndReason::GuestPanic(_) | EndReason::QemuFailed(_) | EndReason::BackendFailed(_) => {
-                125
-            }
-        }
-    }
-
-    /// A one-line description for errors; `None` for a normal end.
-    pub fn error_message(&self) -> Option<String> {
-        match self {
-            EndReason::CommandExited(_) | EndReason::GuestPoweroff => None,
-            EndReason::GuestPanic(t) => Some(format!("guest kernel panic:\n{t}")),
-            EndReason::QemuFailed(t) => Some(format!("QEMU failed: {t}")),
-            EndReason::BackendFailed(t) => Some(format!("disk backend failed: {t}")),
-            EndReason::Interrupted(sig) => Some(format!("interrupted by signal {sig}; VM stopped")),
-        }
-    }
-}
+pub use crate::supervisor::{EndReason, Event};
 
 /// The result of a run.
 #[derive(Debug)]
@@ -348,9 +290,8 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
         let model = extra && !matches!(cfg.storage.model, DiskModelConfig::None);
         if model {
             let capacity = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
-            let (stage, m) = DiskModel::stage(cfg.storage.model, capacity).map_err(|e| {
-                LaunchError::Config(format!("disk {i} ({}): {e}", path.display()))
-            })?;
+            let (stage, m) = DiskModel::stage(cfg.storage.model, capacity)
+                .map_err(|e| LaunchError::Config(format!("disk {i} ({}): {e}", path.display())))?;
             stages.push(stage);
             stage_metrics.model = Some(m);
         }
@@ -678,116 +619,39 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
         None
     };
 
-    // The supervising loop.
-    let mut boot_time: Option<Duration> = None;
-    let mut guest_uptime: Option<f64> = None;
-    let mut guest_exit: Option<i32> = None;
-    let mut panicked = false;
-    let mut guest_shutdown = false;
-    let mut interrupted: Option<i32> = None;
-    let mut backend_failed: Option<String> = None;
-    let mut quit_sent_at: Option<Instant> = None;
-    let mut backend_gone_at: Option<Instant> = None;
-    let qemu_status: Option<ExitStatus>;
-    let request_quit = |qmp: &Option<Qmp>| {
-        let ok = qmp
-            .as_ref()
-            .map(|q| q.execute("quit", None, Duration::from_secs(5)).is_ok())
-            .unwrap_or(false);
-        if !ok {
-            // SAFETY: plain kill(2) on QEMU's pid, which this process spawned and has not reaped.
-            unsafe { libc::kill(qemu_pid as i32, libc::SIGTERM) };
+    // The supervising loop: the supervisor decides, this loop carries out its effects.
+    let mut supervisor = Supervisor::new(t0);
+    let ctx = LoopCtx {
+        qmp: &qmp,
+        qemu_pid,
+        stdin_go: &stdin_go,
+        ctl_writer: &ctl_writer,
+        trace_cfg: trace_cfg.as_ref(),
+        channel: channel.as_ref().map(|(_, h)| h),
+    };
+    let ending = loop {
+        let ev = match rx.recv_timeout(Duration::from_millis(200)) {
+            Ok(ev) => ev,
+            Err(RecvTimeoutError::Timeout) => Event::Tick,
+            Err(RecvTimeoutError::Disconnected) => {
+                Event::QemuExited(Err(std::io::Error::other("the event channel closed")))
+            }
+        };
+        let ev = match (&ev, backends.iter().find(|(_, b, _)| b.is_finished())) {
+            (Event::Tick, Some((p, _, _))) => {
+                Event::BackendStopped(format!("the backend of {} stopped", p.display()))
+            }
+            _ => ev,
+        };
+        match supervisor.on_event(ev, Instant::now()) {
+            Flow::Continue(effects) => {
+                for e in effects {
+                    ctx.apply(e);
+                }
+            }
+            Flow::End(ending) => break ending,
         }
     };
-    loop {
-        match rx.recv_timeout(Duration::from_millis(200)) {
-            Ok(Event::Ready(up)) => {
-                let _ = stdin_go.send(());
-                boot_time = Some(t0.elapsed());
-                guest_uptime = up.is_finite().then_some(up);
-                tracing::info!("guest ready after {:?}", t0.elapsed());
-            }
-            Ok(Event::GuestExit(c)) => guest_exit = Some(c),
-            Ok(Event::CmdPid(pid)) => {
-                if let (Some(t), Some((_, host))) = (&trace_cfg, &channel) {
-                    if let Ok(mut h) = host.lock() {
-                        if let Err(e) =
-                            crate::trace_records::set_target(&mut h, &t.target, Some(pid))
-                        {
-                            tracing::warn!("cannot set the monitor filter: {e}");
-                        }
-                    }
-                }
-                tracing::info!("guest command has PID {pid}; letting it run");
-                if let Ok(mut w) = ctl_writer.lock() {
-                    if let Some(s) = w.as_mut() {
-                        if let Err(e) = s.write_all(b"go\n") {
-                            tracing::warn!("cannot send go to the guest: {e}");
-                        }
-                    }
-                }
-            }
-            Ok(Event::ConsolePanic) => panicked = true,
-            Ok(Event::Qmp(ev)) => match ev.name.as_str() {
-                "GUEST_PANICKED" => panicked = true,
-                "SHUTDOWN" => {
-                    guest_shutdown = ev
-                        .data
-                        .get("guest")
-                        .and_then(|g| g.as_bool())
-                        .unwrap_or(false);
-                }
-                _ => {}
-            },
-            Ok(Event::QemuExited(st)) => {
-                qemu_status = st.ok();
-                break;
-            }
-            Ok(Event::Signal(_)) | Ok(Event::ConsoleQuit) if quit_sent_at.is_some() => {
-                // Second request: no more patience.
-                // SAFETY: kill(2) on our own child.
-                unsafe { libc::kill(qemu_pid as i32, libc::SIGKILL) };
-            }
-            Ok(Event::Signal(sig)) => {
-                interrupted = Some(sig);
-                quit_sent_at = Some(Instant::now());
-                request_quit(&qmp);
-            }
-            Ok(Event::ConsoleQuit) => {
-                interrupted = Some(0);
-                quit_sent_at = Some(Instant::now());
-                request_quit(&qmp);
-            }
-            Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => {
-                qemu_status = None;
-                break;
-            }
-        }
-        if backend_failed.is_none() && quit_sent_at.is_none() {
-            match (
-                backends.iter().find(|(_, b, _)| b.is_finished()),
-                backend_gone_at,
-            ) {
-                (Some(_), None) => backend_gone_at = Some(Instant::now()),
-                // QEMU closes its vhost-user connections as it exits, so a backend may end a
-                // moment before QEMU's exit is seen; only one that ends while QEMU keeps running
-                // is a failure (QEMU would hang on that disk).
-                (Some((p, _, _)), Some(t)) if t.elapsed() > Duration::from_secs(3) => {
-                    backend_failed = Some(format!("the backend of {} stopped", p.display()));
-                    quit_sent_at = Some(Instant::now());
-                    request_quit(&qmp);
-                }
-                _ => {}
-            }
-        }
-        if let Some(t) = quit_sent_at {
-            if t.elapsed() > Duration::from_secs(10) {
-                // SAFETY: kill(2) on our own child.
-                unsafe { libc::kill(qemu_pid as i32, libc::SIGKILL) };
-            }
-        }
-    }
     drop(raw_guard);
     let run_time = t0.elapsed();
     stop.store(true, Ordering::Relaxed);
@@ -801,13 +665,12 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
         let _ = h.join();
     }
     let mut disk_stats = Vec::new();
+    let mut backend_error: Option<String> = None;
     for (i, (path, b, sm)) in backends.into_iter().enumerate() {
         let metrics = b.metrics();
         let res = b.wait();
         if let Err(e) = res {
-            if backend_failed.is_none() {
-                backend_failed = Some(format!("{}: {e}", path.display()));
-            }
+            backend_error.get_or_insert_with(|| format!("{}: {e}", path.display()));
         }
         let mut ds = DiskStats::from_metrics(path, &metrics);
         ds.cache = sm.cache.map(|m| m.snapshot());
@@ -833,60 +696,86 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
         counters
     });
     // Late console lines (the panic message can trail the ctl events) are in `tail` now.
-    let panic_text = tail.lock().ok().and_then(|t| t.panic_text());
-    if panic_text.is_some() {
-        panicked = true;
-    }
-    let stats = RunStats::collect(
+    let late = LateFacts {
+        panic_text: tail.lock().ok().and_then(|t| t.panic_text()),
+        qemu_stderr: qemu_stderr.lock().map(|v| v.clone()).unwrap_or_default(),
+        console_tail: tail_lines(&tail_text(&tail), 5),
+        backend_error,
+    };
+    let mut stats = RunStats::collect(
         &cfg.name,
         accel,
         &accel_reason,
         &qemu_version,
-        boot_time,
-        guest_uptime,
+        ending.boot_time,
+        ending.guest_uptime,
         run_time,
         channel.as_ref().map(|(_, h)| h),
         disk_stats,
         trace_summary,
     );
-    let mut stats = stats;
     stats.insights = insight_counters;
-
-    let end = if let Some(sig) = interrupted {
-        EndReason::Interrupted(if sig == 0 { libc::SIGINT } else { sig })
-    } else if panicked {
-        EndReason::GuestPanic(panic_text.unwrap_or_else(|| {
-            "the guest reported a panic (pvpanic) but the console showed no panic text".into()
-        }))
-    } else if let Some(e) = backend_failed {
-        EndReason::BackendFailed(e)
-    } else if let Some(c) = guest_exit {
-        EndReason::CommandExited(c)
-    } else if guest_shutdown {
-        EndReason::GuestPoweroff
-    } else {
-        let qerr: Vec<String> = qemu_stderr
-            .lock()
-            .map(|v| v.iter().rev().take(5).rev().cloned().collect())
-            .unwrap_or_default();
-        let status = qemu_status
-            .map(|s| s.to_string())
-            .unwrap_or_else(|| "unknown status".into());
-        let detail = if qerr.is_empty() {
-            let console = tail_lines(&tail_text(&tail), 5);
-            if console.is_empty() {
-                "no output".to_string()
-            } else {
-                format!("last console lines:\n{console}")
-            }
-        } else {
-            qerr.join("\n")
-        };
-        EndReason::QemuFailed(format!(
-            "QEMU exited ({status}) without a guest shutdown: {detail}"
-        ))
-    };
+    let end = ending.reason(&late);
     Ok(RunOutcome { reason: end, stats })
+}
+
+/// What the supervising loop needs to carry out the supervisor's effects.
+struct LoopCtx<'a> {
+    qmp: &'a Option<Qmp>,
+    qemu_pid: u32,
+    stdin_go: &'a Sender<()>,
+    ctl_writer: &'a Mutex<Option<std::os::unix::net::UnixStream>>,
+    trace_cfg: Option<&'a crate::trace::TraceConfig>,
+    channel: Option<&'a Arc<Mutex<vmsight_ring::ChannelHost>>>,
+}
+
+impl LoopCtx<'_> {
+    fn apply(&self, effect: Effect) {
+        match effect {
+            Effect::StartStdin => {
+                let _ = self.stdin_go.send(());
+                tracing::info!("guest ready");
+            }
+            Effect::LetCommandRun(pid) => self.let_command_run(pid),
+            Effect::RequestQuit => self.request_quit(),
+            Effect::KillQemu => {
+                // SAFETY: kill(2) on QEMU's pid, our own child, not reaped before the loop ends.
+                unsafe { libc::kill(self.qemu_pid as i32, libc::SIGKILL) };
+            }
+        }
+    }
+
+    /// Monitors the command's PID and tells the held guest command to go.
+    fn let_command_run(&self, pid: u32) {
+        if let (Some(t), Some(host)) = (self.trace_cfg, self.channel) {
+            if let Ok(mut h) = host.lock() {
+                if let Err(e) = crate::trace_records::set_target(&mut h, &t.target, Some(pid)) {
+                    tracing::warn!("cannot set the monitor filter: {e}");
+                }
+            }
+        }
+        tracing::info!("guest command has PID {pid}; letting it run");
+        if let Ok(mut w) = self.ctl_writer.lock() {
+            if let Some(s) = w.as_mut() {
+                if let Err(e) = s.write_all(b"go\n") {
+                    tracing::warn!("cannot send go to the guest: {e}");
+                }
+            }
+        }
+    }
+
+    /// QMP `quit`, else SIGTERM.
+    fn request_quit(&self) {
+        let ok = self
+            .qmp
+            .as_ref()
+            .map(|q| q.execute("quit", None, Duration::from_secs(5)).is_ok())
+            .unwrap_or(false);
+        if !ok {
+            // SAFETY: plain kill(2) on QEMU's pid, which this process spawned and has not reaped.
+            unsafe { libc::kill(self.qemu_pid as i32, libc::SIGTERM) };
+        }
+    }
 }
 
 /// What the control socket can see and do (`vmsight stream NAME`, `vmsight stats NAME`).
