@@ -3,10 +3,12 @@
 //! Registries (VMs, disks, devices, pipeline stages) implement [`MetricSource`] and push their
 //! live values into a [`MetricSink`] on every scrape; the sink groups the samples into
 //! families (one `# HELP`/`# TYPE` per family, whatever the push order), validates names and
-//! labels, and encodes the Prometheus text exposition format 0.0.4.
+//! labels, and encodes the Prometheus text exposition format 0.0.4. [`MetricsServer`] serves
+//! it at `GET /metrics` from its own thread.
 //!
 //! ```
-//! use vmsight_metrics::{from_fn, render, MetricSink, MetricSource};
+//! use std::sync::Arc;
+//! use vmsight_metrics::{from_fn, MetricSink, MetricSource, MetricsServer};
 //!
 //! struct Disk { index: u32, bytes_written: u64 }
 //! impl MetricSource for Disk {
@@ -20,22 +22,29 @@
 //! let vm = from_fn(move |sink: &mut MetricSink| {
 //!     sink.with_labels(&[("vm", "web1")], |sink| sink.collect_from(&disks))
 //! });
-//! let text = render(&vm);
-//! assert!(text.contains("vmsight_block_bytes_total{vm=\"web1\",disk=\"0\",kind=\"write\"} 4096\n"));
+//! let server = MetricsServer::start("127.0.0.1:0", Arc::new(vm))?;
+//! println!("scrape {}", server.url()); // http://127.0.0.1:PORT/metrics
+//! # Ok::<(), vmsight_metrics::MetricsError>(())
 //! ```
 //!
 //! Naming conventions (docs/metrics.md lists the names vmsight emits): every name starts with
 //! `vmsight_`, uses base units (`_bytes`, `_seconds`), counters end in `_total`; the labels in
 //! [`labels`] identify what a sample is about.
 
+mod http;
 mod model;
 pub mod names;
+mod server;
 pub mod text;
+
+#[cfg(feature = "test-harness")]
+pub mod harness;
 
 pub use model::{
     from_fn, FnSource, MetricFamily, MetricSink, MetricSource, MetricType, Sample, SampleError,
     Value,
 };
+pub use server::{MetricsError, MetricsServer, ServerOptions};
 pub use text::CONTENT_TYPE;
 
 /// Label names shared by every vmsight registry, so the same thing has the same label.
