@@ -6,6 +6,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use vmsight_introspect::syscall::NameFilter;
 use vmsight_launcher::accel::AccelRequest;
 use vmsight_launcher::config::{generate_name, parse_mem_mib, DiskSpec, VmConfig};
+use vmsight_launcher::stages::StageRequest;
 use vmsight_launcher::trace::{TraceConfig, TraceTarget};
 use vmsight_launcher::{runtime, Artifacts, EndReason};
 
@@ -51,6 +52,8 @@ enum Cmd {
     Watch(WatchArgs),
     /// Mount a live read-only view of running VMs' file systems: DIR/<host>/<vm>/<path>.
     Mount(MountArgs),
+    /// List the block stages of the stage registry: name, position, options, what it does.
+    Stages,
 }
 
 #[derive(Debug, Subcommand)]
@@ -160,8 +163,16 @@ struct RunArgs {
     cache_mode: vmsight_blockdev::stages::CacheMode,
     /// Make every extra disk behave like an HDD or a SATA SSD (hdd, ssd, none, or
     /// hdd:rpm=..,seek_ms=..; see docs/icache.md); implies O_DIRECT on the image.
-    #[arg(long, value_name = "MODEL", default_value = "none")]
-    disk_model: vmsight_blockdev::stages::DiskModelConfig,
+    /// The same as `--stage disk-model:MODEL`.
+    #[arg(long, value_name = "MODEL", default_value = "none", value_parser = parse_disk_model)]
+    disk_model: String,
+    /// Add a block stage from the stage registry to the disks it applies to, with its options
+    /// (repeatable), e.g. `--stage icache:size=64,policy=priority`; `vmsight stages` lists them.
+    #[arg(long = "stage", value_name = "NAME[:OPTIONS]")]
+    stages: Vec<StageRequest>,
+    /// Serve Prometheus metrics of this VM at http://ADDR/metrics (e.g. 127.0.0.1:9464).
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<String>,
     /// Write every file-update event as a JSON line to FILE (see docs/filestream.md).
     #[arg(long, value_name = "FILE")]
     events: Option<PathBuf>,
@@ -247,6 +258,7 @@ pub fn main() -> i32 {
         Cmd::Stats(a) => cmd_stats(a),
         Cmd::Replay(a) => cmd_replay(a),
         Cmd::Mount(a) => cmd_mount(a),
+        Cmd::Stages => cmd_stages(),
     };
     match res {
         Ok(code) => code,
@@ -257,131 +269,164 @@ pub fn main() -> i32 {
     }
 }
 
-fn cmd_run(a: RunArgs) -> Result<i32, String> {
-    let name = a.name.clone().unwrap_or_else(generate_name);
-    // The default image supplies whatever was not given explicitly.
-    let need_image = a.kernel.is_none() || a.initrd.is_none() || a.root.is_none();
-    let image = if need_image {
-        Some(vmsight_image::default_image().map_err(|e| e.to_string())?)
-    } else {
-        None
-    };
-    let pick = |given: &Option<PathBuf>, f: fn(&vmsight_image::GuestImage) -> PathBuf| {
-        given
-            .clone()
-            .or_else(|| image.as_ref().map(f))
-            .unwrap_or_default()
-    };
-    let kernel = pick(&a.kernel, |i| i.kernel.clone());
-    let initrd = pick(&a.initrd, |i| i.initrd.clone());
-    let root_image = match (&a.root, a.persist) {
-        (Some(r), _) => r.clone(),
-        // --persist with the default image: a per-name persistent copy, made on first use.
-        (None, true) => {
-            let img = image.as_ref().ok_or("no default image")?;
-            let p = vmsight_image::cache_dir()
-                .map_err(|e| e.to_string())?
-                .join("persist")
-                .join(format!("{name}.img"));
-            if !p.exists() {
-                std::fs::create_dir_all(p.parent().unwrap_or(&p))
-                    .map_err(|e| format!("cannot create {}: {e}", p.display()))?;
-                runtime::sparse_copy(&img.rootfs, &p).map_err(|e| {
-                    format!(
-                        "cannot create the persistent root disk {}: {e}",
-                        p.display()
-                    )
-                })?;
-            }
-            p
-        }
-        (None, false) => pick(&None, |i| i.rootfs.clone()),
-    };
-    let trace = if a.trace.is_some() || a.trace_json.is_some() || a.trace_out.is_some() {
-        let target: TraceTarget = a.trace.as_deref().unwrap_or("@cmd").parse()?;
-        let filter = match &a.trace_filter {
-            Some(f) => NameFilter::parse(f)?,
-            None => NameFilter::all(),
-        };
-        Some(TraceConfig {
-            target,
-            // With only --trace-json, keep stderr for the command's own output.
-            text: a.trace.is_some() || a.trace_out.is_some(),
-            out: a.trace_out.clone(),
-            json: a.trace_json.clone(),
-            filter,
+/// Checks `--disk-model` early (a usage error, exit status 2) and keeps its text: it becomes
+/// the options of a `disk-model` stage request.
+fn parse_disk_model(s: &str) -> Result<String, vmsight_blockdev::stages::DiskModelError> {
+    s.parse::<vmsight_blockdev::stages::DiskModelConfig>()
+        .map(|_| s.to_owned())
+}
+
+/// Why `vmsight run`'s options do not make a VM configuration.
+#[derive(Debug, thiserror::Error)]
+enum RunArgsError {
+    #[error("{option} needs {needs}")]
+    Needs {
+        option: &'static str,
+        needs: &'static str,
+    },
+    #[error("{option}: {reason}")]
+    Value {
+        option: &'static str,
+        reason: String,
+    },
+}
+
+/// The validated configuration of `vmsight run`: only conversions, no library work (the
+/// launcher resolves the default image, checks files and stages when it prepares the VM).
+impl TryFrom<RunArgs> for VmConfig {
+    type Error = RunArgsError;
+
+    fn try_from(a: RunArgs) -> Result<Self, Self::Error> {
+        let trace = trace_config(&a)?;
+        let insights = insight_settings(&a)?;
+        let stages = stage_requests(&a)?;
+        Ok(VmConfig {
+            name: a.name.unwrap_or_else(generate_name),
+            vcpus: a.vcpus,
+            mem_mib: a.mem,
+            kernel: a.kernel,
+            initrd: a.initrd,
+            root_image: a.root,
+            persist: a.persist,
+            append: a.append,
+            disks: a.disks,
+            command: (!a.command.is_empty()).then_some(a.command),
+            accel: match a.accel {
+                AccelArg::Auto => AccelRequest::Auto,
+                AccelArg::Tcg => AccelRequest::Tcg,
+                AccelArg::Kvm => AccelRequest::Kvm,
+            },
+            plugin: !a.no_plugin,
+            plugin_records: a.plugin_records,
+            stats: a.stats,
+            show_console: a.console,
+            console_log: a.console_log,
+            trace,
+            profile: None,
+            insights,
+            stages,
+            metrics: a.metrics,
+            stream: vmsight_launcher::stream::StreamConfig {
+                enabled: !a.no_stream,
+                record: a.record_writes,
+                queue_bytes: a.stream_queue_mb << 20,
+                events_file: a.events,
+                redis: a.redis,
+                data: a.stream_data,
+                host: vmsight_events::host_name(),
+            },
         })
-    } else {
+    }
+}
+
+fn trace_config(a: &RunArgs) -> Result<Option<TraceConfig>, RunArgsError> {
+    if a.trace.is_none() && a.trace_json.is_none() && a.trace_out.is_none() {
         if a.trace_filter.is_some() {
-            return Err("--trace-filter needs --trace, --trace-out or --trace-json".into());
+            return Err(RunArgsError::Needs {
+                option: "--trace-filter",
+                needs: "--trace, --trace-out or --trace-json",
+            });
         }
-        None
+        return Ok(None);
+    }
+    let target: TraceTarget = a
+        .trace
+        .as_deref()
+        .unwrap_or("@cmd")
+        .parse()
+        .map_err(|reason| RunArgsError::Value {
+            option: "--trace",
+            reason,
+        })?;
+    let filter = match &a.trace_filter {
+        Some(f) => NameFilter::parse(f).map_err(|e| RunArgsError::Value {
+            option: "--trace-filter",
+            reason: e.to_string(),
+        })?,
+        None => NameFilter::all(),
     };
-    let profile = image.as_ref().map(|i| i.profile.clone());
-    let cfg = VmConfig {
-        name,
-        vcpus: a.vcpus,
-        mem_mib: a.mem,
-        kernel,
-        initrd,
-        root_image,
-        persist: a.persist,
-        append: a.append,
-        disks: a.disks,
-        command: if a.command.is_empty() {
-            None
-        } else {
-            Some(a.command)
-        },
-        accel: match a.accel {
-            AccelArg::Auto => AccelRequest::Auto,
-            AccelArg::Tcg => AccelRequest::Tcg,
-            AccelArg::Kvm => AccelRequest::Kvm,
-        },
-        plugin: !a.no_plugin,
-        plugin_records: a.plugin_records,
-        stats: a.stats,
-        show_console: a.console,
-        console_log: a.console_log,
-        trace,
-        profile,
-        insights: match &a.insights {
-            Some(file) => Some(vmsight_launcher::config::InsightSettings {
-                file: file.clone(),
-                target: a.insight_target.parse()?,
-                paths: match &a.insight_paths {
-                    Some(l) => {
-                        vmsight_insight::InsightConfig::parse_paths(l).map_err(|e| e.to_string())?
-                    }
-                    None => Vec::new(),
-                },
-            }),
-            None => {
-                if a.insight_paths.is_some() {
-                    return Err("--insight-paths needs --insights FILE".into());
-                }
-                None
-            }
-        },
-        storage: vmsight_launcher::config::StorageConfig {
-            cache: (a.cache_size > 0).then(|| {
-                let mut c = vmsight_blockdev::stages::CacheConfig::from_mib(a.cache_size);
-                c.policy = a.cache_policy;
-                c.mode = a.cache_mode;
-                c
-            }),
-            model: a.disk_model,
-        },
-        stream: vmsight_launcher::stream::StreamConfig {
-            enabled: !a.no_stream,
-            record: a.record_writes,
-            queue_bytes: a.stream_queue_mb << 20,
-            events_file: a.events.clone(),
-            redis: a.redis.clone(),
-            data: a.stream_data,
-            host: vmsight_events::host_name(),
-        },
+    Ok(Some(TraceConfig {
+        target,
+        // With only --trace-json, keep stderr for the command's own output.
+        text: a.trace.is_some() || a.trace_out.is_some(),
+        out: a.trace_out.clone(),
+        json: a.trace_json.clone(),
+        filter,
+    }))
+}
+
+fn insight_settings(
+    a: &RunArgs,
+) -> Result<Option<vmsight_launcher::config::InsightSettings>, RunArgsError> {
+    let Some(file) = &a.insights else {
+        if a.insight_paths.is_some() {
+            return Err(RunArgsError::Needs {
+                option: "--insight-paths",
+                needs: "--insights FILE",
+            });
+        }
+        return Ok(None);
     };
+    let value = |option: &'static str| move |reason: String| RunArgsError::Value { option, reason };
+    Ok(Some(vmsight_launcher::config::InsightSettings {
+        file: file.clone(),
+        target: a
+            .insight_target
+            .parse()
+            .map_err(value("--insight-target"))?,
+        paths: match &a.insight_paths {
+            Some(l) => vmsight_insight::InsightConfig::parse_paths(l)
+                .map_err(|e| value("--insight-paths")(e.to_string()))?,
+            None => Vec::new(),
+        },
+    }))
+}
+
+/// `--stage` requests, plus the legacy cache and disk-model options as the same requests.
+fn stage_requests(a: &RunArgs) -> Result<Vec<StageRequest>, RunArgsError> {
+    let mut v = a.stages.clone();
+    if a.cache_size > 0 {
+        v.push(StageRequest {
+            name: "icache".into(),
+            options: format!(
+                "size={},policy={},mode={}",
+                a.cache_size, a.cache_policy, a.cache_mode
+            ),
+        });
+    }
+    if a.disk_model != "none" {
+        v.push(StageRequest {
+            name: "disk-model".into(),
+            options: a.disk_model.clone(),
+        });
+    }
+    Ok(v)
+}
+
+fn cmd_run(a: RunArgs) -> Result<i32, String> {
+    let stats_json = a.stats_json.clone();
+    let stats = a.stats;
+    let cfg = VmConfig::try_from(a).map_err(|e| e.to_string())?;
     if cfg.command.is_none() && !std::io::IsTerminal::is_terminal(&std::io::stdin()) {
         return Err("no command given and stdin is not a terminal: use `vmsight run -- CMD ...`, or run it from a terminal for a console".into());
     }
@@ -389,10 +434,10 @@ fn cmd_run(a: RunArgs) -> Result<i32, String> {
         plugin: vmsight_launcher::vm::find_plugin(),
     };
     let outcome = vmsight_launcher::run(&cfg, &arts).map_err(|e| e.to_string())?;
-    if a.stats {
+    if stats {
         eprint!("{}", outcome.stats);
     }
-    if let (Some(t), true) = (&outcome.stats.trace, a.stats) {
+    if let (Some(t), true) = (&outcome.stats.trace, stats) {
         eprintln!(
             "  trace: {} entries, {} returns, {} completed, {} restarted, {} signal deliveries, {} unmatched returns",
             t.entries,
@@ -403,7 +448,7 @@ fn cmd_run(a: RunArgs) -> Result<i32, String> {
             t.tracker.unmatched_returns
         );
     }
-    if let Some(p) = &a.stats_json {
+    if let Some(p) = &stats_json {
         let json = serde_json::to_string_pretty(&outcome.stats).map_err(|e| e.to_string())?;
         std::fs::write(p, json).map_err(|e| format!("cannot write {}: {e}", p.display()))?;
     }
@@ -414,6 +459,24 @@ fn cmd_run(a: RunArgs) -> Result<i32, String> {
         tracing::info!("guest command exited with {c}");
     }
     Ok(outcome.reason.exit_code())
+}
+
+fn cmd_stages() -> Result<i32, String> {
+    let mut text = String::from("pos  stage        how              options\n");
+    for e in vmsight_launcher::stages::ordered() {
+        let how = if e.requested {
+            "--stage"
+        } else {
+            "by its feature"
+        };
+        let opts = if e.options.is_empty() { "-" } else { e.options };
+        text.push_str(&format!(
+            "{:<4} {:<12} {:<16} {}\n     {}\n",
+            e.position, e.name, how, opts, e.summary
+        ));
+    }
+    print_stdout(&text)?;
+    Ok(0)
 }
 
 fn cmd_image(action: ImageCmd) -> Result<i32, String> {
@@ -593,7 +656,7 @@ struct StreamArgs {
 
 /// The control socket of running VM `name`.
 fn control_socket(name: &str) -> Result<PathBuf, String> {
-    vmsight_launcher::config::validate_name(name)?;
+    vmsight_launcher::config::validate_name(name).map_err(|e| e.to_string())?;
     let sock = vmsight_launcher::runtime::runtime_base()
         .join(name)
         .join("control.sock");
@@ -664,32 +727,18 @@ fn format_stats(v: &serde_json::Value) -> String {
     }
     for d in v["disks"].as_array().into_iter().flatten() {
         let mut line = format!("disk{}:", d["disk"]);
-        let c = &d["cache"];
-        if !c.is_null() {
-            line.push_str(&format!(" cache {} hits {} misses", c["hits"], c["misses"]));
-            for k in c["classes"].as_array().into_iter().flatten() {
-                let used = k["hits"].as_u64().unwrap_or(0)
-                    + k["misses"].as_u64().unwrap_or(0)
-                    + k["resident_bytes"].as_u64().unwrap_or(0);
-                if used > 0 {
-                    line.push_str(&format!(
-                        " [class {}: {}h {}m {} KiB]",
-                        k["class"].as_str().unwrap_or("?"),
-                        k["hits"],
-                        k["misses"],
-                        k["resident_bytes"].as_u64().unwrap_or(0) / 1024
-                    ));
-                }
-            }
-        }
         if d["streaming"].as_bool() == Some(true) {
             line.push_str(&format!(
-                " | file events {}",
+                " file events {}",
                 d["inference"]["events"].as_u64().unwrap_or(0)
             ));
         }
         out.push_str(&line);
         out.push('\n');
+        // One summary line per reporting stage (the stage registry's own words).
+        for l in d["stages"].as_array().into_iter().flatten() {
+            out.push_str(&format!("  {}\n", l.as_str().unwrap_or("")));
+        }
     }
     out
 }

@@ -4,6 +4,34 @@ use std::path::PathBuf;
 use std::str::FromStr;
 
 use crate::accel::AccelRequest;
+use crate::stages::StageRequest;
+
+/// A VM configuration value that is not acceptable, with the sentence the user sees.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("a disk needs a path: --disk PATH[,ro][,serial=ID][,queues=N]")]
+    DiskPath,
+    #[error("disk serial {0:?} must be 1 to 20 ASCII characters")]
+    DiskSerial(String),
+    #[error("disk queues {0:?} must be a number from 1 to 16")]
+    DiskQueues(String),
+    #[error("disk mount point {0:?} must be an absolute guest path such as /srv")]
+    DiskMount(String),
+    #[error("unknown disk option {0:?} (known: ro, rw, direct, serial=ID, queues=N, mount=PATH)")]
+    DiskOption(String),
+    #[error("VM name {0:?} must be 1-48 characters of letters, digits, '-' or '_', starting with a letter or digit")]
+    Name(String),
+    #[error("--vcpus must be between 1 and 64, not {0}")]
+    Vcpus(u32),
+    #[error("--mem must be at least 128 MiB for the Debian guest, not {0} MiB")]
+    MemTooSmall(u64),
+    #[error("--mem {0} MiB is more than 1 TiB")]
+    MemTooLarge(u64),
+    #[error("memory size {0:?} is not a number of MiB (e.g. 1024, 512M, 2G)")]
+    MemSyntax(String),
+    #[error("at most 16 extra disks, not {0}")]
+    TooManyDisks(usize),
+}
 
 /// One extra disk from `--disk PATH[,ro][,serial=ID][,queues=N][,direct][,mount=PATH]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,13 +50,13 @@ pub struct DiskSpec {
 }
 
 impl FromStr for DiskSpec {
-    type Err = String;
+    type Err = ConfigError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let mut parts = s.split(',');
         let path = parts.next().unwrap_or_default();
         if path.is_empty() {
-            return Err("a disk needs a path: --disk PATH[,ro][,serial=ID][,queues=N]".into());
+            return Err(ConfigError::DiskPath);
         }
         let mut spec = DiskSpec {
             path: PathBuf::from(path),
@@ -39,48 +67,43 @@ impl FromStr for DiskSpec {
             mount: None,
         };
         for opt in parts {
-            match opt.split_once('=') {
-                None if opt == "ro" || opt == "readonly" => spec.read_only = true,
-                None if opt == "rw" => spec.read_only = false,
-                None if opt == "direct" => spec.direct = true,
-                Some(("serial", v)) => {
-                    if v.is_empty() || v.len() > 20 || !v.is_ascii() {
-                        return Err(format!(
-                            "disk serial {v:?} must be 1 to 20 ASCII characters"
-                        ));
-                    }
-                    spec.serial = Some(v.to_string());
-                }
-                Some(("queues", v)) => {
-                    let n: u16 = v
-                        .parse()
-                        .map_err(|_| format!("disk queues {v:?} is not a number"))?;
-                    if n == 0 || n > 16 {
-                        return Err(format!("disk queues must be 1..=16, not {n}"));
-                    }
-                    spec.num_queues = Some(n);
-                }
-                Some(("mount", v)) => {
-                    if !v.starts_with('/') || v.contains("//") || v.contains('\0') {
-                        return Err(format!(
-                            "disk mount point {v:?} must be an absolute guest path such as /srv"
-                        ));
-                    }
-                    spec.mount = Some(v.trim_end_matches('/').to_string());
-                }
-                _ => {
-                    return Err(format!(
-                        "unknown disk option {opt:?} (known: ro, rw, direct, serial=ID, queues=N, mount=PATH)"
-                    ))
-                }
-            }
+            spec.apply(opt)?;
         }
         Ok(spec)
     }
 }
 
+impl DiskSpec {
+    /// Applies one `,OPTION` of `--disk`.
+    fn apply(&mut self, opt: &str) -> Result<(), ConfigError> {
+        match opt.split_once('=') {
+            None if opt == "ro" || opt == "readonly" => self.read_only = true,
+            None if opt == "rw" => self.read_only = false,
+            None if opt == "direct" => self.direct = true,
+            Some(("serial", v)) => {
+                if v.is_empty() || v.len() > 20 || !v.is_ascii() {
+                    return Err(ConfigError::DiskSerial(v.into()));
+                }
+                self.serial = Some(v.to_string());
+            }
+            Some(("queues", v)) => match v.parse::<u16>() {
+                Ok(n @ 1..=16) => self.num_queues = Some(n),
+                _ => return Err(ConfigError::DiskQueues(v.into())),
+            },
+            Some(("mount", v)) => {
+                if !v.starts_with('/') || v.contains("//") || v.contains('\0') {
+                    return Err(ConfigError::DiskMount(v.into()));
+                }
+                self.mount = Some(v.trim_end_matches('/').to_string());
+            }
+            _ => return Err(ConfigError::DiskOption(opt.into())),
+        }
+        Ok(())
+    }
+}
+
 /// Checks a VM name: it becomes a directory name, a hostname and part of event addresses.
-pub fn validate_name(name: &str) -> Result<(), String> {
+pub fn validate_name(name: &str) -> Result<(), ConfigError> {
     let ok = !name.is_empty()
         && name.len() <= 48
         && name
@@ -93,9 +116,7 @@ pub fn validate_name(name: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!(
-            "VM name {name:?} must be 1-48 characters of letters, digits, '-' or '_', starting with a letter or digit"
-        ))
+        Err(ConfigError::Name(name.into()))
     }
 }
 
@@ -122,10 +143,13 @@ pub struct VmConfig {
     pub name: String,
     pub vcpus: u32,
     pub mem_mib: u64,
-    pub kernel: PathBuf,
-    pub initrd: PathBuf,
-    /// The image the root disk is made from (copied fresh unless `persist`).
-    pub root_image: PathBuf,
+    /// The guest kernel; `None`: the default image's.
+    pub kernel: Option<PathBuf>,
+    /// The initramfs; `None`: the default image's.
+    pub initrd: Option<PathBuf>,
+    /// The image the root disk is made from (copied fresh unless `persist`); `None`: the
+    /// default image's root file system (with `persist`, a per-name copy of it).
+    pub root_image: Option<PathBuf>,
     /// Keep root-disk changes: use `root_image` in place instead of a fresh copy.
     pub persist: bool,
     /// Extra kernel command line, appended to the defaults.
@@ -146,12 +170,16 @@ pub struct VmConfig {
     pub console_log: Option<PathBuf>,
     /// Syscall tracing (`--trace*`); needs the plugin and the kernel profile.
     pub trace: Option<crate::trace::TraceConfig>,
-    /// The guest kernel's profile (symbols and struct offsets), for task identification.
+    /// The guest kernel's profile (symbols and struct offsets), for task identification;
+    /// `None`: the default image's, when the default image is used.
     pub profile: Option<PathBuf>,
     /// File-update streaming (write taps, recording, inference, delivery).
     pub stream: crate::stream::StreamConfig,
-    /// Block pipeline stages of the extra disks (`--disk`): cache and disk model.
-    pub storage: StorageConfig,
+    /// Block stages requested by name (`--stage NAME:OPTIONS`, or the cache and disk-model
+    /// flags); stages that belong to a feature (classifier, write tap) follow that feature.
+    pub stages: Vec<StageRequest>,
+    /// Serve Prometheus metrics on this address (`--metrics ADDR`).
+    pub metrics: Option<String>,
     /// Storage insights (`--insights FILE`): classify every block request (Sky §3.3-3.6).
     pub insights: Option<InsightSettings>,
 }
@@ -167,65 +195,37 @@ pub struct InsightSettings {
     pub paths: Vec<String>,
 }
 
-/// The iCache and disk-model stages given to every extra disk (`--cache-*`, `--disk-model`).
-/// The root disk (vmsight's own boot image) gets neither, so boot is not slowed by a modelled
-/// HDD and the cache serves the workload's disks only.
-#[derive(Debug, Clone)]
-pub struct StorageConfig {
-    /// One cache of this configuration per extra disk (`None`: no cache).
-    pub cache: Option<vmsight_blockdev::stages::CacheConfig>,
-    /// Make the image behave like this device (`None`: the host disk as it is).
-    pub model: vmsight_blockdev::stages::DiskModelConfig,
-}
-
-impl Default for StorageConfig {
-    fn default() -> Self {
-        Self {
-            cache: None,
-            model: vmsight_blockdev::stages::DiskModelConfig::None,
-        }
-    }
-}
-
 impl VmConfig {
     /// Checks value ranges; file existence is checked when the VM starts.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         validate_name(&self.name)?;
         if self.vcpus == 0 || self.vcpus > 64 {
-            return Err(format!(
-                "--vcpus must be between 1 and 64, not {}",
-                self.vcpus
-            ));
+            return Err(ConfigError::Vcpus(self.vcpus));
         }
         if self.mem_mib < 128 {
-            return Err(format!(
-                "--mem must be at least 128 MiB for the Debian guest, not {} MiB",
-                self.mem_mib
-            ));
+            return Err(ConfigError::MemTooSmall(self.mem_mib));
         }
         if self.mem_mib > 1024 * 1024 {
-            return Err(format!("--mem {} MiB is more than 1 TiB", self.mem_mib));
+            return Err(ConfigError::MemTooLarge(self.mem_mib));
         }
         if self.disks.len() > 16 {
-            return Err(format!("at most 16 extra disks, not {}", self.disks.len()));
+            return Err(ConfigError::TooManyDisks(self.disks.len()));
         }
         Ok(())
     }
 }
 
 /// Parses a memory size such as `1024`, `512M`, `2G` into MiB.
-pub fn parse_mem_mib(s: &str) -> Result<u64, String> {
+pub fn parse_mem_mib(s: &str) -> Result<u64, ConfigError> {
     let s = s.trim();
     let (num, mult) = match s.char_indices().last() {
         Some((i, 'G' | 'g')) => (&s[..i], 1024),
         Some((i, 'M' | 'm')) => (&s[..i], 1),
         _ => (s, 1),
     };
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("memory size {s:?} is not a number of MiB (e.g. 1024, 512M, 2G)"))?;
+    let n: u64 = num.parse().map_err(|_| ConfigError::MemSyntax(s.into()))?;
     n.checked_mul(mult)
-        .ok_or_else(|| format!("memory size {s:?} is too large"))
+        .ok_or_else(|| ConfigError::MemTooLarge(n.saturating_mul(mult)))
 }
 
 #[cfg(test)]

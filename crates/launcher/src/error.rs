@@ -25,6 +25,8 @@ pub enum LaunchError {
     PluginMissing(PathBuf),
     #[error("invalid VM configuration: {0}")]
     Config(String),
+    #[error(transparent)]
+    Invalid(#[from] crate::config::ConfigError),
     #[error("a VM named {0:?} is already running (its runtime directory {1} is in use)")]
     NameInUse(String, PathBuf),
     #[error("cannot prepare the runtime directory {path}: {source}")]
@@ -54,6 +56,15 @@ pub enum LaunchError {
         path: PathBuf,
         #[source]
         source: vmsight_blockdev::BlockError,
+    },
+    #[error("stage {stage}: {reason}")]
+    Stage { stage: String, reason: String },
+    #[error("disk {index} ({path}): stage {stage}: {reason}")]
+    StageBuild {
+        index: usize,
+        path: PathBuf,
+        stage: &'static str,
+        reason: String,
     },
     #[error("cannot set up the plugin channel: {0}")]
     Channel(String),

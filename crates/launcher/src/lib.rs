@@ -4,12 +4,14 @@
 pub mod accel;
 pub mod config;
 pub mod control;
+pub mod devices;
 pub mod error;
 pub mod guestio;
 pub mod process;
 pub mod qemu;
 pub mod qmp;
 pub mod runtime;
+pub mod stages;
 pub mod stats;
 pub mod stream;
 pub mod supervisor;

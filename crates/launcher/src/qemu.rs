@@ -73,14 +73,6 @@ pub fn parse_version(text: &str) -> Option<(u32, u32, u32)> {
 }
 
 /// One vhost-user-blk disk as QEMU sees it.
-#[derive(Debug, Clone)]
-pub struct PlannedDisk {
-    pub socket: PathBuf,
-    pub num_queues: u16,
-    /// Must equal the backend's queue size: the backend derives seg_max from it.
-    pub queue_size: u16,
-}
-
 /// Everything the QEMU command line depends on.
 #[derive(Debug, Clone)]
 pub struct QemuPlan {
@@ -99,7 +91,9 @@ pub struct QemuPlan {
     pub stdin_socket: PathBuf,
     /// The script behind fw_cfg `opt/vmsight/cmd`; `None` for an interactive console.
     pub command_file: Option<PathBuf>,
-    pub disks: Vec<PlannedDisk>,
+    /// Each device's own arguments (`-chardev ... -device ...`), in device order (the
+    /// devices phase builds them; see `crate::devices`).
+    pub devices: Vec<Vec<String>>,
     /// The plugin and its arguments after `shm=` (e.g. `records=on,profile=...`).
     pub plugin: Option<PluginPlan>,
     /// Ask the guest init to report the command's PID and wait for `go` before running it.
@@ -116,7 +110,8 @@ pub struct PluginPlan {
     pub profile: Option<PathBuf>,
 }
 
-fn chardev_socket(id: &str, path: &Path) -> String {
+/// A `-chardev socket` in client mode for a socket vmsight listens on.
+pub fn chardev_socket(id: &str, path: &Path) -> String {
     // Client mode: vmsight listens before QEMU starts, so no guest byte is lost.
     format!("socket,id={id},path={}", path.display())
 }
@@ -187,15 +182,9 @@ pub fn build_args(p: &QemuPlan) -> Vec<String> {
             &format!("name={FW_CFG_CMD},file={}", f.display()),
         ]);
     }
-    for (i, d) in p.disks.iter().enumerate() {
-        push(&["-chardev", &chardev_socket(&format!("disk{i}"), &d.socket)]);
-        push(&[
-            "-device",
-            &format!(
-                "vhost-user-blk-pci,id=disk{i},chardev=disk{i},num-queues={},queue-size={}",
-                d.num_queues, d.queue_size
-            ),
-        ]);
+    for d in &p.devices {
+        let items: Vec<&str> = d.iter().map(String::as_str).collect();
+        push(&items);
     }
     if p.hold {
         push(&["-fw_cfg", &format!("name={FW_CFG_HOLD},string=1")]);
@@ -255,17 +244,9 @@ mod tests {
             stderr_socket: "/r/stderr.sock".into(),
             stdin_socket: "/r/stdin.sock".into(),
             command_file: Some("/r/cmd.sh".into()),
-            disks: vec![
-                PlannedDisk {
-                    socket: "/r/disk0.sock".into(),
-                    num_queues: 2,
-                    queue_size: 256,
-                },
-                PlannedDisk {
-                    socket: "/r/disk1.sock".into(),
-                    num_queues: 1,
-                    queue_size: 256,
-                },
+            devices: vec![
+                crate::devices::blk::qemu_args(0, Path::new("/r/disk0.sock"), 2, 256),
+                crate::devices::blk::qemu_args(1, Path::new("/r/disk1.sock"), 1, 256),
             ],
             plugin: Some(PluginPlan {
                 library: "/p.so".into(),

@@ -29,12 +29,13 @@ pub struct VcpuStats {
 pub struct DiskStats {
     pub path: PathBuf,
     pub metrics: MetricsSnapshot,
-    /// The iCache of this disk, if it had one.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub cache: Option<vmsight_blockdev::stages::CacheSnapshot>,
-    /// The disk model of this disk, if it had one.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub model: Option<vmsight_blockdev::stages::DiskModelSnapshot>,
+    /// Snapshots of the disk's block stages that report one, under each stage's key
+    /// (`cache`, `model`, ...: see the stage registry), flattened into the disk's object.
+    #[serde(flatten)]
+    pub stages: std::collections::BTreeMap<String, serde_json::Value>,
+    /// One summary line per reporting stage, for the text output.
+    #[serde(skip)]
+    pub stage_lines: Vec<String>,
     /// The write tap of this disk, if it had one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tap: Option<vmsight_blockdev::tap::TapSnapshot>,
@@ -48,8 +49,8 @@ impl DiskStats {
         DiskStats {
             path,
             metrics: m.snapshot(),
-            cache: None,
-            model: None,
+            stages: Default::default(),
+            stage_lines: Vec::new(),
             tap: None,
             stream: None,
         }
@@ -247,18 +248,8 @@ impl fmt::Display for RunStats {
                 m.discards,
                 m.errors.total()
             )?;
-            if let Some(c) = &d.cache {
-                writeln!(f, "    cache: {}", cache_line(c))?;
-            }
-            if let Some(m) = &d.model {
-                writeln!(
-                    f,
-                    "    disk model: {} ({} requests, {} seeks, {:.1} s modelled busy)",
-                    m.model,
-                    m.requests,
-                    m.seeks,
-                    m.modelled_busy_ns as f64 / 1e9
-                )?;
+            for line in &d.stage_lines {
+                writeln!(f, "    {line}")?;
             }
             if let Some(t) = &d.tap {
                 writeln!(
@@ -293,34 +284,4 @@ impl fmt::Display for RunStats {
         }
         Ok(())
     }
-}
-
-/// One line of cache counters: overall hit rate, then hits/misses and resident KiB per class.
-fn cache_line(c: &vmsight_blockdev::stages::CacheSnapshot) -> String {
-    let mut line = format!(
-        "{} {} {} MiB: hits={} misses={} hit rate={} resident={} KiB dirty={} KiB",
-        c.policy,
-        c.mode,
-        c.size_bytes >> 20,
-        c.hits,
-        c.misses,
-        c.hit_rate()
-            .map_or_else(|| "-".to_string(), |r| format!("{:.1}%", r * 100.0)),
-        c.resident_bytes / 1024,
-        c.dirty_bytes / 1024
-    );
-    for k in c
-        .classes
-        .iter()
-        .filter(|k| k.hits + k.misses + k.inserted > 0)
-    {
-        line.push_str(&format!(
-            " | class {}: {}h/{}m {} KiB",
-            k.class,
-            k.hits,
-            k.misses,
-            k.resident_bytes / 1024
-        ));
-    }
-    line
 }

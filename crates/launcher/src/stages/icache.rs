@@ -1,0 +1,186 @@
+//! Registry entry of the iCache (Sky §7): `--stage icache:size=MIB[,policy=lru|priority]
+//! [,mode=write-through|write-back]`, or the legacy `--cache-size/--cache-policy/--cache-mode`.
+//! Extra disks only: the root disk is vmsight's boot image, not the workload's.
+
+use std::sync::Arc;
+
+use vmsight_blockdev::stages::{CacheConfig, CacheMetrics, CacheSnapshot, ICache};
+
+use super::{BuiltStage, DiskCtx, Sample, StageEntry, StageMetrics};
+use crate::error::LaunchError;
+
+pub static ENTRY: StageEntry = StageEntry {
+    name: "icache",
+    position: 20,
+    summary: "block cache in host RAM, LRU or Sky's class priority policy (extra disks)",
+    options: "size=MIB[,policy=lru|priority][,mode=write-through|write-back]",
+    requested: true,
+    check,
+    build,
+};
+
+/// Parses `size=MIB,policy=...,mode=...`.
+pub fn parse(options: &str) -> Result<CacheConfig, String> {
+    let mut size: Option<u64> = None;
+    let mut cfg = CacheConfig::from_mib(0);
+    for kv in options.split(',').filter(|s| !s.is_empty()) {
+        match kv.split_once('=') {
+            Some(("size", v)) => {
+                size = Some(
+                    v.parse()
+                        .map_err(|_| format!("size {v:?} is not a number of MiB"))?,
+                )
+            }
+            Some(("policy", v)) => cfg.policy = v.parse().map_err(|e| format!("{e}"))?,
+            Some(("mode", v)) => cfg.mode = v.parse().map_err(|e| format!("{e}"))?,
+            _ => {
+                return Err(format!(
+                    "unknown option {kv:?} (expected {})",
+                    ENTRY.options
+                ))
+            }
+        }
+    }
+    let Some(mib) = size.filter(|&m| m > 0) else {
+        return Err(format!("needs a size in MiB: {}", ENTRY.options));
+    };
+    let mut sized = CacheConfig::from_mib(mib);
+    sized.policy = cfg.policy;
+    sized.mode = cfg.mode;
+    sized.validate().map_err(|e| e.to_string())?;
+    Ok(sized)
+}
+
+fn check(options: &str) -> Result<(), String> {
+    parse(options).map(|_| ())
+}
+
+fn build(ctx: &DiskCtx<'_>) -> Result<Option<BuiltStage>, LaunchError> {
+    let (Some(options), true) = (ctx.options, ctx.index > 0) else {
+        return Ok(None);
+    };
+    let err = |reason: String| LaunchError::StageBuild {
+        index: ctx.index,
+        path: ctx.path.to_owned(),
+        stage: ENTRY.name,
+        reason,
+    };
+    let cfg = parse(options).map_err(err)?;
+    let (stage, m) = ICache::stage(cfg).map_err(|e| err(e.to_string()))?;
+    Ok(Some(BuiltStage {
+        stage,
+        metrics: Some(Arc::new(Metrics(m))),
+        direct_io: false,
+    }))
+}
+
+struct Metrics(Arc<CacheMetrics>);
+
+impl StageMetrics for Metrics {
+    fn key(&self) -> &'static str {
+        "cache"
+    }
+
+    fn snapshot(&self) -> serde_json::Value {
+        serde_json::to_value(self.0.snapshot()).unwrap_or_default()
+    }
+
+    fn summary(&self) -> String {
+        format!("cache: {}", summary_line(&self.0.snapshot()))
+    }
+
+    fn samples(&self) -> Vec<Sample> {
+        let s = self.0.snapshot();
+        let mut v = vec![
+            Sample::counter("icache_hits_total", "Cache hits (4 KiB blocks).", s.hits),
+            Sample::counter(
+                "icache_misses_total",
+                "Cache misses (4 KiB blocks).",
+                s.misses,
+            ),
+            Sample::gauge(
+                "icache_resident_bytes",
+                "Bytes held in the cache.",
+                s.resident_bytes,
+            ),
+            Sample::gauge(
+                "icache_dirty_bytes",
+                "Dirty bytes (write-back).",
+                s.dirty_bytes,
+            ),
+        ];
+        for k in &s.classes {
+            v.push(
+                Sample::counter(
+                    "icache_class_hits_total",
+                    "Cache hits per I/O class.",
+                    k.hits,
+                )
+                .with("class", k.class.clone()),
+            );
+            v.push(
+                Sample::counter(
+                    "icache_class_misses_total",
+                    "Cache misses per I/O class.",
+                    k.misses,
+                )
+                .with("class", k.class.clone()),
+            );
+        }
+        v
+    }
+}
+
+/// Overall hit rate, then hits/misses and resident KiB per class.
+fn summary_line(c: &CacheSnapshot) -> String {
+    let mut line = format!(
+        "{} {} {} MiB: hits={} misses={} hit rate={} resident={} KiB dirty={} KiB",
+        c.policy,
+        c.mode,
+        c.size_bytes >> 20,
+        c.hits,
+        c.misses,
+        c.hit_rate()
+            .map_or_else(|| "-".to_string(), |r| format!("{:.1}%", r * 100.0)),
+        c.resident_bytes / 1024,
+        c.dirty_bytes / 1024
+    );
+    for k in c
+        .classes
+        .iter()
+        .filter(|k| k.hits + k.misses + k.inserted > 0)
+    {
+        line.push_str(&format!(
+            " | class {}: {}h/{}m {} KiB",
+            k.class,
+            k.hits,
+            k.misses,
+            k.resident_bytes / 1024
+        ));
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vmsight_blockdev::stages::{CacheMode, CachePolicy};
+
+    #[test]
+    fn options_parse_with_defaults_and_clear_errors() {
+        let c = parse("size=64").expect("size only");
+        assert_eq!(c.size_bytes, 64 << 20);
+        let c = parse("size=8,policy=priority,mode=write-back").expect("all");
+        assert_eq!(
+            (c.policy, c.mode),
+            (CachePolicy::Priority, CacheMode::WriteBack)
+        );
+        assert!(parse("").expect_err("no size").contains("needs a size"));
+        assert!(parse("size=8,colour=red")
+            .expect_err("unknown")
+            .contains("unknown option"));
+        assert!(parse("size=8,policy=fifo")
+            .expect_err("policy")
+            .contains("policy"));
+    }
+}

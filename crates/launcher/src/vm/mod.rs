@@ -1,0 +1,314 @@
+//! One VM's whole life, in phases (ARCHITECTURE.md, "Lifecycle"):
+//!
+//! 1. [`prepare`]: validate, resolve the guest files, choose the accelerator, find QEMU,
+//!    runtime directory and root working copy;
+//! 2. devices ([`crate::devices`]): every registered device starts and listens before QEMU
+//!    exists, so its connection cannot race them;
+//! 3. [`services`]: streaming, view, control socket, metrics, plugin channel, guest I/O
+//!    pumps, signal routing;
+//! 4. [`spawn`]: QEMU in its own process group tied to vmsight's life, trace session, QMP;
+//! 5. supervise: the [`Supervisor`] decides on every event until QEMU is gone;
+//! 6. teardown: QEMU is gone before devices are joined; streams drain, stats are collected,
+//!    and the runtime directory and working copies are removed by their guards.
+
+mod control_state;
+mod metrics;
+pub mod prepare;
+mod services;
+mod spawn;
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::config::VmConfig;
+use crate::devices::{self, Device, DeviceEnv};
+use crate::error::LaunchError;
+use crate::guestio::ConsoleTail;
+use crate::qmp::Qmp;
+use crate::stats::{DiskStats, RunStats};
+use crate::stream::DiskStream;
+use crate::supervisor::{Effect, Ending, Flow, LateFacts, Supervisor};
+
+use prepare::Prepared;
+use services::{Insight, Services};
+use spawn::Qemu;
+
+pub use crate::supervisor::{EndReason, Event};
+
+/// The result of a run.
+#[derive(Debug)]
+pub struct RunOutcome {
+    pub reason: EndReason,
+    pub stats: RunStats,
+}
+
+/// Paths of vmsight's own artefacts the launcher needs.
+#[derive(Debug, Clone)]
+pub struct Artifacts {
+    pub plugin: PathBuf,
+}
+
+/// Finds `libvmsight_plugin.so`: `$VMSIGHT_PLUGIN`, else next to the running executable.
+pub fn find_plugin() -> PathBuf {
+    if let Some(p) = std::env::var_os("VMSIGHT_PLUGIN") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().unwrap_or_default();
+    let dir = exe.parent().map(PathBuf::from).unwrap_or_default();
+    dir.join("libvmsight_plugin.so")
+}
+
+/// Runs a VM to completion.
+pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> {
+    let t0 = Instant::now();
+    let phase = |name: &str| tracing::info!("phase {name} done at {:?}", t0.elapsed());
+    let prep = prepare::prepare(cfg, arts)?;
+    phase("prepare");
+    let insight = services::insight_engine(cfg)?;
+    let mut streams = services::disk_streams(cfg, &prep);
+    let devices = devices::start_all(&DeviceEnv {
+        cfg,
+        prep: &prep,
+        insight: insight.as_ref().map(|(e, _)| e),
+        streams: &streams,
+    })?;
+    phase("devices");
+    let svc = services::start(
+        cfg,
+        &prep,
+        &devices,
+        &mut streams,
+        insight.as_ref().map(|(e, _)| e),
+    )?;
+    phase("services");
+    let qemu = spawn::spawn(cfg, arts, &prep, &devices, &svc, insight.as_ref())?;
+    phase("spawn");
+    let ending = supervise(t0, &prep, &devices, &svc, &qemu);
+    let run_time = t0.elapsed();
+    Ok(teardown(
+        cfg,
+        &prep,
+        Teardown {
+            devices,
+            streams,
+            svc,
+            qemu,
+            insight,
+            ending,
+            run_time,
+        },
+    ))
+}
+
+/// Phase 5: feeds events to the supervisor and carries out its effects until QEMU is gone.
+fn supervise(
+    t0: Instant,
+    prep: &Prepared,
+    devices: &[Box<dyn Device>],
+    svc: &Services,
+    qemu: &Qemu,
+) -> Ending {
+    let raw_guard = if svc.interactive {
+        crate::term::RawMode::enter(svc.console_writer.clone(), svc.tx.clone())
+    } else {
+        None
+    };
+    let mut supervisor = Supervisor::new(t0);
+    let ctx = LoopCtx {
+        qmp: &qemu.qmp,
+        qemu_pid: qemu.pid,
+        stdin_go: &svc.stdin_go,
+        ctl_writer: &svc.ctl_writer,
+        trace_cfg: prep.trace.as_ref(),
+        channel: svc.channel.as_ref().map(|(_, h)| h),
+    };
+    let ending = loop {
+        let ev = match svc.rx.recv_timeout(Duration::from_millis(200)) {
+            Ok(ev) => ev,
+            Err(RecvTimeoutError::Timeout) => match devices.iter().find_map(|d| d.stopped()) {
+                Some(what) => Event::BackendStopped(what),
+                None => Event::Tick,
+            },
+            Err(RecvTimeoutError::Disconnected) => {
+                Event::QemuExited(Err(std::io::Error::other("the event channel closed")))
+            }
+        };
+        match supervisor.on_event(ev, Instant::now()) {
+            Flow::Continue(effects) => effects.into_iter().for_each(|e| ctx.apply(e)),
+            Flow::End(ending) => break ending,
+        }
+    };
+    drop(raw_guard);
+    ending
+}
+
+/// What teardown consumes.
+struct Teardown {
+    devices: Vec<Box<dyn Device>>,
+    streams: Vec<DiskStream>,
+    svc: Services,
+    qemu: Qemu,
+    insight: Option<Insight>,
+    ending: Ending,
+    run_time: Duration,
+}
+
+/// Phase 6: QEMU is gone; stop the pumps, join the devices, drain the streams, finish the
+/// trace and the insight log, and work out the end reason. The runtime directory and working
+/// copy go with `prep`'s guards when the caller returns.
+fn teardown(cfg: &VmConfig, prep: &Prepared, t: Teardown) -> RunOutcome {
+    let Teardown {
+        devices,
+        mut streams,
+        svc,
+        qemu,
+        insight,
+        ending,
+        run_time,
+    } = t;
+    svc.stop.store(true, Ordering::Relaxed);
+    svc.signals.close();
+    // QEMU is gone: its sockets are closed, so the pumps reach EOF and finish.
+    for p in svc.pumps {
+        let _ = p.join();
+    }
+    if let Some(h) = qemu.stderr_thread {
+        let _ = h.join();
+    }
+    let (disk_stats, backend_error) = finish_devices(devices, &mut streams);
+    let trace_summary = qemu.trace.map(|t| t.finish());
+    // The trace (the insight engine's syscall feed) and the disks (its block feed) are done:
+    // finish the insight log.
+    let insight_counters = insight.map(|(engine, writer)| {
+        let counters = engine.counters();
+        engine.lock().close_log();
+        drop(engine);
+        if let Err(e) = writer.finish() {
+            eprintln!("vmsight: the insight log is incomplete: {e}");
+        }
+        counters
+    });
+    // Late console lines (the panic message can trail the ctl events) are in `tail` now.
+    let late = LateFacts {
+        panic_text: svc.tail.lock().ok().and_then(|t| t.panic_text()),
+        qemu_stderr: qemu.stderr.lock().map(|v| v.clone()).unwrap_or_default(),
+        console_tail: tail_lines(&tail_text(&svc.tail), 5),
+        backend_error,
+    };
+    let mut stats = RunStats::collect(
+        &cfg.name,
+        prep.accel,
+        &prep.accel_reason,
+        &prep.qemu_version,
+        ending.boot_time,
+        ending.guest_uptime,
+        run_time,
+        svc.channel.as_ref().map(|(_, h)| h),
+        disk_stats,
+        trace_summary,
+    );
+    stats.insights = insight_counters;
+    RunOutcome {
+        reason: ending.reason(&late),
+        stats,
+    }
+}
+
+/// Joins every device and merges each disk's stream counters (the backend is gone, so its
+/// tap pushes no more: drain and stop the consumer). Returns the disks' stats and the first
+/// backend error.
+fn finish_devices(
+    devices: Vec<Box<dyn Device>>,
+    streams: &mut Vec<DiskStream>,
+) -> (Vec<DiskStats>, Option<String>) {
+    let mut disks = Vec::new();
+    let mut error = None;
+    for (i, d) in devices.into_iter().enumerate() {
+        let report = d.finish();
+        if let Some(e) = report.error {
+            error.get_or_insert(e);
+        }
+        let Some(mut ds) = report.disk else {
+            continue;
+        };
+        if let Some(pos) = streams.iter().position(|s| s.index == i) {
+            let (tap, infer) = streams.swap_remove(pos).finish();
+            ds.tap = Some(tap);
+            ds.stream = infer;
+        }
+        disks.push(ds);
+    }
+    (disks, error)
+}
+
+/// What the supervising loop needs to carry out the supervisor's effects.
+struct LoopCtx<'a> {
+    qmp: &'a Option<Qmp>,
+    qemu_pid: u32,
+    stdin_go: &'a Sender<()>,
+    ctl_writer: &'a Mutex<Option<std::os::unix::net::UnixStream>>,
+    trace_cfg: Option<&'a crate::trace::TraceConfig>,
+    channel: Option<&'a Arc<Mutex<vmsight_ring::ChannelHost>>>,
+}
+
+impl LoopCtx<'_> {
+    fn apply(&self, effect: Effect) {
+        match effect {
+            Effect::StartStdin => {
+                let _ = self.stdin_go.send(());
+                tracing::info!("guest ready");
+            }
+            Effect::LetCommandRun(pid) => self.let_command_run(pid),
+            Effect::RequestQuit => self.request_quit(),
+            Effect::KillQemu => {
+                // SAFETY: kill(2) on QEMU's pid, our own child, not reaped before the loop ends.
+                unsafe { libc::kill(self.qemu_pid as i32, libc::SIGKILL) };
+            }
+        }
+    }
+
+    /// Monitors the command's PID and tells the held guest command to go.
+    fn let_command_run(&self, pid: u32) {
+        if let (Some(t), Some(host)) = (self.trace_cfg, self.channel) {
+            if let Ok(mut h) = host.lock() {
+                if let Err(e) = crate::trace_records::set_target(&mut h, &t.target, Some(pid)) {
+                    tracing::warn!("cannot set the monitor filter: {e}");
+                }
+            }
+        }
+        tracing::info!("guest command has PID {pid}; letting it run");
+        if let Ok(mut w) = self.ctl_writer.lock() {
+            if let Some(s) = w.as_mut() {
+                if let Err(e) = s.write_all(b"go\n") {
+                    tracing::warn!("cannot send go to the guest: {e}");
+                }
+            }
+        }
+    }
+
+    /// QMP `quit`, else SIGTERM.
+    fn request_quit(&self) {
+        let ok = self
+            .qmp
+            .as_ref()
+            .map(|q| q.execute("quit", None, Duration::from_secs(5)).is_ok())
+            .unwrap_or(false);
+        if !ok {
+            // SAFETY: plain kill(2) on QEMU's pid, which this process spawned and has not reaped.
+            unsafe { libc::kill(self.qemu_pid as i32, libc::SIGTERM) };
+        }
+    }
+}
+
+fn tail_text(t: &Arc<Mutex<ConsoleTail>>) -> String {
+    t.lock().map(|t| t.text()).unwrap_or_default()
+}
+
+fn tail_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}

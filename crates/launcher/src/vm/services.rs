@@ -1,0 +1,316 @@
+//! Phase 3, services: everything that runs beside the devices while the VM lives.
+//!
+//! File-update streaming (crawl each writable disk, then follow its write tap), the view
+//! server (`vmsight mount`), the control socket (`vmsight stats`, `vmsight stream`), the
+//! metrics endpoint (`--metrics`), the plugin's shared-memory channel, the guest I/O pumps
+//! (console, ctl, stdout, stderr, stdin) and signal routing. All of it listens before QEMU
+//! is spawned, so no guest byte and no signal is lost.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use vmsight_insight::InsightEngine;
+
+use crate::config::VmConfig;
+use crate::devices::Device;
+use crate::error::LaunchError;
+use crate::guestio::{self, ConsoleTail};
+use crate::stream::{Delivery, DiskStream};
+use crate::supervisor::Event;
+
+use super::control_state::ControlState;
+use super::prepare::Prepared;
+
+/// The insight engine and the writer thread of its log, when `--insights` is on.
+pub type Insight = (InsightEngine, vmsight_insight::log::LogWriter);
+
+/// A guest socket's writer half, shared between its reader and whoever writes to the guest.
+pub type SharedStream = Arc<Mutex<Option<std::os::unix::net::UnixStream>>>;
+
+/// The plugin's shared-memory file and the host side of the channel.
+pub type PluginChannel = (PathBuf, Arc<Mutex<vmsight_ring::ChannelHost>>);
+
+/// The running services.
+pub struct Services {
+    /// Events for the supervisor.
+    pub tx: Sender<Event>,
+    pub rx: Receiver<Event>,
+    /// Set when the run is over: the pumps stop.
+    pub stop: Arc<AtomicBool>,
+    /// The last console lines (panic text, failure reports).
+    pub tail: Arc<Mutex<ConsoleTail>>,
+    /// The console socket, for the interactive terminal.
+    pub console_writer: SharedStream,
+    /// The ctl socket, to tell a held command to go.
+    pub ctl_writer: SharedStream,
+    pub pumps: Vec<JoinHandle<()>>,
+    /// Starts forwarding vmsight's stdin to the guest.
+    pub stdin_go: Sender<()>,
+    /// The plugin's shared-memory channel (file, host side), when the plugin is loaded.
+    pub channel: Option<PluginChannel>,
+    pub signals: signal_hook::iterator::Handle,
+    /// The command is interactive (no command given).
+    pub interactive: bool,
+    _view: Option<vmsight_view::ViewServer>,
+    _control: crate::control::ControlServer,
+    _metrics: Option<vmsight_metrics::MetricsServer>,
+    _stdin: JoinHandle<()>,
+}
+
+/// The insight engine and its log, when `--insights` asks for them.
+pub fn insight_engine(cfg: &VmConfig) -> Result<Option<Insight>, LaunchError> {
+    let Some(s) = &cfg.insights else {
+        return Ok(None);
+    };
+    let (log, writer) = vmsight_insight::InsightLog::create(&s.file).map_err(|e| {
+        LaunchError::Config(format!(
+            "cannot create the insight log {}: {e}",
+            s.file.display()
+        ))
+    })?;
+    let icfg = vmsight_insight::InsightConfig {
+        paths: s.paths.clone(),
+        ..Default::default()
+    };
+    Ok(Some((InsightEngine::new(icfg, log), writer)))
+}
+
+/// A file-update stream (tap queue) per writable disk; consumers start with the services.
+pub fn disk_streams(cfg: &VmConfig, prep: &Prepared) -> Vec<DiskStream> {
+    prep.disks
+        .iter()
+        .filter(|d| !d.read_only)
+        .map(|d| DiskStream::new(d.index, &d.path, &cfg.stream))
+        .collect()
+}
+
+/// Runs phase 3.
+pub fn start(
+    cfg: &VmConfig,
+    prep: &Prepared,
+    devices: &[Box<dyn Device>],
+    streams: &mut [DiskStream],
+    insight: Option<&InsightEngine>,
+) -> Result<Services, LaunchError> {
+    let delivery = Arc::new(
+        Delivery::open(
+            cfg.stream.host.clone(),
+            &cfg.name,
+            Some(&prep.rt.join(vmsight_events::EVENTS_SOCKET)),
+            cfg.stream.redis.as_deref(),
+            cfg.stream.events_file.as_deref(),
+            cfg.stream.data,
+        )
+        .map_err(LaunchError::Config)?,
+    );
+    for ds in streams.iter_mut() {
+        start_stream(cfg, ds, &delivery)?;
+    }
+    // The live read-only view (`vmsight mount`) shows the root disk's file system.
+    let view = match streams.iter().find(|d| d.index == 0) {
+        Some(d) => Some(
+            vmsight_view::ViewServer::bind(prep.rt.join(vmsight_view::VIEW_SOCKET), d.slot.clone())
+                .map_err(|e| LaunchError::Config(format!("cannot start the view server: {e}")))?,
+        ),
+        None => None,
+    };
+    let control = ControlState::new(streams, devices, insight.cloned());
+    let metrics = super::metrics::serve(cfg, devices, streams)?;
+    let control = crate::control::ControlServer::bind(
+        &prep.rt.join("control.sock"),
+        Arc::new(move |req: &serde_json::Value| control.request(req)),
+    )
+    .map_err(|e| LaunchError::Config(format!("cannot start the control socket: {e}")))?;
+    let channel = plugin_channel(cfg, prep)?;
+    let (tx, rx) = mpsc::channel();
+    let signals = route_signals(&tx)?;
+    let io = start_guest_io(cfg, prep, &tx)?;
+    Ok(Services {
+        tx,
+        rx,
+        stop: io.stop,
+        tail: io.tail,
+        console_writer: io.console_writer,
+        ctl_writer: io.ctl_writer,
+        pumps: io.pumps,
+        stdin_go: io.stdin_go,
+        channel,
+        signals,
+        interactive: cfg.command.is_none(),
+        _view: view,
+        _control: control,
+        _metrics: metrics,
+        _stdin: io.stdin,
+    })
+}
+
+/// Crawls one disk (before the guest runs: from here on every write is diffed against it)
+/// and starts its consumer.
+fn start_stream(
+    cfg: &VmConfig,
+    ds: &mut DiskStream,
+    delivery: &Arc<Delivery>,
+) -> Result<(), LaunchError> {
+    if cfg.stream.enabled {
+        match crate::stream::make_engine(&ds.image, cfg.stream.data) {
+            Ok(engine) => {
+                if let Ok(mut slot) = ds.slot.write() {
+                    slot.0 = Some(engine);
+                }
+            }
+            Err(e) => {
+                tracing::info!("no file-update streaming for disk {}: {e}", ds.index);
+                if ds.index > 0 && (cfg.stream.events_file.is_some() || cfg.stream.redis.is_some())
+                {
+                    eprintln!(
+                        "vmsight: disk {} ({}) is not streamed: {e}",
+                        ds.index,
+                        ds.image.display()
+                    );
+                }
+            }
+        }
+    }
+    let prefix = if ds.index == 0 {
+        String::new()
+    } else {
+        cfg.disks
+            .get(ds.index - 1)
+            .and_then(|d| d.mount.clone())
+            .unwrap_or_else(|| format!("/@disk{}", ds.index))
+    };
+    let sink = crate::stream::EngineSink::new(
+        ds.slot.clone(),
+        delivery.clone(),
+        ds.queue(),
+        &ds.image.clone(),
+        prefix,
+        cfg.stream.data,
+        ds.attach.clone(),
+        ds.infer.clone(),
+    );
+    ds.start(&cfg.stream, vec![Box::new(sink)])
+        .map_err(|e| LaunchError::Config(format!("disk {}: {e}", ds.index)))
+}
+
+/// The plugin's shared-memory channel, with the monitor filter of the trace target.
+fn plugin_channel(cfg: &VmConfig, prep: &Prepared) -> Result<Option<PluginChannel>, LaunchError> {
+    if !prep.use_plugin {
+        return Ok(None);
+    }
+    let shm = prep.rt.join("plugin.shm");
+    let mut host = vmsight_ring::Channel::create(&shm, cfg.vcpus, 1 << 14)
+        .map_err(|e| LaunchError::Channel(e.to_string()))?;
+    if let Some(t) = &prep.trace {
+        crate::trace_records::set_target(&mut host, &t.target, None)
+            .map_err(LaunchError::Channel)?;
+    }
+    Ok(Some((shm, Arc::new(Mutex::new(host)))))
+}
+
+/// SIGINT, SIGTERM and SIGHUP become supervisor events.
+fn route_signals(tx: &Sender<Event>) -> Result<signal_hook::iterator::Handle, LaunchError> {
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
+    ])?;
+    let handle = signals.handle();
+    let tx = tx.clone();
+    std::thread::Builder::new()
+        .name("vmsight-signals".into())
+        .spawn(move || {
+            for s in signals.forever() {
+                if tx.send(Event::Signal(s)).is_err() {
+                    break;
+                }
+            }
+        })?;
+    Ok(handle)
+}
+
+/// The guest I/O pumps and what they share.
+struct GuestIo {
+    stop: Arc<AtomicBool>,
+    tail: Arc<Mutex<ConsoleTail>>,
+    console_writer: SharedStream,
+    ctl_writer: SharedStream,
+    pumps: Vec<JoinHandle<()>>,
+    stdin_go: Sender<()>,
+    stdin: JoinHandle<()>,
+}
+
+/// Listens on the console, ctl, stdout, stderr and stdin sockets QEMU connects to.
+fn start_guest_io(
+    cfg: &VmConfig,
+    prep: &Prepared,
+    tx: &Sender<Event>,
+) -> Result<GuestIo, LaunchError> {
+    let rt = &prep.rt;
+    let stop = Arc::new(AtomicBool::new(false));
+    let tail = Arc::new(Mutex::new(ConsoleTail::default()));
+    let console_writer: SharedStream = Arc::default();
+    let interactive = cfg.command.is_none();
+    let console_log = std::fs::File::create(rt.join("console.log")).ok();
+    let user_log = match &cfg.console_log {
+        Some(p) => Some(std::fs::File::create(p)?),
+        None => None,
+    };
+    let live: Option<Box<dyn Write + Send>> = if interactive {
+        Some(Box::new(std::io::stdout()))
+    } else if cfg.show_console {
+        Some(Box::new(std::io::stderr()))
+    } else {
+        None
+    };
+    let mut pumps = vec![guestio::spawn_console_reader(
+        guestio::listen(&rt.join("console.sock"))?,
+        stop.clone(),
+        tail.clone(),
+        user_log.or(console_log),
+        live,
+        console_writer.clone(),
+        tx.clone(),
+    )?];
+    let ctl_writer: SharedStream = Arc::default();
+    pumps.push(guestio::spawn_ctl_reader(
+        guestio::listen(&rt.join("ctl.sock"))?,
+        stop.clone(),
+        tx.clone(),
+        ctl_writer.clone(),
+    )?);
+    pumps.push(guestio::spawn_output_pump(
+        "vmsight-stdout",
+        guestio::listen(&rt.join("stdout.sock"))?,
+        stop.clone(),
+        Box::new(std::io::stdout()),
+    )?);
+    pumps.push(guestio::spawn_output_pump(
+        "vmsight-stderr",
+        guestio::listen(&rt.join("stderr.sock"))?,
+        stop.clone(),
+        Box::new(std::io::stderr()),
+    )?);
+    let feed_stdin = !interactive && !std::io::IsTerminal::is_terminal(&std::io::stdin());
+    // Not joined: it may sit in a read of the host's stdin, which must not delay the exit.
+    let (stdin_go, stdin_go_rx) = mpsc::channel();
+    let stdin = guestio::spawn_stdin_feeder(
+        guestio::listen(&rt.join("stdin.sock"))?,
+        stop.clone(),
+        feed_stdin,
+        stdin_go_rx,
+    )?;
+    Ok(GuestIo {
+        stop,
+        tail,
+        console_writer,
+        ctl_writer,
+        pumps,
+        stdin_go,
+        stdin,
+    })
+}

@@ -1,0 +1,229 @@
+//! Phase 4, spawn QEMU: the command line from the plan, QEMU in its own process group tied to
+//! vmsight's life, its stderr collected, the trace session (it reads guest RAM through QEMU's
+//! memfd, so it starts after QEMU), the VM record for `vmsight ps`, and QMP.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::config::VmConfig;
+use crate::devices::Device;
+use crate::error::LaunchError;
+use crate::qemu::{self, QemuPlan};
+use crate::qmp::{self, Qmp};
+use crate::runtime::VmRecord;
+use crate::supervisor::Event;
+use crate::trace::TraceSession;
+
+use super::prepare::Prepared;
+use super::services::{Insight, Services};
+use super::Artifacts;
+
+/// The running QEMU and what watches it.
+pub struct Qemu {
+    pub pid: u32,
+    /// QEMU's last stderr lines (also written to `qemu.log`).
+    pub stderr: Arc<Mutex<Vec<String>>>,
+    pub stderr_thread: Option<JoinHandle<()>>,
+    pub trace: Option<TraceSession>,
+    pub qmp: Option<Qmp>,
+}
+
+/// Runs phase 4.
+pub fn spawn(
+    cfg: &VmConfig,
+    arts: &Artifacts,
+    prep: &Prepared,
+    devices: &[Box<dyn Device>],
+    svc: &Services,
+    insight: Option<&Insight>,
+) -> Result<Qemu, LaunchError> {
+    let args = qemu::build_args(&plan(cfg, arts, prep, devices, svc)?);
+    tracing::debug!("{} {}", prep.qemu_bin.display(), args.join(" "));
+    std::fs::write(
+        prep.rt.join("qemu.cmdline"),
+        format!("{} {}\n", prep.qemu_bin.display(), args.join(" ")),
+    )?;
+    let mut child = start_process(prep, &args)?;
+    let pid = child.id();
+    let trace = start_trace(prep, svc, insight, pid);
+    let (stderr, stderr_thread) = match child.stderr.take() {
+        Some(e) => {
+            let (l, h) = collect_stderr(e, std::fs::File::create(prep.rt.join("qemu.log")).ok());
+            (l, Some(h))
+        }
+        None => (Arc::default(), None),
+    };
+    let tx = svc.tx.clone();
+    std::thread::Builder::new()
+        .name("vmsight-qemu-wait".into())
+        .spawn(move || {
+            let st = child.wait();
+            let _ = tx.send(Event::QemuExited(st));
+        })?;
+    prep.rt.write_record(&VmRecord {
+        name: cfg.name.clone(),
+        pid: std::process::id(),
+        qemu_pid: Some(pid),
+        started_unix: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        disks: prep.disks.iter().map(|d| d.path.clone()).collect(),
+        accel: prep.accel.to_string(),
+    })?;
+    let qmp = connect_qmp(prep, svc)?;
+    Ok(Qemu {
+        pid,
+        stderr,
+        stderr_thread,
+        trace,
+        qmp,
+    })
+}
+
+/// Everything QEMU's command line depends on.
+fn plan(
+    cfg: &VmConfig,
+    arts: &Artifacts,
+    prep: &Prepared,
+    devices: &[Box<dyn Device>],
+    svc: &Services,
+) -> Result<QemuPlan, LaunchError> {
+    let rt = &prep.rt;
+    let command_file = match &cfg.command {
+        Some(argv) => {
+            let p = rt.join("cmd.sh");
+            std::fs::write(&p, qemu::command_script(argv))?;
+            Some(p)
+        }
+        None => None,
+    };
+    Ok(QemuPlan {
+        name: cfg.name.clone(),
+        accel: prep.accel,
+        vcpus: cfg.vcpus,
+        mem_mib: cfg.mem_mib,
+        kernel: prep.guest.kernel.clone(),
+        initrd: prep.guest.initrd.clone(),
+        cmdline: qemu::kernel_cmdline(&cfg.name, &cfg.append),
+        qmp_socket: rt.join("qmp.sock"),
+        console_socket: rt.join("console.sock"),
+        ctl_socket: rt.join("ctl.sock"),
+        stdout_socket: rt.join("stdout.sock"),
+        stderr_socket: rt.join("stderr.sock"),
+        stdin_socket: rt.join("stdin.sock"),
+        command_file,
+        devices: devices.iter().map(|d| d.qemu_args()).collect(),
+        plugin: svc.channel.as_ref().map(|(shm, _)| qemu::PluginPlan {
+            library: arts.plugin.clone(),
+            shm: shm.clone(),
+            records: cfg.plugin_records || prep.trace.is_some(),
+            profile: prep.trace.as_ref().and(prep.guest.profile.clone()),
+        }),
+        hold: prep.hold,
+    })
+}
+
+/// Starts QEMU in its own process group; it dies with vmsight, even on SIGKILL.
+fn start_process(prep: &Prepared, args: &[String]) -> Result<std::process::Child, LaunchError> {
+    let mut cmd = Command::new(&prep.qemu_bin);
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    // SAFETY: the closure runs in the forked child before exec and only calls async-signal-safe
+    // functions (setpgid, prctl, getppid, kill).
+    unsafe {
+        cmd.pre_exec(|| {
+            // Own process group: a terminal's Ctrl-C reaches vmsight, which stops QEMU in order.
+            libc::setpgid(0, 0);
+            // If vmsight dies, even by SIGKILL, QEMU goes with it: no orphans.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::getppid() == 1 {
+                libc::kill(libc::getpid(), libc::SIGKILL);
+            }
+            Ok(())
+        });
+    }
+    cmd.spawn().map_err(LaunchError::Spawn)
+}
+
+/// The trace session (process tracking reads guest RAM through QEMU's memfd; records the
+/// plugin pushed in the meantime wait in the ring).
+fn start_trace(
+    prep: &Prepared,
+    svc: &Services,
+    insight: Option<&Insight>,
+    qemu_pid: u32,
+) -> Option<TraceSession> {
+    let (t, (_, host), profile) = (
+        prep.trace.as_ref()?,
+        svc.channel.as_ref()?,
+        prep.guest.profile.as_ref()?,
+    );
+    let extra: Vec<Box<dyn vmsight_introspect::syscall::SyscallObserver>> = insight
+        .iter()
+        .map(|(e, _)| Box::new(e.clone()) as Box<dyn vmsight_introspect::syscall::SyscallObserver>)
+        .collect();
+    match crate::trace_records::start_session(host.clone(), t, qemu_pid, profile, extra) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            // QEMU is already running; report and carry on rather than orphan it.
+            eprintln!("vmsight: tracing is off: cannot open the trace output: {e}");
+            None
+        }
+    }
+}
+
+/// QMP, with its events forwarded to the supervisor.
+fn connect_qmp(prep: &Prepared, svc: &Services) -> Result<Option<Qmp>, LaunchError> {
+    let (qtx, qrx) = qmp::event_channel();
+    let tx = svc.tx.clone();
+    std::thread::Builder::new()
+        .name("vmsight-qmp-events".into())
+        .spawn(move || {
+            for ev in qrx {
+                if tx.send(Event::Qmp(ev)).is_err() {
+                    break;
+                }
+            }
+        })?;
+    match Qmp::connect(&prep.rt.join("qmp.sock"), Duration::from_secs(20), qtx) {
+        Ok(q) => Ok(Some(q)),
+        Err(e) => {
+            tracing::warn!("QMP unavailable: {e}");
+            Ok(None)
+        }
+    }
+}
+
+/// QEMU's stderr, kept for error reports and written to `qemu.log`.
+fn collect_stderr(
+    stderr: std::process::ChildStderr,
+    log: Option<std::fs::File>,
+) -> (Arc<Mutex<Vec<String>>>, JoinHandle<()>) {
+    let lines: Arc<Mutex<Vec<String>>> = Arc::default();
+    let l2 = lines.clone();
+    let h = std::thread::spawn(move || {
+        let mut log = log;
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if let Some(f) = log.as_mut() {
+                let _ = writeln!(f, "{line}");
+            }
+            if let Ok(mut v) = l2.lock() {
+                v.push(line);
+                if v.len() > 200 {
+                    v.remove(0);
+                }
+            }
+        }
+    });
+    (lines, h)
+}
