@@ -35,7 +35,7 @@ fn wait_value(prometheus: &Prometheus, query: &str, done: impl Fn(f64) -> bool) 
 }
 
 #[test]
-#[ignore = "needs vmsight run --metrics (being wired)"]
+
 fn guest_writes_show_up_in_prometheus_while_the_vm_runs() {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("data.img");
