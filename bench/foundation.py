@@ -22,14 +22,20 @@ CONFIGS = ["qemu-virtio", "qsd", "vmsight", "vmsight-noplugin"]
 
 
 def run(config, argv, disks=()):
+    """One run; adds `cpu_s`: host CPU seconds of QEMU + vmsight (or + qsd), from getrusage."""
+    c0 = peers.children_cpu_s()
     if config in ("qemu-virtio", "qsd"):
-        return peers.run_peer(config, argv, extra_disks=disks)
-    extra = ["--no-plugin"] if config == "vmsight-noplugin" else []
-    return peers.run_vmsight(argv, extra=extra, disks=disks)
+        r = peers.run_peer(config, argv, extra_disks=disks)
+    else:
+        extra = ["--no-plugin"] if config == "vmsight-noplugin" else []
+        r = peers.run_vmsight(argv, extra=extra, disks=disks)
+    r["cpu_s"] = peers.children_cpu_s() - c0
+    return r
 
 
 FIO_JOBS = [("randread", "4k", 1), ("randread", "4k", 32), ("randwrite", "4k", 1),
-            ("randwrite", "4k", 32), ("read", "1M", 4), ("write", "1M", 4)]
+            ("randwrite", "4k", 32), ("read", "1M", 4), ("write", "1M", 4),
+            ("read", "1M", 32), ("write", "1M", 32)]
 
 
 def fio_script(runtime):
@@ -76,7 +82,8 @@ def main():
     ap.add_argument("--skip", default="")
     a = ap.parse_args()
     skip = set(filter(None, a.skip.split(",")))
-    results = {c: {"t_ready": [], "t_exit": [], "rss": [], "qemu_rss": [], "getppid_ns": [], "fio": []} for c in CONFIGS}
+    results = {c: {"t_ready": [], "t_exit": [], "rss": [], "anon": [], "qemu_rss": [], "getppid_ns": [], "fio": [],
+                   "boot_cpu": [], "fio_cpu": []} for c in CONFIGS}
     with tempfile.TemporaryDirectory(prefix="bench-foundation-") as tmp:
         disk = os.path.join(tmp, "fio.img")
         subprocess.run(["dd", "if=/dev/urandom", f"of={disk}", "bs=1M", "count=1024", "status=none"], check=True)
@@ -88,6 +95,8 @@ def main():
                     results[c]["t_ready"].append(r["t_ready"])
                     results[c]["t_exit"].append(r["t_exit"])
                     results[c]["rss"].append(r["helper_rss_kib"])
+                    results[c]["anon"].append(r.get("helper_anon_kib"))
+                    results[c]["boot_cpu"].append(r["cpu_s"])
                     results[c]["qemu_rss"].append(r["qemu_rss_kib"])
                     print(f"[rep {rep}] {c}: boot to init {r['t_ready']:.2f}s, exit {r['t_exit']:.2f}s", file=sys.stderr)
                 if "getppid" not in skip:
@@ -100,6 +109,7 @@ def main():
                     assert r["status"] == 0, (c, r["stderr"][-2000:])
                     f = parse_fio(r["stdout"])
                     results[c]["fio"].append(f)
+                    results[c]["fio_cpu"].append(r["cpu_s"])
                     print(f"[rep {rep}] {c}: " + ", ".join(f"{k} {v['iops']:.0f}" for k, v in f.items()), file=sys.stderr)
     report(results, a)
 
@@ -119,12 +129,16 @@ def report(results, a):
 
     row("boot to guest init (s)", [med(results[c]["t_ready"]) for c in CONFIGS], lambda v: f"{v:.2f}", False)
     row("boot + poweroff, wall (s)", [med(results[c]["t_exit"]) for c in CONFIGS], lambda v: f"{v:.2f}", False)
+    row("boot + poweroff, host CPU (s)", [med(results[c]["boot_cpu"]) for c in CONFIGS], lambda v: f"{v:.2f}", False)
     row("getppid loop (ns/call)", [med(results[c]["getppid_ns"]) for c in CONFIGS], lambda v: f"{v:.0f}", False)
     for rw, bs, qd in FIO_JOBS:
         name = f"{rw}-{bs}-qd{qd}"
         key = "mib_s" if bs == "1M" else "iops"
         vals = [med([f[name][key] for f in results[c]["fio"] if name in f]) for c in CONFIGS]
         row(f"fio {name} ({'MiB/s' if key == 'mib_s' else 'IOPS'})", vals, lambda v: f"{v:.0f}", True)
+    row("fio run (all jobs), host CPU (s)", [med(results[c]["fio_cpu"]) for c in CONFIGS], lambda v: f"{v:.1f}", False)
+    row("peak private (anon) memory of vmsight / qsd (MiB)",
+        [med(results[c]["anon"]) and med(results[c]["anon"]) / 1024 for c in CONFIGS], lambda v: f"{v:.1f}", False)
     row("peak RSS of vmsight / qsd process (MiB)", [med(results[c]["rss"]) and med(results[c]["rss"]) / 1024 for c in CONFIGS],
         lambda v: f"{v:.1f}", False)
     row("peak RSS of QEMU (MiB)", [med(results[c]["qemu_rss"]) and med(results[c]["qemu_rss"]) / 1024 for c in CONFIGS],

@@ -6,6 +6,7 @@ initramfs, root image copy, vCPUs and memory as vmsight, and talk to the guest i
 same virtio-serial ports (docs/guest-protocol.md), so the guest does exactly the same work.
 """
 import json
+import resource
 import os
 import shutil
 import socket
@@ -115,13 +116,14 @@ def run_peer(kind, argv, vcpus=2, mem_mib=1024, extra_disks=(), timeout=1800):
             raise ValueError(kind)
         q = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         procs.append(q)
-        rss = {"qemu": 0, "helper": 0}
+        rss = {"qemu": 0, "helper": 0, "anon": 0}
 
         def sample():
             while q.poll() is None:
                 rss["qemu"] = max(rss["qemu"], rss_kib(q.pid))
                 if kind == "qsd":
                     rss["helper"] = max(rss["helper"], rss_kib(procs[0].pid))
+                    rss["anon"] = max(rss["anon"], rss_kib(procs[0].pid, "RssAnon:"))
                 time.sleep(0.5)
         threading.Thread(target=sample, daemon=True).start()
         try:
@@ -140,7 +142,7 @@ def run_peer(kind, argv, vcpus=2, mem_mib=1024, extra_disks=(), timeout=1800):
                 status = int(line.split()[1])
         return {"stdout": socks["out"].data.decode(errors="replace"), "stderr": socks["err"].data.decode(errors="replace"),
                 "status": status, "t_ready": t_ready, "t_exit": t_exit,
-                "qemu_rss_kib": rss["qemu"], "helper_rss_kib": rss["helper"],
+                "qemu_rss_kib": rss["qemu"], "helper_rss_kib": rss["helper"], "helper_anon_kib": rss["anon"],
                 "qemu_stderr": q.stderr.read().decode(errors="replace") if q.stderr else ""}
     finally:
         for p in procs:
@@ -153,15 +155,21 @@ def run_peer(kind, argv, vcpus=2, mem_mib=1024, extra_disks=(), timeout=1800):
         shutil.rmtree(work, ignore_errors=True)
 
 
-def rss_kib(pid):
+def rss_kib(pid, field="VmRSS:"):
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(field):
                     return int(line.split()[1])
     except OSError:
         pass
     return 0
+
+
+def children_cpu_s():
+    """User + system CPU seconds of every waited-for descendant so far (getrusage)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def run_vmsight(argv, extra=(), vcpus=2, mem_mib=1024, disks=(), timeout=1800):
@@ -175,11 +183,12 @@ def run_vmsight(argv, extra=(), vcpus=2, mem_mib=1024, disks=(), timeout=1800):
         args += ["--", *argv]
         t0 = time.monotonic()
         p = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        rss = {"vmsight": 0, "qemu": 0}
+        rss = {"vmsight": 0, "qemu": 0, "anon": 0}
 
         def sample():
             while p.poll() is None:
                 rss["vmsight"] = max(rss["vmsight"], rss_kib(p.pid))
+                rss["anon"] = max(rss["anon"], rss_kib(p.pid, "RssAnon:"))
                 try:
                     kids = open(f"/proc/{p.pid}/task/{p.pid}/children").read().split()
                 except OSError:
@@ -193,6 +202,6 @@ def run_vmsight(argv, extra=(), vcpus=2, mem_mib=1024, disks=(), timeout=1800):
         st = json.load(open(stats)) if os.path.exists(stats) else {}
         return {"stdout": out.decode(errors="replace"), "stderr": err.decode(errors="replace"), "status": p.returncode,
                 "t_ready": st.get("boot_seconds"), "t_exit": t_exit, "qemu_rss_kib": rss["qemu"],
-                "helper_rss_kib": rss["vmsight"], "stats": st}
+                "helper_rss_kib": rss["vmsight"], "helper_anon_kib": rss["anon"], "stats": st}
     finally:
         shutil.rmtree(work, ignore_errors=True)
