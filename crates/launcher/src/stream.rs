@@ -18,7 +18,9 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use serde::Serialize;
-use vmsight_blockdev::tap::{Recorder, TapConfig, TapEvent, TapKind, TapQueue, TapSnapshot};
+use vmsight_blockdev::tap::{
+    Recorder, RecordingError, TapConfig, TapEvent, TapKind, TapQueue, TapSnapshot,
+};
 use vmsight_events::{Addresser, EventBus, RedisPublisher};
 use vmsight_fsview::{Engine, EngineConfig, FsEvent, FsRead};
 
@@ -61,20 +63,109 @@ impl Default for StreamConfig {
     }
 }
 
+/// Why an `N:FILE` of `--record-writes` does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RecordSpecError {
+    /// No colon.
+    #[error("invalid --record-writes {0:?}: expected DISK:FILE, e.g. 1:/tmp/disk1.rec")]
+    Form(String),
+    /// The part before the colon is not a number.
+    #[error("invalid --record-writes {spec:?}: {disk:?} is not a disk index (0 = root disk)")]
+    Disk {
+        /// The whole argument.
+        spec: String,
+        /// Its disk part.
+        disk: String,
+    },
+    /// Nothing after the colon.
+    #[error("invalid --record-writes {0:?}: the file name is empty")]
+    NoFile(String),
+}
+
 /// Parses `N:FILE` of `--record-writes`.
-pub fn parse_record_spec(s: &str) -> Result<(usize, PathBuf), String> {
-    let (n, file) = s.split_once(':').ok_or_else(|| {
-        format!("invalid --record-writes {s:?}: expected DISK:FILE, e.g. 1:/tmp/disk1.rec")
-    })?;
-    let n: usize = n.parse().map_err(|_| {
-        format!("invalid --record-writes {s:?}: {n:?} is not a disk index (0 = root disk)")
+pub fn parse_record_spec(s: &str) -> Result<(usize, PathBuf), RecordSpecError> {
+    let (n, file) = s
+        .split_once(':')
+        .ok_or_else(|| RecordSpecError::Form(s.into()))?;
+    let n: usize = n.parse().map_err(|_| RecordSpecError::Disk {
+        spec: s.into(),
+        disk: n.into(),
     })?;
     if file.is_empty() {
-        return Err(format!(
-            "invalid --record-writes {s:?}: the file name is empty"
-        ));
+        return Err(RecordSpecError::NoFile(s.into()));
     }
     Ok((n, PathBuf::from(file)))
+}
+
+/// Why a disk's stream consumer could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError {
+    /// The write recording (`--record-writes`) could not be created.
+    #[error(transparent)]
+    Record(#[from] RecordingError),
+    /// The consumer thread could not be started.
+    #[error("cannot start the stream thread of disk {disk}: {source}")]
+    Thread {
+        /// Disk index.
+        disk: usize,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Why the event outputs could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum DeliveryError {
+    /// The embedded bus (`events.sock`).
+    #[error(transparent)]
+    Bus(#[from] vmsight_events::BusError),
+    /// Redis (`--redis`).
+    #[error(transparent)]
+    Redis(#[from] vmsight_events::RedisError),
+    /// The events file (`--events`).
+    #[error("cannot create the events file {path}: {source}")]
+    EventsFile {
+        /// The file.
+        path: PathBuf,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Why `vmsight replay` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    /// The scratch directory could not be created.
+    #[error("cannot create a scratch directory: {0}")]
+    Scratch(#[source] std::io::Error),
+    /// The base image could not be copied.
+    #[error("cannot copy {base} to a scratch image: {source}")]
+    Copy {
+        /// The base image.
+        base: PathBuf,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The scratch image has no usable file system.
+    #[error(transparent)]
+    Crawl(#[from] vmsight_fsview::Error),
+    /// The recording cannot be read.
+    #[error(transparent)]
+    Recording(#[from] RecordingError),
+    /// Writing to the scratch image failed.
+    #[error("cannot apply the recording to the scratch image: {0}")]
+    Apply(#[source] std::io::Error),
+    /// A write was recorded without its bytes.
+    #[error(
+        "event {0} of the recording has no bytes (the tap queue was full); it cannot be replayed"
+    )]
+    NoBytes(u64),
+    /// Writing the events failed.
+    #[error("cannot write the events: {0}")]
+    Output(#[source] std::io::Error),
 }
 
 /// Something that consumes a disk's tap events on the consumer thread.
@@ -173,11 +264,11 @@ impl DiskStream {
         &mut self,
         cfg: &StreamConfig,
         mut extra: Vec<Box<dyn TapSink>>,
-    ) -> Result<(), String> {
+    ) -> Result<(), StreamError> {
         let mut sinks: Vec<Box<dyn TapSink>> = Vec::new();
         for (n, file) in &cfg.record {
             if *n == self.index {
-                let rec = Recorder::create(file).map_err(|e| e.to_string())?;
+                let rec = Recorder::create(file)?;
                 sinks.push(Box::new(RecordSink { rec, failed: false }));
             }
         }
@@ -186,7 +277,10 @@ impl DiskStream {
         let handle = std::thread::Builder::new()
             .name(format!("vmsight-stream{}", self.index))
             .spawn(move || consume(&queue, sinks))
-            .map_err(|e| format!("cannot start the stream thread: {e}"))?;
+            .map_err(|source| StreamError::Thread {
+                disk: self.index,
+                source,
+            })?;
         self.consumer = Some(handle);
         Ok(())
     }
@@ -321,21 +415,25 @@ impl Delivery {
         redis: Option<&str>,
         file: Option<&Path>,
         data: bool,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, DeliveryError> {
         let bus = match bus_socket {
-            Some(p) => Some(EventBus::bind(p).map_err(|e| e.to_string())?),
+            Some(p) => Some(EventBus::bind(p)?),
             None => None,
         };
         let redis = match redis {
-            Some(url) => Some(
-                RedisPublisher::connect_with(url, vmsight_events::DEFAULT_REDIS_QUEUE, data)
-                    .map_err(|e| e.to_string())?,
-            ),
+            Some(url) => Some(RedisPublisher::connect_with(
+                url,
+                vmsight_events::DEFAULT_REDIS_QUEUE,
+                data,
+            )?),
             None => None,
         };
         let file = match file {
             Some(p) => Some(Mutex::new(BufWriter::new(File::create(p).map_err(
-                |e| format!("cannot create the events file {}: {e}", p.display()),
+                |source| DeliveryError::EventsFile {
+                    path: p.into(),
+                    source,
+                },
             )?))),
             None => None,
         };
@@ -420,24 +518,26 @@ impl FsRead for EngineSlot {
 
 /// Crawls the ext2/3/4 file system on `image` (first partition, or the whole disk) and makes
 /// an engine for it.
-pub fn make_engine(image: &Path, data: bool) -> Result<Engine, String> {
-    let src = vmsight_fsview::FileSource::open(image).map_err(|e| e.to_string())?;
-    let part = vmsight_fsview::read_partitions(&src)
-        .map_err(|e| e.to_string())?
+pub fn make_engine(image: &Path, data: bool) -> vmsight_fsview::Result<Engine> {
+    let src = vmsight_fsview::FileSource::open(image)?;
+    let part = vmsight_fsview::read_partitions(&src)?
         .partitions
         .first()
         .cloned();
-    let index = vmsight_fsview::Index::crawl(&src, part.as_ref()).map_err(|e| e.to_string())?;
+    let index = vmsight_fsview::Index::crawl(&src, part.as_ref())?;
     let disk: Arc<dyn vmsight_fsview::BlockSource> = Arc::new(src);
     Engine::new(
         disk,
         index,
         EngineConfig {
             capture_data: data,
+            // Without data capture a waiting block costs its entry only (~64 bytes), so 8 MiB
+            // tracks 131 072 blocks (512 MiB of 4 KiB blocks) where 64 MiB of kept data
+            // tracked 16 384.
+            pending_max_bytes: if data { 64 << 20 } else { 8 << 20 },
             ..EngineConfig::default()
         },
     )
-    .map_err(|e| e.to_string())
 }
 
 /// Counters of one disk's inference, for `--stats`.
@@ -700,21 +800,22 @@ pub fn replay(
     prefix: &str,
     data: bool,
     out: &mut dyn Write,
-) -> Result<ReplayStats, String> {
+) -> Result<ReplayStats, ReplayError> {
     let scratch = tempfile::Builder::new()
         .prefix("vmsight-replay")
         .tempdir()
-        .map_err(|e| format!("cannot create a scratch directory: {e}"))?;
+        .map_err(ReplayError::Scratch)?;
     let image = scratch.path().join("disk.img");
-    crate::runtime::sparse_copy(base, &image)
-        .map_err(|e| format!("cannot copy {} to a scratch image: {e}", base.display()))?;
+    crate::runtime::sparse_copy(base, &image).map_err(|source| ReplayError::Copy {
+        base: base.into(),
+        source,
+    })?;
     let mut engine = make_engine(&image, data)?;
     let disk = std::fs::OpenOptions::new()
         .write(true)
         .open(&image)
-        .map_err(|e| format!("cannot open the scratch image: {e}"))?;
-    let mut reader =
-        vmsight_blockdev::tap::RecordingReader::open(recording).map_err(|e| e.to_string())?;
+        .map_err(ReplayError::Apply)?;
+    let mut reader = vmsight_blockdev::tap::RecordingReader::open(recording)?;
     let name = recording
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
@@ -722,8 +823,8 @@ pub fn replay(
     let addr = Addresser::new("replay", name);
     let mut stats = ReplayStats::default();
     let mut evs = Vec::new();
-    let io = |e: std::io::Error| format!("cannot apply the recording to the scratch image: {e}");
-    while let Some(ev) = reader.next_event().map_err(|e| e.to_string())? {
+    let io = ReplayError::Apply;
+    while let Some(ev) = reader.next_event()? {
         stats.tap_events += 1;
         let ns = ev.observed_ns;
         match &ev.kind {
@@ -738,10 +839,7 @@ pub fn replay(
             TapKind::Write { .. } => {
                 // Recorded without bytes (the live queue was over its limit): the live run
                 // re-read them from the image; a replay cannot, so it says so.
-                return Err(format!(
-                    "event {} of the recording has no bytes (the tap queue was full); it cannot be replayed",
-                    ev.seq
-                ));
+                return Err(ReplayError::NoBytes(ev.seq));
             }
             TapKind::WriteZeroes { offset, len } | TapKind::Discard { offset, len } => {
                 let mut done = 0;
@@ -768,8 +866,7 @@ pub fn replay(
                 }
             }
             stats.file_events += 1;
-            writeln!(out, "{}", addr.wrap(e).to_json(data))
-                .map_err(|e| format!("cannot write the events: {e}"))?;
+            writeln!(out, "{}", addr.wrap(e).to_json(data)).map_err(ReplayError::Output)?;
         }
     }
     Ok(stats)

@@ -270,7 +270,19 @@ impl Engine {
                 for (b, p) in self.pending.take_range(r.phys(), u64::from(r.len)) {
                     self.c.claimed += 1;
                     let fb = u64::from(r.logical) + (b - r.phys());
-                    batch.dir_writes.insert((ino, fb), p.data);
+                    // Kept without its bytes: the disk has it (or something newer).
+                    let data = if p.data.is_empty() {
+                        match self.read_block(b) {
+                            Some(d) => d,
+                            None => {
+                                self.c.meta_errors += 1;
+                                continue;
+                            }
+                        }
+                    } else {
+                        p.data
+                    };
+                    batch.dir_writes.insert((ino, fb), data);
                     batch.dirty_dirs.insert(ino);
                 }
             }
@@ -552,10 +564,17 @@ impl Engine {
                     );
                     continue;
                 }
-                let bytes = p
-                    .data
-                    .get(p.start as usize..p.start as usize + (end - start) as usize)
-                    .unwrap_or(&[]);
+                let n = (end - start) as usize;
+                // Without data capture only the length counts (the block was kept bare).
+                let filler;
+                let bytes = if p.data.is_empty() {
+                    filler = vec![0u8; n];
+                    &filler[..]
+                } else {
+                    p.data
+                        .get(p.start as usize..p.start as usize + n)
+                        .unwrap_or(&[])
+                };
                 self.emit_write(ino, path, start, bytes, txn, ns, out);
             }
         }

@@ -591,6 +591,13 @@ impl Engine {
                     self.c.dropped_bytes += u64::from(e - s);
                     return;
                 }
+                // Without data capture only the written range matters; a directory block
+                // claimed later is read back from the disk.
+                let content = if self.cfg.capture_data {
+                    content
+                } else {
+                    Vec::new()
+                };
                 self.pending
                     .insert(b, content, s, e, ns, self.cfg.pending_max_bytes);
             }

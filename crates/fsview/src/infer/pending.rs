@@ -3,7 +3,13 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-/// One waiting block: its content as last written and the written part of it.
+/// Bytes a waiting block counts against the cap besides its data (map and queue entries), so
+/// blocks kept without their data (when write events carry no bytes) are bounded too.
+pub(crate) const ENTRY_OVERHEAD: u64 = 64;
+
+/// One waiting block: its content as last written (empty when the engine keeps no data:
+/// then a claim that needs the content, a directory block, reads it from the disk) and the
+/// written part of it.
 #[derive(Debug, Clone)]
 pub(crate) struct PendingBlock {
     pub data: Vec<u8>,
@@ -44,7 +50,7 @@ impl Pending {
         observed_ns: u64,
         max_bytes: u64,
     ) {
-        let size = data.len() as u64;
+        let size = data.len() as u64 + ENTRY_OVERHEAD;
         if size > max_bytes {
             self.evicted += 1;
             return;
@@ -62,7 +68,7 @@ impl Pending {
                 observed_ns,
             },
         ) {
-            self.bytes -= old.data.len() as u64;
+            self.bytes -= old.data.len() as u64 + ENTRY_OVERHEAD;
         }
         self.bytes += size;
         self.order.push_back((block, observed_ns));
@@ -85,7 +91,7 @@ impl Pending {
         while let Some((b, ns)) = self.order.pop_front() {
             if self.map.get(&b).is_some_and(|p| p.observed_ns == ns) {
                 if let Some(p) = self.map.remove(&b) {
-                    self.bytes -= p.data.len() as u64;
+                    self.bytes -= p.data.len() as u64 + ENTRY_OVERHEAD;
                 }
                 return true;
             }
@@ -103,7 +109,7 @@ impl Pending {
         keys.into_iter()
             .filter_map(|k| {
                 let p = self.map.remove(&k)?;
-                self.bytes -= p.data.len() as u64;
+                self.bytes -= p.data.len() as u64 + ENTRY_OVERHEAD;
                 Some((k, p))
             })
             .collect()
@@ -118,7 +124,7 @@ impl Pending {
             self.order.pop_front();
             if self.map.get(&b).is_some_and(|p| p.observed_ns == ns) {
                 if let Some(p) = self.map.remove(&b) {
-                    self.bytes -= p.data.len() as u64;
+                    self.bytes -= p.data.len() as u64 + ENTRY_OVERHEAD;
                 }
                 self.expired += 1;
             }
@@ -133,11 +139,11 @@ mod tests {
     #[test]
     fn ttl_cap_and_claims() {
         let mut p = Pending::default();
-        p.insert(10, vec![1; 100], 0, 100, 1_000, 250);
-        p.insert(11, vec![2; 100], 0, 50, 2_000, 250);
-        p.insert(11, vec![3; 100], 60, 100, 2_500, 250); // merges the ranges
-        assert_eq!((p.len(), p.bytes()), (2, 200));
-        p.insert(12, vec![4; 100], 0, 100, 3_000, 250); // evicts block 10
+        p.insert(10, vec![1; 100], 0, 100, 1_000, 400);
+        p.insert(11, vec![2; 100], 0, 50, 2_000, 400);
+        p.insert(11, vec![3; 100], 60, 100, 2_500, 400); // merges the ranges
+        assert_eq!((p.len(), p.bytes()), (2, 2 * (100 + ENTRY_OVERHEAD)));
+        p.insert(12, vec![4; 100], 0, 100, 3_000, 400); // evicts block 10
         assert_eq!(p.evicted, 1);
         let got = p.take_range(11, 1);
         assert_eq!(got.len(), 1);
@@ -149,7 +155,19 @@ mod tests {
         assert_eq!(p.len(), 1);
         p.expire(3_000 + 1_000, 1_000);
         assert_eq!((p.len(), p.bytes(), p.expired), (0, 0, 1));
-        p.insert(1, vec![0; 300], 0, 300, 0, 250); // larger than the cap
+        p.insert(1, vec![0; 400], 0, 400, 0, 400); // larger than the cap
         assert_eq!(p.len(), 0);
+    }
+
+    #[test]
+    fn blocks_without_data_are_bounded_by_their_entry_overhead() {
+        let mut p = Pending::default();
+        let cap = 10 * ENTRY_OVERHEAD;
+        for b in 0..25 {
+            p.insert(b, Vec::new(), 0, 4096, b, cap);
+        }
+        assert_eq!(p.len(), 10);
+        assert_eq!(p.evicted, 15);
+        assert_eq!(p.bytes(), cap);
     }
 }
