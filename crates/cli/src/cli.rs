@@ -793,7 +793,8 @@ fn cmd_replay(a: ReplayArgs) -> Result<i32, String> {
         a.mount.trim_end_matches('/'),
         a.data,
         &mut out,
-    )?;
+    )
+    .map_err(|e| e.to_string())?;
     eprintln!(
         "replayed {} writes: {} file events",
         s.tap_events, s.file_events

@@ -25,6 +25,9 @@ pub enum LaunchError {
     PluginMissing(PathBuf),
     #[error("invalid VM configuration: {0}")]
     Config(String),
+    /// The event outputs (bus, Redis, events file) could not be opened.
+    #[error("cannot open the file-event outputs: {0}")]
+    Delivery(#[from] crate::stream::DeliveryError),
     #[error(transparent)]
     Invalid(#[from] crate::config::ConfigError),
     #[error("a VM named {0:?} is already running (its runtime directory {1} is in use)")]

@@ -96,17 +96,14 @@ pub fn start(
     streams: &mut [DiskStream],
     insight: Option<&InsightEngine>,
 ) -> Result<Services, LaunchError> {
-    let delivery = Arc::new(
-        Delivery::open(
-            cfg.stream.host.clone(),
-            &cfg.name,
-            Some(&prep.rt.join(vmsight_events::EVENTS_SOCKET)),
-            cfg.stream.redis.as_deref(),
-            cfg.stream.events_file.as_deref(),
-            cfg.stream.data,
-        )
-        .map_err(LaunchError::Config)?,
-    );
+    let delivery = Arc::new(Delivery::open(
+        cfg.stream.host.clone(),
+        &cfg.name,
+        Some(&prep.rt.join(vmsight_events::EVENTS_SOCKET)),
+        cfg.stream.redis.as_deref(),
+        cfg.stream.events_file.as_deref(),
+        cfg.stream.data,
+    )?);
     for ds in streams.iter_mut() {
         start_stream(cfg, ds, &delivery)?;
     }
