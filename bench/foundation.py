@@ -4,7 +4,11 @@
 Same kernel, initramfs, root image, vCPUs and memory for every configuration, all in this run,
 several repetitions; results are printed as a Markdown table with ratios to plain QEMU.
 
-  bench/foundation.py [--reps N] [--fio-runtime S] [--skip fio,getppid,boot]
+  bench/foundation.py [--reps N] [--fio-runtime S] [--skip fio,getppid,boot] [--configs a,b]
+
+Configurations: qemu-virtio (QEMU's virtio-blk, aio=threads, cache=none), qsd
+(qemu-storage-daemon vhost-user-blk), vmsight, vmsight-noplugin, and vmsight-io1 (vmsight
+with one I/O thread on the fio disk: the file stage's pool against serial file I/O).
 """
 import argparse
 import json
@@ -19,6 +23,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
 import peers  # noqa: E402
 
 CONFIGS = ["qemu-virtio", "qsd", "vmsight", "vmsight-noplugin"]
+ALL_CONFIGS = CONFIGS + ["vmsight-io1"]
 
 
 def run(config, argv, disks=()):
@@ -28,7 +33,8 @@ def run(config, argv, disks=()):
         r = peers.run_peer(config, argv, extra_disks=disks)
     else:
         extra = ["--no-plugin"] if config == "vmsight-noplugin" else []
-        r = peers.run_vmsight(argv, extra=extra, disks=disks)
+        opts = ",direct,io_threads=1" if config == "vmsight-io1" else ",direct"
+        r = peers.run_vmsight(argv, extra=extra, disks=disks, disk_opts=opts)
     r["cpu_s"] = peers.children_cpu_s() - c0
     return r
 
@@ -80,7 +86,14 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--fio-runtime", type=int, default=8)
     ap.add_argument("--skip", default="")
+    ap.add_argument("--configs", default=",".join(CONFIGS),
+                    help="comma-separated, from: " + ", ".join(ALL_CONFIGS))
     a = ap.parse_args()
+    global CONFIGS
+    CONFIGS = [c for c in a.configs.split(",") if c]
+    unknown = set(CONFIGS) - set(ALL_CONFIGS)
+    if unknown:
+        sys.exit(f"unknown configurations: {', '.join(sorted(unknown))}")
     skip = set(filter(None, a.skip.split(",")))
     results = {c: {"t_ready": [], "t_exit": [], "rss": [], "anon": [], "qemu_rss": [], "getppid_ns": [], "fio": [],
                    "boot_cpu": [], "fio_cpu": []} for c in CONFIGS}
@@ -117,15 +130,16 @@ def main():
 def report(results, a):
     base = "qemu-virtio"
     print(f"\n### Foundation benchmarks ({time.strftime('%Y-%m-%d')}, medians of {a.reps} runs)\n")
-    print("| metric | " + " | ".join(CONFIGS) + " | vmsight / qemu-virtio | vmsight / qsd |")
-    print("|---|" + "---|" * (len(CONFIGS) + 2))
+    peers_ = [p for p in ("qemu-virtio", "qsd", "vmsight-io1") if p in CONFIGS]
+    print("| metric | " + " | ".join(CONFIGS) + "".join(f" | vmsight / {p}" for p in peers_) + " |")
+    print("|---|" + "---|" * (len(CONFIGS) + len(peers_)))
 
     def row(name, vals, fmt, higher_better):
         cells = [fmt(v) if v is not None else "-" for v in vals]
-        v, q, s = vals[2], vals[0], vals[1]
-        r1 = f"{v / q:.2f}x" if v and q else "-"
-        r2 = f"{v / s:.2f}x" if v and s else "-"
-        print(f"| {name} | " + " | ".join(cells) + f" | {r1} | {r2} |")
+        by = dict(zip(CONFIGS, vals))
+        v = by.get("vmsight")
+        ratios = [f"{v / by[p]:.2f}x" if v and by.get(p) else "-" for p in peers_]
+        print(f"| {name} | " + " | ".join(cells + ratios) + " |")
 
     row("boot to guest init (s)", [med(results[c]["t_ready"]) for c in CONFIGS], lambda v: f"{v:.2f}", False)
     row("boot + poweroff, wall (s)", [med(results[c]["t_exit"]) for c in CONFIGS], lambda v: f"{v:.2f}", False)

@@ -172,14 +172,14 @@ def children_cpu_s():
     return r.ru_utime + r.ru_stime
 
 
-def run_vmsight(argv, extra=(), vcpus=2, mem_mib=1024, disks=(), timeout=1800):
+def run_vmsight(argv, extra=(), vcpus=2, mem_mib=1024, disks=(), timeout=1800, disk_opts=",direct"):
     """Runs argv under `vmsight run`; returns the same dict as run_peer."""
     work = tempfile.mkdtemp(prefix="bench-vmsight-")
     try:
         stats = os.path.join(work, "stats.json")
         args = [VMSIGHT, "run", "--vcpus", str(vcpus), "--mem", f"{mem_mib}M", "--stats-json", stats, *extra]
         for d in disks:
-            args += ["--disk", d + ",direct"]
+            args += ["--disk", d + disk_opts]
         args += ["--", *argv]
         t0 = time.monotonic()
         p = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)

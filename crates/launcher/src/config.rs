@@ -17,7 +17,9 @@ pub enum ConfigError {
     DiskQueues(String),
     #[error("disk mount point {0:?} must be an absolute guest path such as /srv")]
     DiskMount(String),
-    #[error("unknown disk option {0:?} (known: ro, rw, direct, serial=ID, queues=N, mount=PATH)")]
+    #[error("disk io_threads {0:?} must be a number from 1 to 64")]
+    DiskIoThreads(String),
+    #[error("unknown disk option {0:?} (known: ro, rw, direct, serial=ID, queues=N, io_threads=N, mount=PATH)")]
     DiskOption(String),
     #[error("VM name {0:?} must be 1-48 characters of letters, digits, '-' or '_', starting with a letter or digit")]
     Name(String),
@@ -47,6 +49,8 @@ pub struct DiskSpec {
     /// paths in file-update events. vmsight cannot know guest mounts by itself; without it the
     /// paths start with `/@diskN`.
     pub mount: Option<String>,
+    /// I/O threads serving the image (`io_threads=N`, 1..=64; default 4).
+    pub io_threads: Option<usize>,
 }
 
 impl FromStr for DiskSpec {
@@ -65,6 +69,7 @@ impl FromStr for DiskSpec {
             num_queues: None,
             direct: false,
             mount: None,
+            io_threads: None,
         };
         for opt in parts {
             spec.apply(opt)?;
@@ -89,6 +94,10 @@ impl DiskSpec {
             Some(("queues", v)) => match v.parse::<u16>() {
                 Ok(n @ 1..=16) => self.num_queues = Some(n),
                 _ => return Err(ConfigError::DiskQueues(v.into())),
+            },
+            Some(("io_threads", v)) => match v.parse::<usize>() {
+                Ok(n @ 1..=64) => self.io_threads = Some(n),
+                _ => return Err(ConfigError::DiskIoThreads(v.into())),
             },
             Some(("mount", v)) => {
                 if !v.starts_with('/') || v.contains("//") || v.contains('\0') {
@@ -256,6 +265,12 @@ mod tests {
             .is_err());
         assert!("a.img,queues=0".parse::<DiskSpec>().is_err());
         assert!("a.img,queues=x".parse::<DiskSpec>().is_err());
+        assert_eq!(
+            "a.img,io_threads=1".parse::<DiskSpec>().map(|d| d.io_threads),
+            Ok(Some(1))
+        );
+        assert!("a.img,io_threads=0".parse::<DiskSpec>().is_err());
+        assert!("a.img,io_threads=65".parse::<DiskSpec>().is_err());
     }
 
     #[test]

@@ -72,7 +72,7 @@ fn start_disk(env: &DeviceEnv<'_>, d: &DiskPlan) -> Result<BlkDevice, LaunchErro
             num_queues: d.num_queues,
             queue_size: QUEUE_SIZE,
             direct_io: d.direct || built.direct_io,
-            io_threads: vmsight_blockdev::file::DEFAULT_IO_THREADS,
+            io_threads: d.io_threads,
         },
         &socket,
         built.stages,

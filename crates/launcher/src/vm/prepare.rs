@@ -35,6 +35,8 @@ pub struct DiskPlan {
     pub serial: String,
     pub num_queues: u16,
     pub direct: bool,
+    /// I/O threads of the image file stage.
+    pub io_threads: usize,
 }
 
 /// What the later phases need, decided once.
@@ -245,6 +247,7 @@ fn disk_plans(cfg: &VmConfig, root: &Path) -> Vec<DiskPlan> {
         serial: "vmsight-root".into(),
         num_queues: 2,
         direct: false,
+        io_threads: vmsight_blockdev::file::DEFAULT_IO_THREADS,
     }];
     for (i, d) in cfg.disks.iter().enumerate() {
         v.push(DiskPlan {
@@ -257,6 +260,9 @@ fn disk_plans(cfg: &VmConfig, root: &Path) -> Vec<DiskPlan> {
                 .unwrap_or_else(|| format!("vmsight-disk{}", i + 1)),
             num_queues: d.num_queues.unwrap_or(1),
             direct: d.direct,
+            io_threads: d
+                .io_threads
+                .unwrap_or(vmsight_blockdev::file::DEFAULT_IO_THREADS),
         });
     }
     v
