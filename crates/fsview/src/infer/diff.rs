@@ -2,7 +2,7 @@
 //! directories, links), attribute diffs, and data claimed from the pending set.
 
 use super::state::{self, Entries, Inode};
-use super::Engine;
+use super::{Batch, Engine};
 use crate::event::{EventKind, FsEvent, Value};
 use crate::index::{FileKind, InodeMeta, NO_BLOCK, NO_LINK, RUN_DATA, RUN_UNWRITTEN};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -17,6 +17,29 @@ type Change = (u32, Vec<u8>, u32, u8);
 
 /// Entries of one directory by block index.
 type BlockEntries = BTreeMap<u64, Entries>;
+
+/// A directory's entries after the batch, and the per-block form when it is kept.
+type NewDir = (u32, Entries, Option<BlockEntries>);
+
+/// The entry changes of one batch and the names they had before it.
+struct NameChanges {
+    removed: Vec<Change>,
+    added: Vec<Change>,
+    /// Path of each removed entry before the batch.
+    old_paths: Vec<Option<String>>,
+    /// Path each added inode had before the batch (`None`: none, or the inode is new).
+    had_name: HashMap<u32, Option<String>>,
+}
+
+/// The name events of one batch as they are collected, before they are ordered.
+struct NameEvents {
+    txn: Option<u32>,
+    ns: u64,
+    deletes: Vec<FsEvent>,
+    creates: Vec<FsEvent>,
+    /// Inodes that got a name.
+    named: BTreeSet<u32>,
+}
 
 fn join(dir: &str, name: &[u8]) -> String {
     let n = String::from_utf8_lossy(name);
@@ -257,8 +280,29 @@ impl Engine {
             return;
         }
         let mut batch = std::mem::take(&mut self.batch);
+        self.claim_dir_blocks(&mut batch);
 
-        // Directory blocks that waited in the pending set for their directory's map.
+        // 1. Diff the dirty directories against their stored entries.
+        let (removed, added, new_dirs) = self.diff_dirs(&batch);
+        // 2. Names as they were.
+        let mut ch = self.names_before(removed, added);
+        // 3. Apply.
+        self.apply_dirs(new_dirs, &ch);
+        // 4. Name events, matched by inode.
+        let named = self.name_events(&batch, &mut ch, txn, ns, out);
+        // 5. Attribute events of inodes that existed before the batch and still do.
+        self.attr_events(&batch, &named, &ch.had_name, txn, ns, out);
+
+        // 6. Data that waited for these inodes' metadata.
+        let claim: BTreeSet<u32> = batch.claims.iter().copied().chain(named).collect();
+        for ino in claim {
+            self.claim(ino, txn, ns, out);
+        }
+    }
+
+    /// Move directory blocks that waited in the pending set for their directory's map into
+    /// the batch's directory writes.
+    fn claim_dir_blocks(&mut self, batch: &mut Batch) {
         for &ino in &batch.claims {
             let Some(i) = self.stored_inode(ino) else {
                 continue;
@@ -287,11 +331,14 @@ impl Engine {
                 }
             }
         }
+    }
 
-        // 1. Diff the dirty directories against their stored entries.
+    /// Diff the batch's dirty directories against their stored entries: the entries removed,
+    /// the entries added, and each directory's new contents.
+    fn diff_dirs(&mut self, batch: &Batch) -> (Vec<Change>, Vec<Change>, Vec<NewDir>) {
         let mut removed: Vec<Change> = Vec::new();
         let mut added: Vec<Change> = Vec::new();
-        let mut new_dirs: Vec<(u32, Entries, Option<BlockEntries>)> = Vec::new();
+        let mut new_dirs: Vec<NewDir> = Vec::new();
         for &d in &batch.dirty_dirs {
             let (new_entries, new_blocks) = match self.stored_inode(d) {
                 Some(i) if i.kind() == FileKind::Directory => {
@@ -318,8 +365,11 @@ impl Engine {
             }
             new_dirs.push((d, new_entries, new_blocks));
         }
+        (removed, added, new_dirs)
+    }
 
-        // 2. Names as they were.
+    /// The paths the removed entries and the added inodes had before the batch is applied.
+    fn names_before(&self, removed: Vec<Change>, added: Vec<Change>) -> NameChanges {
         let old_paths: Vec<Option<String>> = removed
             .iter()
             .map(|(d, n, _, _)| self.path_of(*d).map(|p| join(&p, n)))
@@ -329,8 +379,17 @@ impl Engine {
             let p = self.path_of(*i);
             had_name.entry(*i).or_insert(p);
         }
+        NameChanges {
+            removed,
+            added,
+            old_paths,
+            had_name,
+        }
+    }
 
-        // 3. Apply.
+    /// Store the directories' new contents and update the primary names of the inodes whose
+    /// entries changed.
+    fn apply_dirs(&mut self, new_dirs: Vec<NewDir>, ch: &NameChanges) {
         for (d, e, blocks) in new_dirs {
             self.dirs.insert(d, e);
             match blocks {
@@ -338,129 +397,205 @@ impl Engine {
                 None => self.dir_blocks.remove(&d),
             };
         }
-        for (d, n, i, _) in &removed {
+        for (d, n, i, _) in &ch.removed {
             if self.primary(*i).as_ref() == Some(&(*d, n.clone())) {
                 self.links.insert(*i, None);
             }
         }
-        for (d, n, i, _) in &added {
+        for (d, n, i, _) in &ch.added {
             if self.primary(*i).is_none() {
                 self.links.insert(*i, Some((*d, n.clone())));
             }
         }
-        for (_, _, i, _) in &removed {
+        for (_, _, i, _) in &ch.removed {
             if self.primary(*i).is_none() && self.meta_of(*i).is_some_and(|m| m.links > 0) {
                 if let Some(l) = self.find_link(*i) {
                     self.links.insert(*i, Some(l));
                 }
             }
         }
+    }
 
-        // 4. Name events, matched by inode.
+    /// Emit the name events (deletes deepest first, then creates shallowest first), matching
+    /// removed and added entries by inode; returns the inodes that got a name.
+    fn name_events(
+        &mut self,
+        batch: &Batch,
+        ch: &mut NameChanges,
+        txn: Option<u32>,
+        ns: u64,
+        out: &mut Vec<FsEvent>,
+    ) -> BTreeSet<u32> {
         let mut by_ino: BTreeMap<u32, (Vec<usize>, Vec<usize>)> = BTreeMap::new();
-        for (k, r) in removed.iter().enumerate() {
+        for (k, r) in ch.removed.iter().enumerate() {
             by_ino.entry(r.2).or_default().0.push(k);
         }
-        for (k, a) in added.iter().enumerate() {
+        for (k, a) in ch.added.iter().enumerate() {
             by_ino.entry(a.2).or_default().1.push(k);
         }
-        let mut deletes = Vec::new();
-        let mut creates = Vec::new();
-        let mut named: BTreeSet<u32> = BTreeSet::new();
+        let mut ev = NameEvents {
+            txn,
+            ns,
+            deletes: Vec::new(),
+            creates: Vec::new(),
+            named: BTreeSet::new(),
+        };
         for (ino, (rs, ads)) in by_ino {
-            // The same inode number under a new name is a rename, unless the inode was freed
-            // and allocated again (new kind or generation, or seen free in between).
-            let now = self.stored_inode(ino);
-            let reused = batch.freed.contains(&ino) && now.is_some()
-                || match (batch.changed.get(&ino), &now) {
-                    (Some(Some((om, og))), Some(n)) => {
-                        om.kind() != n.kind()
-                            || og.is_some_and(|g| n.generation.is_some_and(|ng| ng != g))
-                    }
-                    _ => false,
-                };
-            if reused {
-                had_name.insert(ino, None);
-            }
-            let pairs = if reused { 0 } else { rs.len().min(ads.len()) };
-            for (idx, &a) in ads.iter().enumerate() {
-                let (d, n, _, ft) = &added[a];
-                let Some(path) = self.path_of(*d).map(|p| join(&p, n)) else {
-                    self.c.unnamed += 1;
-                    continue;
-                };
-                named.insert(ino);
-                if idx < pairs {
-                    let mut e = self.event(EventKind::Rename, path, ino, txn, ns);
-                    e.old_path = old_paths[rs[idx]].clone();
-                    creates.push(e);
-                    continue;
-                }
-                let existing = had_name.get(&ino).cloned().flatten();
-                let kind = self
-                    .meta_of(ino)
-                    .map_or_else(|| state::kind_of_ftype(*ft), |m| m.kind());
-                if let Some(old) = existing.filter(|_| kind != FileKind::Directory) {
-                    let mut e = self.event(EventKind::Link, path, ino, txn, ns);
-                    e.old_path = Some(old);
-                    creates.push(e);
-                    continue;
-                }
-                let mut e = match kind {
-                    FileKind::Directory => self.event(EventKind::Mkdir, path, ino, txn, ns),
-                    FileKind::Symlink => {
-                        let mut e = self.event(EventKind::Symlink, path, ino, txn, ns);
-                        e.new = self
-                            .inodes
-                            .get(&ino)
-                            .cloned()
-                            .flatten()
-                            .and_then(|i| i.blob)
-                            .or_else(|| self.index.read_link(ino).map(<[u8]>::to_vec))
-                            .map(|t| Value::Target(String::from_utf8_lossy(&t).into_owned()));
-                        e
-                    }
-                    _ => self.event(EventKind::Create, path, ino, txn, ns),
-                };
-                e.txn = txn;
-                creates.push(e);
-            }
-            for &r in rs.iter().skip(pairs) {
-                let (_, _, _, ft) = &removed[r];
-                let Some(path) = old_paths[r].clone() else {
-                    self.c.unnamed += 1;
-                    continue;
-                };
-                let kind = batch
-                    .changed
-                    .get(&ino)
-                    .copied()
-                    .flatten()
-                    .map(|(m, _)| m)
-                    .or_else(|| self.meta_of(ino))
-                    .map_or_else(|| state::kind_of_ftype(*ft), |m: InodeMeta| m.kind());
-                let k = if kind == FileKind::Directory {
-                    EventKind::Rmdir
-                } else {
-                    EventKind::Delete
-                };
-                deletes.push(self.event(k, path, ino, txn, ns));
-            }
+            self.names_of_inode(batch, ch, ino, &rs, &ads, &mut ev);
         }
-        deletes.sort_by(|a, b| {
+        ev.deletes.sort_by(|a, b| {
             depth(&b.path)
                 .cmp(&depth(&a.path))
                 .then(a.path.cmp(&b.path))
         });
-        creates.sort_by(|a, b| {
+        ev.creates.sort_by(|a, b| {
             depth(&a.path)
                 .cmp(&depth(&b.path))
                 .then(a.path.cmp(&b.path))
         });
-        out.extend(deletes);
-        out.extend(creates);
+        out.extend(ev.deletes);
+        out.extend(ev.creates);
+        ev.named
+    }
 
-        // 5. Attribute events of inodes that existed before the batch and still do.
+    /// Whether `ino` was freed and allocated again in the batch (seen free, or a new kind or
+    /// generation), so that its new names are not renames.
+    fn is_reused(&self, batch: &Batch, ino: u32) -> bool {
+        let now = self.stored_inode(ino);
+        batch.freed.contains(&ino) && now.is_some()
+            || match (batch.changed.get(&ino), &now) {
+                (Some(Some((om, og))), Some(n)) => {
+                    om.kind() != n.kind()
+                        || og.is_some_and(|g| n.generation.is_some_and(|ng| ng != g))
+                }
+                _ => false,
+            }
+    }
+
+    /// Collect the name events of one inode: its removed entries `rs` and added entries `ads`
+    /// (indices into `ch`), paired as renames unless the inode was reused.
+    fn names_of_inode(
+        &mut self,
+        batch: &Batch,
+        ch: &mut NameChanges,
+        ino: u32,
+        rs: &[usize],
+        ads: &[usize],
+        ev: &mut NameEvents,
+    ) {
+        // The same inode number under a new name is a rename, unless the inode was freed
+        // and allocated again (new kind or generation, or seen free in between).
+        let reused = self.is_reused(batch, ino);
+        if reused {
+            ch.had_name.insert(ino, None);
+        }
+        let (txn, ns) = (ev.txn, ev.ns);
+        let pairs = if reused { 0 } else { rs.len().min(ads.len()) };
+        for (idx, &a) in ads.iter().enumerate() {
+            let (d, n, _, ft) = &ch.added[a];
+            let Some(path) = self.path_of(*d).map(|p| join(&p, n)) else {
+                self.c.unnamed += 1;
+                continue;
+            };
+            ev.named.insert(ino);
+            if idx < pairs {
+                let mut e = self.event(EventKind::Rename, path, ino, txn, ns);
+                e.old_path = ch.old_paths[rs[idx]].clone();
+                ev.creates.push(e);
+                continue;
+            }
+            let e = self.new_name_event(ch, ino, path, *ft, txn, ns);
+            ev.creates.push(e);
+        }
+        for &r in rs.iter().skip(pairs) {
+            let (_, _, _, ft) = &ch.removed[r];
+            let Some(path) = ch.old_paths[r].clone() else {
+                self.c.unnamed += 1;
+                continue;
+            };
+            let e = self.removed_name_event(batch, ino, path, *ft, txn, ns);
+            ev.deletes.push(e);
+        }
+    }
+
+    /// The event of an unpaired new name `path` of `ino` (file-type byte `ft`): a link when
+    /// the inode already had a name, else a mkdir, symlink or create.
+    fn new_name_event(
+        &mut self,
+        ch: &NameChanges,
+        ino: u32,
+        path: String,
+        ft: u8,
+        txn: Option<u32>,
+        ns: u64,
+    ) -> FsEvent {
+        let existing = ch.had_name.get(&ino).cloned().flatten();
+        let kind = self
+            .meta_of(ino)
+            .map_or_else(|| state::kind_of_ftype(ft), |m| m.kind());
+        if let Some(old) = existing.filter(|_| kind != FileKind::Directory) {
+            let mut e = self.event(EventKind::Link, path, ino, txn, ns);
+            e.old_path = Some(old);
+            return e;
+        }
+        let mut e = match kind {
+            FileKind::Directory => self.event(EventKind::Mkdir, path, ino, txn, ns),
+            FileKind::Symlink => {
+                let mut e = self.event(EventKind::Symlink, path, ino, txn, ns);
+                e.new = self
+                    .inodes
+                    .get(&ino)
+                    .cloned()
+                    .flatten()
+                    .and_then(|i| i.blob)
+                    .or_else(|| self.index.read_link(ino).map(<[u8]>::to_vec))
+                    .map(|t| Value::Target(String::from_utf8_lossy(&t).into_owned()));
+                e
+            }
+            _ => self.event(EventKind::Create, path, ino, txn, ns),
+        };
+        e.txn = txn;
+        e
+    }
+
+    /// The event of an unpaired removed name `path` of `ino` (file-type byte `ft`): an rmdir
+    /// or a delete, by the inode's kind at the batch start (else now, else `ft`).
+    fn removed_name_event(
+        &mut self,
+        batch: &Batch,
+        ino: u32,
+        path: String,
+        ft: u8,
+        txn: Option<u32>,
+        ns: u64,
+    ) -> FsEvent {
+        let kind = batch
+            .changed
+            .get(&ino)
+            .copied()
+            .flatten()
+            .map(|(m, _)| m)
+            .or_else(|| self.meta_of(ino))
+            .map_or_else(|| state::kind_of_ftype(ft), |m: InodeMeta| m.kind());
+        let k = if kind == FileKind::Directory {
+            EventKind::Rmdir
+        } else {
+            EventKind::Delete
+        };
+        self.event(k, path, ino, txn, ns)
+    }
+
+    /// Emit the attribute events (chmod, chown, truncate / extend, mtime) of the inodes that
+    /// existed before the batch and still do.
+    fn attr_events(
+        &mut self,
+        batch: &Batch,
+        named: &BTreeSet<u32>,
+        had_name: &HashMap<u32, Option<String>>,
+        txn: Option<u32>,
+        ns: u64,
+        out: &mut Vec<FsEvent>,
+    ) {
         for (&ino, old) in &batch.changed {
             let (Some((o, _)), Some(n)) = (*old, self.meta_of(ino)) else {
                 continue;
@@ -507,12 +642,6 @@ impl Engine {
                 e.new = Some(Value::Time(n.mtime));
                 out.push(e);
             }
-        }
-
-        // 6. Data that waited for these inodes' metadata.
-        let claim: BTreeSet<u32> = batch.claims.iter().copied().chain(named).collect();
-        for ino in claim {
-            self.claim(ino, txn, ns, out);
         }
     }
 
