@@ -11,34 +11,13 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use vmsight_fsview::Value;
+use vmsight_proto::layout::RuntimeLayout;
 
 use crate::bus::subscribe;
 use crate::message::{Message, Notice, StreamItem};
 use crate::pattern::Pattern;
 
-/// File name of the embedded bus socket in a VM's runtime directory.
-pub const EVENTS_SOCKET: &str = "events.sock";
-
-/// Base directory holding one directory per running VM. Same rule as the launcher (which
-/// creates them): `$VMSIGHT_RUNTIME`, else `/run/vmsight` for root, else
-/// `$XDG_RUNTIME_DIR/vmsight`, else `/tmp/vmsight-<uid>`. Duplicated here (a few lines)
-/// because the launcher depends on this crate to start the bus.
-pub fn runtime_base() -> PathBuf {
-    if let Some(p) = std::env::var_os("VMSIGHT_RUNTIME") {
-        return PathBuf::from(p);
-    }
-    let uid = std::fs::metadata("/proc/self").map_or(0, |m| {
-        use std::os::unix::fs::MetadataExt;
-        m.uid()
-    });
-    if uid == 0 {
-        return PathBuf::from("/run/vmsight");
-    }
-    if let Some(x) = std::env::var_os("XDG_RUNTIME_DIR") {
-        return PathBuf::from(x).join("vmsight");
-    }
-    PathBuf::from(format!("/tmp/vmsight-{uid}"))
-}
+pub use vmsight_proto::layout::{runtime_base, EVENTS_SOCKET};
 
 /// A running VM found in the runtime directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,24 +39,15 @@ impl RunningVm {
 
 /// VMs under `base` whose `vm.json` names a live process, sorted by name.
 pub fn running_vms(base: &Path) -> Vec<RunningVm> {
-    let Ok(rd) = std::fs::read_dir(base) else {
-        return Vec::new();
-    };
-    let mut out: Vec<RunningVm> = rd
-        .filter_map(Result::ok)
-        .filter_map(|e| {
-            let dir = e.path();
-            let data = std::fs::read(dir.join("vm.json")).ok()?;
-            let v: serde_json::Value = serde_json::from_slice(&data).ok()?;
-            let name = v.get("name")?.as_str()?.to_string();
-            let pid = u32::try_from(v.get("pid")?.as_u64()?).ok()?;
-            Path::new(&format!("/proc/{pid}"))
-                .exists()
-                .then_some(RunningVm { name, dir, pid })
+    RuntimeLayout::at(base)
+        .running()
+        .into_iter()
+        .map(|vm| RunningVm {
+            name: vm.record.name,
+            dir: vm.paths.dir().to_path_buf(),
+            pid: vm.record.pid,
         })
-        .collect();
-    out.sort_by(|a, b| a.name.cmp(&b.name));
-    out
+        .collect()
 }
 
 /// Options of [`watch`].

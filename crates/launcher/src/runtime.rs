@@ -9,45 +9,18 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
+use vmsight_proto::layout::{pid_alive, RuntimeLayout, VmPaths, VM_RECORD};
 
 use crate::error::LaunchError;
 
-/// Base directory under which each running VM gets a directory.
-pub fn runtime_base() -> PathBuf {
-    if let Some(p) = std::env::var_os("VMSIGHT_RUNTIME") {
-        return PathBuf::from(p);
-    }
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let uid = unsafe { libc::geteuid() };
-    if uid == 0 {
-        return PathBuf::from("/run/vmsight");
-    }
-    if let Some(x) = std::env::var_os("XDG_RUNTIME_DIR") {
-        return PathBuf::from(x).join("vmsight");
-    }
-    PathBuf::from(format!("/tmp/vmsight-{uid}"))
-}
-
-/// What `vm.json` records about a running VM, for discovery by other vmsight commands.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct VmRecord {
-    pub name: String,
-    pub pid: u32,
-    pub qemu_pid: Option<u32>,
-    pub started_unix: u64,
-    pub disks: Vec<PathBuf>,
-    pub accel: String,
-}
+/// The base directory and `vm.json` are defined with the rest of the runtime layout in
+/// [`vmsight_proto::layout`], which every command that looks for VMs shares.
+pub use vmsight_proto::layout::{runtime_base, VmRecord};
 
 /// Owns a VM's runtime directory; removes it on drop.
 #[derive(Debug)]
 pub struct RuntimeDir {
     dir: PathBuf,
-}
-
-fn pid_alive(pid: u32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
 }
 
 impl RuntimeDir {
@@ -60,7 +33,7 @@ impl RuntimeDir {
         };
         fs::create_dir_all(base).map_err(err)?;
         if dir.exists() {
-            match read_record(&dir) {
+            match VmPaths::new(&dir).read_record() {
                 Some(r) if pid_alive(r.pid) && r.pid != std::process::id() => {
                     return Err(LaunchError::NameInUse(name.to_string(), dir));
                 }
@@ -74,20 +47,27 @@ impl RuntimeDir {
         Ok(RuntimeDir { dir })
     }
 
+    /// The directory.
     pub fn path(&self) -> &Path {
         &self.dir
     }
 
+    /// Path of `name` in the directory (names: [`vmsight_proto::layout`]).
     pub fn join(&self, name: &str) -> PathBuf {
         self.dir.join(name)
     }
 
+    /// The well-known files of the directory.
+    pub fn paths(&self) -> VmPaths {
+        VmPaths::new(&self.dir)
+    }
+
     /// Writes `vm.json` atomically.
     pub fn write_record(&self, rec: &VmRecord) -> Result<(), LaunchError> {
-        let tmp = self.join("vm.json.tmp");
+        let tmp = self.join(&format!("{VM_RECORD}.tmp"));
         let data = serde_json::to_vec_pretty(rec).map_err(io::Error::other)?;
         fs::write(&tmp, data)?;
-        fs::rename(&tmp, self.join("vm.json"))?;
+        fs::rename(&tmp, self.paths().record())?;
         Ok(())
     }
 }
@@ -102,23 +82,13 @@ impl Drop for RuntimeDir {
     }
 }
 
-fn read_record(dir: &Path) -> Option<VmRecord> {
-    let data = fs::read(dir.join("vm.json")).ok()?;
-    serde_json::from_slice(&data).ok()
-}
-
 /// Lists the VMs running on this host (live owner process), skipping stale directories.
 pub fn list_running(base: &Path) -> Vec<VmRecord> {
-    let Ok(rd) = fs::read_dir(base) else {
-        return Vec::new();
-    };
-    let mut out: Vec<VmRecord> = rd
-        .filter_map(Result::ok)
-        .filter_map(|e| read_record(&e.path()))
-        .filter(|r| pid_alive(r.pid))
-        .collect();
-    out.sort_by(|a, b| a.name.cmp(&b.name));
-    out
+    RuntimeLayout::at(base)
+        .running()
+        .into_iter()
+        .map(|vm| vm.record)
+        .collect()
 }
 
 /// A working copy of a disk image that is deleted on drop unless kept.

@@ -17,11 +17,11 @@ use fuser::{
     FileAttr, FileType, Filesystem, MountOption, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty,
     ReplyEntry, ReplyOpen, ReplyStatfs, Request as FuseRequest,
 };
-use vmsight_events::{running_vms, runtime_base};
 use vmsight_fsview::FileKind;
+use vmsight_proto::layout::{runtime_base, RuntimeLayout, VmPaths};
 
 use crate::protocol::{Attr, ErrorCode, Request, Response, MAX_READ};
-use crate::server::{ViewClient, ViewError, VIEW_SOCKET};
+use crate::server::{ViewClient, ViewError};
 
 /// Attribute and entry cache lifetime: short, because the guest keeps changing.
 const TTL: Duration = Duration::from_secs(1);
@@ -62,7 +62,7 @@ impl Default for MountOptions {
 struct Vm {
     slot: u32,
     name: String,
-    dir: PathBuf,
+    paths: VmPaths,
     pid: u32,
     client: Option<ViewClient>,
 }
@@ -71,7 +71,7 @@ impl Vm {
     fn call(&mut self, req: &Request) -> Result<Response, i32> {
         if self.client.is_none() {
             self.client = Some(
-                ViewClient::connect(self.dir.join(VIEW_SOCKET), CALL_TIMEOUT).map_err(|e| {
+                ViewClient::connect(self.paths.view_socket(), CALL_TIMEOUT).map_err(|e| {
                     tracing::warn!("{}: {e}", self.name);
                     libc::EIO
                 })?,
@@ -187,29 +187,30 @@ impl ViewFs {
 
     /// Re-reads the runtime directory: adds VMs that started, drops VMs that ended.
     fn rescan(&mut self) {
-        let found: Vec<_> = running_vms(&self.opts.runtime)
+        let found: Vec<_> = RuntimeLayout::at(&self.opts.runtime)
+            .running()
             .into_iter()
-            .filter(|v| self.opts.vm.as_ref().is_none_or(|n| *n == v.name))
-            .filter(|v| v.join(VIEW_SOCKET).exists())
+            .filter(|v| self.opts.vm.as_ref().is_none_or(|n| *n == v.record.name))
+            .filter(|v| v.paths.view_socket().exists())
             .collect();
         self.vms.retain(|name, vm| {
             found
                 .iter()
-                .any(|f| f.name == *name && f.pid == vm.pid && f.dir == vm.dir)
+                .any(|f| f.record.name == *name && f.record.pid == vm.pid && f.paths == vm.paths)
         });
         for f in found {
-            if self.vms.contains_key(&f.name) {
+            if self.vms.contains_key(&f.record.name) {
                 continue;
             }
             let slot = self.next_slot;
             self.next_slot = self.next_slot.saturating_add(1);
             self.vms.insert(
-                f.name.clone(),
+                f.record.name.clone(),
                 Vm {
                     slot,
-                    name: f.name.clone(),
-                    dir: f.dir,
-                    pid: f.pid,
+                    name: f.record.name,
+                    paths: f.paths,
+                    pid: f.record.pid,
                     client: None,
                 },
             );

@@ -18,7 +18,7 @@ use crate::protocol::{
 };
 
 /// File name of the view socket in a VM's runtime directory.
-pub const VIEW_SOCKET: &str = "view.sock";
+pub use vmsight_proto::layout::VIEW_SOCKET;
 /// Most connections served at once.
 pub const MAX_CONNECTIONS: usize = 64;
 /// How often the listener is polled for new clients and for shutdown.

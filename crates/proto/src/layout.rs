@@ -1,0 +1,319 @@
+//! The runtime directory: where every running VM keeps its sockets, shared memory and state,
+//! and how other vmsight commands find running VMs.
+//!
+//! Each VM owns `<base>/<name>/` ([`VmPaths`]); the base is chosen by [`runtime_base`]. The
+//! launcher creates and removes the directory; `vmsight ps`, `watch`, `mount`, `stats` and
+//! `stream` read it. Every file name used in it is defined here, once.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// Environment variable that overrides the base directory.
+pub const RUNTIME_ENV: &str = "VMSIGHT_RUNTIME";
+
+/// `vm.json`: the [`VmRecord`] of the VM, how other commands find it.
+pub const VM_RECORD: &str = "vm.json";
+/// The control socket (`vmsight stats`, `vmsight stream`): [`crate::control`].
+pub const CONTROL_SOCKET: &str = "control.sock";
+/// The embedded event bus (`vmsight watch`).
+pub const EVENTS_SOCKET: &str = "events.sock";
+/// The view server (`vmsight mount`).
+pub const VIEW_SOCKET: &str = "view.sock";
+/// QEMU's QMP socket.
+pub const QMP_SOCKET: &str = "qmp.sock";
+/// The guest's serial console.
+pub const CONSOLE_SOCKET: &str = "console.sock";
+/// The guest's control port (`ready`, `cmdpid`, `exit N`).
+pub const CTL_SOCKET: &str = "ctl.sock";
+/// The guest command's stdout port.
+pub const STDOUT_SOCKET: &str = "stdout.sock";
+/// The guest command's stderr port.
+pub const STDERR_SOCKET: &str = "stderr.sock";
+/// The guest command's stdin port.
+pub const STDIN_SOCKET: &str = "stdin.sock";
+/// The plugin's shared-memory channel.
+pub const PLUGIN_SHM: &str = "plugin.shm";
+/// Copy of the guest's serial console.
+pub const CONSOLE_LOG: &str = "console.log";
+/// QEMU's stderr.
+pub const QEMU_LOG: &str = "qemu.log";
+/// QEMU's argument list, one per line.
+pub const QEMU_CMDLINE: &str = "qemu.cmdline";
+/// The command the guest runs (`vmsight run -- CMD`).
+pub const COMMAND_SCRIPT: &str = "cmd.sh";
+
+/// File name of disk `index`'s vhost-user socket (`disk0.sock` is the root disk).
+pub fn disk_socket_name(index: usize) -> String {
+    format!("disk{index}.sock")
+}
+
+/// Base directory under which each running VM gets a directory: `$VMSIGHT_RUNTIME` if set,
+/// else `/run/vmsight` for root, else `$XDG_RUNTIME_DIR/vmsight`, else `/tmp/vmsight-<uid>`.
+///
+/// "Root" and `<uid>` are the *effective* user id (`geteuid(2)`): it is the identity the
+/// kernel checks when the directory is created under `/run`, and it owns what is created
+/// there. (Reading the owner of `/proc/self` gives the same answer only while the process is
+/// dumpable; a setuid or `PR_SET_DUMPABLE=0` process sees root there, so that source is not
+/// used.)
+pub fn runtime_base() -> PathBuf {
+    base_from(
+        std::env::var_os(RUNTIME_ENV).map(PathBuf::from),
+        effective_uid(),
+        std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from),
+    )
+}
+
+/// The effective user id of this process.
+fn effective_uid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// The rule of [`runtime_base`], from its inputs.
+fn base_from(overridden: Option<PathBuf>, euid: u32, xdg: Option<PathBuf>) -> PathBuf {
+    if let Some(p) = overridden {
+        return p;
+    }
+    if euid == 0 {
+        return PathBuf::from("/run/vmsight");
+    }
+    match xdg {
+        Some(x) => x.join("vmsight"),
+        None => PathBuf::from(format!("/tmp/vmsight-{euid}")),
+    }
+}
+
+/// What `vm.json` records about a running VM, for discovery by other vmsight commands.
+///
+/// Only `name` and `pid` are needed to find a VM; the rest defaults when absent, so a
+/// minimal record (`{"name":"v","pid":1}`) is valid.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VmRecord {
+    /// VM name (also the directory name).
+    pub name: String,
+    /// The `vmsight run` process that owns the VM.
+    pub pid: u32,
+    /// QEMU's pid, once QEMU runs.
+    #[serde(default)]
+    pub qemu_pid: Option<u32>,
+    /// Start time, seconds since the Unix epoch.
+    #[serde(default)]
+    pub started_unix: u64,
+    /// Disk images, root disk first.
+    #[serde(default)]
+    pub disks: Vec<PathBuf>,
+    /// Accelerator (`tcg` or `kvm`).
+    #[serde(default)]
+    pub accel: String,
+}
+
+/// Where running VMs live: a base directory holding one directory per VM.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuntimeLayout {
+    base: PathBuf,
+}
+
+impl RuntimeLayout {
+    /// The layout under [`runtime_base`].
+    pub fn from_env() -> RuntimeLayout {
+        RuntimeLayout::at(runtime_base())
+    }
+
+    /// The layout under `base`.
+    pub fn at(base: impl Into<PathBuf>) -> RuntimeLayout {
+        RuntimeLayout { base: base.into() }
+    }
+
+    /// The base directory.
+    pub fn base(&self) -> &Path {
+        &self.base
+    }
+
+    /// The paths of VM `name` (which need not exist).
+    pub fn vm(&self, name: &str) -> VmPaths {
+        VmPaths::new(self.base.join(name))
+    }
+
+    /// The VMs whose `vm.json` names a live process, sorted by name. Directories without a
+    /// readable record and records of dead processes (stale directories) are skipped.
+    pub fn running(&self) -> Vec<RunningVm> {
+        let Ok(rd) = fs::read_dir(&self.base) else {
+            return Vec::new();
+        };
+        let mut out: Vec<RunningVm> = rd
+            .filter_map(Result::ok)
+            .filter_map(|e| {
+                let paths = VmPaths::new(e.path());
+                let record = paths.read_record()?;
+                pid_alive(record.pid).then_some(RunningVm { record, paths })
+            })
+            .collect();
+        out.sort_by(|a, b| a.record.name.cmp(&b.record.name));
+        out
+    }
+}
+
+/// A running VM found by [`RuntimeLayout::running`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunningVm {
+    /// Its `vm.json`.
+    pub record: VmRecord,
+    /// Its directory.
+    pub paths: VmPaths,
+}
+
+/// True if a process with this pid exists.
+pub fn pid_alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// The files of one VM's runtime directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VmPaths {
+    dir: PathBuf,
+}
+
+impl VmPaths {
+    /// The files of the VM whose directory is `dir`.
+    pub fn new(dir: impl Into<PathBuf>) -> VmPaths {
+        VmPaths { dir: dir.into() }
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Path of `file` in the directory.
+    pub fn file(&self, file: &str) -> PathBuf {
+        self.dir.join(file)
+    }
+
+    /// `vm.json`.
+    pub fn record(&self) -> PathBuf {
+        self.file(VM_RECORD)
+    }
+
+    /// Reads `vm.json`; `None` if it is missing or unreadable.
+    pub fn read_record(&self) -> Option<VmRecord> {
+        let data = fs::read(self.record()).ok()?;
+        serde_json::from_slice(&data).ok()
+    }
+
+    /// The control socket.
+    pub fn control_socket(&self) -> PathBuf {
+        self.file(CONTROL_SOCKET)
+    }
+
+    /// The event bus socket.
+    pub fn events_socket(&self) -> PathBuf {
+        self.file(EVENTS_SOCKET)
+    }
+
+    /// The view server socket.
+    pub fn view_socket(&self) -> PathBuf {
+        self.file(VIEW_SOCKET)
+    }
+
+    /// QEMU's QMP socket.
+    pub fn qmp_socket(&self) -> PathBuf {
+        self.file(QMP_SOCKET)
+    }
+
+    /// The vhost-user socket of disk `index` (0 = root disk).
+    pub fn disk_socket(&self, index: usize) -> PathBuf {
+        self.file(&disk_socket_name(index))
+    }
+
+    /// The plugin's shared-memory channel.
+    pub fn plugin_shm(&self) -> PathBuf {
+        self.file(PLUGIN_SHM)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base_follows_override_then_euid_then_xdg() {
+        let over = Some(PathBuf::from("/x"));
+        let xdg = Some(PathBuf::from("/run/user/1000"));
+        assert_eq!(base_from(over, 1000, xdg.clone()), PathBuf::from("/x"));
+        assert_eq!(
+            base_from(None, 0, xdg.clone()),
+            PathBuf::from("/run/vmsight")
+        );
+        assert_eq!(
+            base_from(None, 1000, xdg),
+            PathBuf::from("/run/user/1000/vmsight")
+        );
+        assert_eq!(
+            base_from(None, 1000, None),
+            PathBuf::from("/tmp/vmsight-1000")
+        );
+    }
+
+    #[test]
+    fn vm_paths_use_the_well_known_names() {
+        let vm = RuntimeLayout::at("/run/vmsight").vm("web1");
+        assert_eq!(vm.dir(), Path::new("/run/vmsight/web1"));
+        assert_eq!(vm.record(), Path::new("/run/vmsight/web1/vm.json"));
+        assert_eq!(
+            vm.control_socket(),
+            Path::new("/run/vmsight/web1/control.sock")
+        );
+        assert_eq!(vm.events_socket().file_name(), Some("events.sock".as_ref()));
+        assert_eq!(vm.view_socket().file_name(), Some("view.sock".as_ref()));
+        assert_eq!(vm.disk_socket(2), Path::new("/run/vmsight/web1/disk2.sock"));
+        assert_eq!(vm.plugin_shm().file_name(), Some("plugin.shm".as_ref()));
+    }
+
+    #[test]
+    fn minimal_records_parse_and_full_ones_round_trip() {
+        let r: VmRecord = serde_json::from_str(r#"{"name":"v","pid":7}"#).expect("minimal");
+        assert_eq!((r.name.as_str(), r.pid, r.qemu_pid), ("v", 7, None));
+        let full = VmRecord {
+            name: "w".into(),
+            pid: 1,
+            qemu_pid: Some(2),
+            started_unix: 3,
+            disks: vec!["/a.img".into()],
+            accel: "tcg".into(),
+        };
+        let text = serde_json::to_string(&full).expect("serialises");
+        assert_eq!(
+            serde_json::from_str::<VmRecord>(&text).expect("parses"),
+            full
+        );
+    }
+
+    #[test]
+    fn discovery_skips_dead_and_broken_entries() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let layout = RuntimeLayout::at(d.path());
+        let write = |name: &str, text: &str| {
+            fs::create_dir(d.path().join(name)).expect("mkdir");
+            fs::write(layout.vm(name).record(), text).expect("write");
+        };
+        write(
+            "b",
+            &format!(r#"{{"name":"b","pid":{}}}"#, std::process::id()),
+        );
+        write("a", r#"{"name":"a","pid":1}"#); // init is always alive
+        write("dead", r#"{"name":"dead","pid":0}"#); // pid 0 has no /proc entry
+        write("junk", "{");
+        fs::create_dir(d.path().join("empty")).expect("mkdir");
+        let names: Vec<String> = layout
+            .running()
+            .into_iter()
+            .map(|v| v.record.name)
+            .collect();
+        assert_eq!(names, ["a", "b"]);
+        assert!(RuntimeLayout::at(d.path().join("missing"))
+            .running()
+            .is_empty());
+    }
+}
