@@ -11,15 +11,15 @@
 
 use std::collections::VecDeque;
 use std::io::{self, BufRead, BufReader, Read, Write};
-use std::os::unix::fs::FileTypeExt;
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread;
 use std::time::Duration;
 
 use serde::Deserialize;
+use vmsight_proto::server::{ServeError, UnixServer};
 
 use crate::message::{Message, Notice};
 use crate::pattern::{any_matches, Pattern};
@@ -32,8 +32,6 @@ pub const MAX_REQUEST_LINE: usize = 64 * 1024;
 pub const MAX_CLIENTS: usize = 256;
 /// How long a new client may take to send its subscribe line.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// How often the listener is polled for new clients and for shutdown.
-const ACCEPT_POLL: Duration = Duration::from_millis(20);
 
 /// Errors of the embedded bus.
 #[derive(Debug, thiserror::Error)]
@@ -44,11 +42,24 @@ pub enum BusError {
         /// Socket path.
         path: PathBuf,
         /// Cause.
+        #[source]
         source: io::Error,
     },
     /// Something that is not a socket is in the way.
     #[error("{0} exists and is not a socket; refusing to replace it")]
     NotASocket(PathBuf),
+}
+
+impl From<ServeError> for BusError {
+    fn from(e: ServeError) -> BusError {
+        match e {
+            ServeError::NotASocket(path) => BusError::NotASocket(path),
+            e => BusError::Bind {
+                path: e.path().to_path_buf(),
+                source: e.into_io(),
+            },
+        }
+    }
 }
 
 /// The subscribe request a client sends first.
@@ -120,7 +131,6 @@ impl Client {
 
 struct Shared {
     clients: Mutex<Vec<Arc<Client>>>,
-    stop: AtomicBool,
     cap: usize,
     published: AtomicU64,
     delivered: AtomicU64,
@@ -150,7 +160,7 @@ pub struct BusStats {
 pub struct EventBus {
     path: PathBuf,
     shared: Arc<Shared>,
-    accept: Option<thread::JoinHandle<()>>,
+    server: Option<UnixServer>,
 }
 
 impl EventBus {
@@ -162,34 +172,20 @@ impl EventBus {
     /// Listens on `path`; each client may have up to `queue` undelivered messages.
     pub fn bind_with(path: impl AsRef<Path>, queue: usize) -> Result<EventBus, BusError> {
         let path = path.as_ref().to_path_buf();
-        let listener = bind_socket(&path)?;
-        // Polled, so that dropping the bus never depends on the socket file still existing.
-        listener
-            .set_nonblocking(true)
-            .map_err(|source| BusError::Bind {
-                path: path.clone(),
-                source,
-            })?;
         let shared = Arc::new(Shared {
             clients: Mutex::new(Vec::new()),
-            stop: AtomicBool::new(false),
             cap: queue.max(1),
             published: AtomicU64::new(0),
             delivered: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
         });
         let sh = Arc::clone(&shared);
-        let accept = thread::Builder::new()
-            .name("events-accept".into())
-            .spawn(move || accept_loop(listener, sh))
-            .map_err(|source| BusError::Bind {
-                path: path.clone(),
-                source,
-            })?;
+        let server =
+            UnixServer::bind(&path, "events-accept", move |conn| accept_client(conn, &sh))?;
         Ok(EventBus {
             path,
             shared,
-            accept: Some(accept),
+            server: Some(server),
         })
     }
 
@@ -245,63 +241,31 @@ impl EventBus {
 
 impl Drop for EventBus {
     fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::SeqCst);
-        if let Some(h) = self.accept.take() {
-            let _ = h.join();
+        // Stops accepting and removes the socket file (if it is still ours).
+        if let Some(server) = self.server.take() {
+            server.stop();
         }
         for c in self.shared.clients().drain(..) {
             c.close();
         }
-        let _ = std::fs::remove_file(&self.path);
     }
 }
 
-/// Binds a Unix socket, replacing a stale socket file but nothing else.
-pub(crate) fn bind_socket(path: &Path) -> Result<UnixListener, BusError> {
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_socket() => {
-            if UnixStream::connect(path).is_ok() {
-                return Err(BusError::Bind {
-                    path: path.to_path_buf(),
-                    source: io::Error::new(
-                        io::ErrorKind::AddrInUse,
-                        "another process is listening there",
-                    ),
-                });
-            }
-            let _ = std::fs::remove_file(path);
+/// Starts a thread serving one accepted client.
+fn accept_client(conn: io::Result<UnixStream>, shared: &Arc<Shared>) {
+    let stream = match conn {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!("events: accept failed: {e}");
+            return;
         }
-        Ok(_) => return Err(BusError::NotASocket(path.to_path_buf())),
-        Err(_) => {}
-    }
-    UnixListener::bind(path).map_err(|source| BusError::Bind {
-        path: path.to_path_buf(),
-        source,
-    })
-}
-
-fn accept_loop(listener: UnixListener, shared: Arc<Shared>) {
-    while !shared.stop.load(Ordering::SeqCst) {
-        let stream = match listener.accept() {
-            Ok((s, _)) if s.set_nonblocking(false).is_ok() => s,
-            Ok(_) => continue,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                thread::sleep(ACCEPT_POLL);
-                continue;
-            }
-            Err(e) => {
-                tracing::warn!("events: accept failed: {e}");
-                thread::sleep(Duration::from_millis(50));
-                continue;
-            }
-        };
-        let sh = Arc::clone(&shared);
-        let spawned = thread::Builder::new()
-            .name("events-client".into())
-            .spawn(move || serve_client(stream, sh));
-        if let Err(e) = spawned {
-            tracing::warn!("events: cannot start a client thread: {e}");
-        }
+    };
+    let sh = Arc::clone(shared);
+    let spawned = thread::Builder::new()
+        .name("events-client".into())
+        .spawn(move || serve_client(stream, sh));
+    if let Err(e) = spawned {
+        tracing::warn!("events: cannot start a client thread: {e}");
     }
 }
 
@@ -613,6 +577,16 @@ mod tests {
     }
 
     #[test]
+    fn drop_is_prompt_without_any_client() {
+        let d = tempfile::tempdir().unwrap();
+        let bus = EventBus::bind(d.path().join("events.sock")).unwrap();
+        thread::sleep(Duration::from_millis(50));
+        let t = std::time::Instant::now();
+        drop(bus);
+        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    }
+
+    #[test]
     fn refuses_to_replace_a_regular_file_and_cleans_up() {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("events.sock");
@@ -625,7 +599,7 @@ mod tests {
         }
         assert!(!p.exists(), "socket removed on drop");
         // A stale socket (nobody listening) is replaced.
-        drop(UnixListener::bind(&p).unwrap());
+        drop(std::os::unix::net::UnixListener::bind(&p).unwrap());
         let _bus = EventBus::bind(&p).unwrap();
     }
 }

@@ -3,17 +3,18 @@
 //!
 //! Protocol: the client sends one JSON object on one line, `{"cmd": "...", ...}`, and reads
 //! one JSON line back: `{"ok": true, ...}` or `{"ok": false, "error": "sentence"}`. One
-//! request per connection. Lines longer than 64 KiB are refused.
+//! request per connection. Lines longer than 64 KiB are refused. The socket is served by
+//! [`vmsight_proto::server::UnixServer`], which sleeps until a client connects or the server
+//! stops.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use vmsight_proto::server::{ServeError, UnixServer};
 
 /// Longest request line accepted.
 const MAX_LINE: u64 = 64 * 1024;
@@ -24,69 +25,38 @@ const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
 /// `{"ok": false, "error": sentence}`.
 pub type Handler = Arc<dyn Fn(&Value) -> Result<Value, String> + Send + Sync>;
 
-/// The listening control socket; stops accepting when dropped.
+/// The listening control socket; stops accepting and removes the socket when dropped.
+#[derive(Debug)]
 pub struct ControlServer {
-    stop: Arc<AtomicBool>,
-    path: std::path::PathBuf,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl std::fmt::Debug for ControlServer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ControlServer")
-            .field("path", &self.path)
-            .finish()
-    }
+    server: UnixServer,
 }
 
 impl ControlServer {
-    /// Binds `path` and serves requests with `handler` on a background thread.
-    pub fn bind(path: &Path, handler: Handler) -> std::io::Result<Self> {
-        let _ = std::fs::remove_file(path);
-        let listener = UnixListener::bind(path)?;
-        listener.set_nonblocking(true)?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let stop2 = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name("vmsight-control".into())
-            .spawn(move || {
-                while !stop2.load(Ordering::Relaxed) {
-                    match listener.accept() {
-                        Ok((conn, _)) => {
-                            let h = handler.clone();
-                            // One short-lived thread per request: a stuck client cannot block
-                            // the next one.
-                            let _ = std::thread::Builder::new()
-                                .name("vmsight-control-conn".into())
-                                .spawn(move || serve_one(conn, &h));
-                        }
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                            std::thread::sleep(Duration::from_millis(50));
-                        }
-                        Err(_) => std::thread::sleep(Duration::from_millis(50)),
-                    }
+    /// Binds `path` and serves requests with `handler`, each connection on a short-lived
+    /// thread of its own (a stuck client cannot block the next one).
+    pub fn bind(path: &Path, handler: Handler) -> Result<Self, ServeError> {
+        let server = UnixServer::bind(path, "vmsight-control", move |conn| match conn {
+            Ok(conn) => {
+                let h = handler.clone();
+                let spawned = std::thread::Builder::new()
+                    .name("vmsight-control-conn".into())
+                    .spawn(move || serve_one(conn, &h));
+                if let Err(e) = spawned {
+                    tracing::warn!("control: cannot start a connection thread: {e}");
                 }
-            })?;
-        Ok(Self {
-            stop,
-            path: path.to_owned(),
-            thread: Some(thread),
-        })
+            }
+            Err(e) => tracing::warn!("control: accept failed: {e}"),
+        })?;
+        Ok(Self { server })
     }
-}
 
-impl Drop for ControlServer {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-        let _ = std::fs::remove_file(&self.path);
+    /// The socket path.
+    pub fn path(&self) -> &Path {
+        self.server.path()
     }
 }
 
 fn serve_one(conn: UnixStream, handler: &Handler) {
-    let _ = conn.set_nonblocking(false);
     let _ = conn.set_read_timeout(Some(CLIENT_TIMEOUT));
     let _ = conn.set_write_timeout(Some(CLIENT_TIMEOUT));
     let Ok(write_half) = conn.try_clone() else {
@@ -162,7 +132,8 @@ mod tests {
             Some("echo") => Ok(json!({"echo": req["arg"].clone()})),
             _ => Err("unknown command".into()),
         });
-        let _srv = ControlServer::bind(&sock, handler).expect("binds");
+        let srv = ControlServer::bind(&sock, handler).expect("binds");
+        assert_eq!(srv.path(), sock);
         let r = call(&sock, &json!({"cmd": "echo", "arg": 7})).expect("answers");
         assert_eq!(r["echo"], 7);
         let e = call(&sock, &json!({"cmd": "nope"})).expect_err("refused");
@@ -176,6 +147,8 @@ mod tests {
         BufReader::new(c).read_line(&mut line).expect("reads");
         assert!(line.contains("not JSON"), "{line}");
         assert!(call(&sock, &json!({"cmd": "echo", "arg": 1})).is_ok());
+        drop(srv);
+        assert!(!sock.exists(), "the socket is removed with the server");
     }
 
     #[test]

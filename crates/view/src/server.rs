@@ -2,15 +2,15 @@
 
 use std::collections::HashMap;
 use std::io::{self, BufReader, BufWriter, Write};
-use std::os::unix::fs::FileTypeExt;
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread;
 use std::time::Duration;
 
 use vmsight_fsview::{FileKind, FsRead, StaticView};
+use vmsight_proto::server::{ServeError, UnixServer};
 
 use crate::protocol::{
     read_frame, write_frame, Attr, Entry, ErrorCode, FrameError, Request, Response, MAX_READ,
@@ -21,8 +21,6 @@ use crate::protocol::{
 pub use vmsight_proto::layout::VIEW_SOCKET;
 /// Most connections served at once.
 pub const MAX_CONNECTIONS: usize = 64;
-/// How often the listener is polled for new clients and for shutdown.
-const ACCEPT_POLL: Duration = Duration::from_millis(20);
 
 /// Something that can lend a consistent [`FsRead`] for the duration of one request: a
 /// [`StaticView`], an `Arc<dyn FsRead>`, or a live engine behind a `RwLock`/`Mutex` (the lock
@@ -74,6 +72,7 @@ pub enum ViewError {
         /// Socket path.
         path: PathBuf,
         /// Cause.
+        #[source]
         source: io::Error,
     },
     /// Something that is not a socket is in the way.
@@ -85,6 +84,7 @@ pub enum ViewError {
         /// Socket path.
         path: PathBuf,
         /// Cause.
+        #[source]
         source: io::Error,
     },
     /// Mounting failed.
@@ -93,8 +93,21 @@ pub enum ViewError {
         /// Mount point.
         path: PathBuf,
         /// Cause.
+        #[source]
         source: io::Error,
     },
+}
+
+impl From<ServeError> for ViewError {
+    fn from(e: ServeError) -> ViewError {
+        match e {
+            ServeError::NotASocket(path) => ViewError::NotASocket(path),
+            e => ViewError::Bind {
+                path: e.path().to_path_buf(),
+                source: e.into_io(),
+            },
+        }
+    }
 }
 
 /// Answers one request from `fs`.
@@ -187,39 +200,23 @@ pub fn handle(fs: &dyn FsRead, req: &Request) -> Response {
 /// connections and removes the socket.
 pub struct ViewServer {
     path: PathBuf,
-    stop: Arc<AtomicBool>,
-    conns: Arc<Mutex<HashMap<u64, UnixStream>>>,
-    accept: Option<thread::JoinHandle<()>>,
+    conns: Connections,
+    server: Option<UnixServer>,
 }
 
 impl ViewServer {
     /// Listens on `path` (normally `<runtime>/<vm>/view.sock`) and answers from `source`.
     pub fn bind<S: ViewSource>(path: impl AsRef<Path>, source: S) -> Result<ViewServer, ViewError> {
         let path = path.as_ref().to_path_buf();
-        let listener = bind_socket(&path)?;
-        // Polled, so that dropping the server never depends on the socket file still existing.
-        listener
-            .set_nonblocking(true)
-            .map_err(|source| ViewError::Bind {
-                path: path.clone(),
-                source,
-            })?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let conns = Arc::new(Mutex::new(HashMap::new()));
+        let conns = Connections::default();
         let source = Arc::new(source);
-        let (st, cs) = (Arc::clone(&stop), Arc::clone(&conns));
-        let accept = thread::Builder::new()
-            .name("view-accept".into())
-            .spawn(move || accept_loop(listener, source, st, cs))
-            .map_err(|source| ViewError::Bind {
-                path: path.clone(),
-                source,
-            })?;
+        let cs = conns.clone();
+        let server =
+            UnixServer::bind(&path, "view-accept", move |conn| accept(conn, &source, &cs))?;
         Ok(ViewServer {
             path,
-            stop,
             conns,
-            accept: Some(accept),
+            server: Some(server),
         })
     }
 
@@ -236,90 +233,76 @@ impl ViewServer {
 
 impl Drop for ViewServer {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        if let Some(h) = self.accept.take() {
-            let _ = h.join();
+        // Stops accepting and removes the socket file (if it is still ours).
+        if let Some(server) = self.server.take() {
+            server.stop();
         }
-        for (_, c) in self.conns.lock().unwrap_or_else(|e| e.into_inner()).drain() {
+        self.conns.hang_up_all();
+    }
+}
+
+/// The open connections, so that dropping the server can hang up on every client.
+#[derive(Clone, Default)]
+struct Connections {
+    open: Arc<Mutex<HashMap<u64, UnixStream>>>,
+    active: Arc<AtomicUsize>,
+    next_id: Arc<AtomicUsize>,
+}
+
+impl Connections {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, UnixStream>> {
+        self.open.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Registers a connection; `None` when [`MAX_CONNECTIONS`] are open.
+    fn add(&self, stream: &UnixStream) -> Option<u64> {
+        if self.active.load(Ordering::SeqCst) >= MAX_CONNECTIONS {
+            return None;
+        }
+        let id = self.next_id.fetch_add(1, Ordering::SeqCst) as u64;
+        if let Ok(c) = stream.try_clone() {
+            self.lock().insert(id, c);
+        }
+        self.active.fetch_add(1, Ordering::SeqCst);
+        Some(id)
+    }
+
+    fn remove(&self, id: u64) {
+        self.lock().remove(&id);
+        self.active.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    fn hang_up_all(&self) {
+        for (_, c) in self.lock().drain() {
             let _ = c.shutdown(std::net::Shutdown::Both);
         }
-        let _ = std::fs::remove_file(&self.path);
     }
 }
 
-fn bind_socket(path: &Path) -> Result<UnixListener, ViewError> {
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_socket() => {
-            if UnixStream::connect(path).is_ok() {
-                return Err(ViewError::Bind {
-                    path: path.to_path_buf(),
-                    source: io::Error::new(
-                        io::ErrorKind::AddrInUse,
-                        "another process is listening there",
-                    ),
-                });
-            }
-            let _ = std::fs::remove_file(path);
+/// Starts a thread serving one accepted connection, or refuses it when too many are open.
+fn accept<S: ViewSource>(conn: io::Result<UnixStream>, source: &Arc<S>, conns: &Connections) {
+    let mut stream = match conn {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!("view: accept failed: {e}");
+            return;
         }
-        Ok(_) => return Err(ViewError::NotASocket(path.to_path_buf())),
-        Err(_) => {}
-    }
-    UnixListener::bind(path).map_err(|source| ViewError::Bind {
-        path: path.to_path_buf(),
-        source,
-    })
-}
-
-fn accept_loop<S: ViewSource>(
-    listener: UnixListener,
-    source: Arc<S>,
-    stop: Arc<AtomicBool>,
-    conns: Arc<Mutex<HashMap<u64, UnixStream>>>,
-) {
-    let active = Arc::new(AtomicUsize::new(0));
-    let mut next_id = 0u64;
-    while !stop.load(Ordering::SeqCst) {
-        let mut stream = match listener.accept() {
-            Ok((s, _)) if s.set_nonblocking(false).is_ok() => s,
-            Ok(_) => continue,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                thread::sleep(ACCEPT_POLL);
-                continue;
-            }
-            Err(e) => {
-                tracing::warn!("view: accept failed: {e}");
-                thread::sleep(Duration::from_millis(50));
-                continue;
-            }
-        };
-        if active.load(Ordering::SeqCst) >= MAX_CONNECTIONS {
-            let msg = format!("too many connections (at most {MAX_CONNECTIONS})");
-            let _ = write_frame(&mut stream, &Response::error(ErrorCode::Invalid, msg));
-            continue;
-        }
-        next_id += 1;
-        let id = next_id;
-        // Kept so that dropping the server can hang up on every client.
-        if let Ok(c) = stream.try_clone() {
-            conns
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(id, c);
-        }
-        active.fetch_add(1, Ordering::SeqCst);
-        let (src, act, cs) = (Arc::clone(&source), Arc::clone(&active), Arc::clone(&conns));
-        let spawned = thread::Builder::new()
-            .name("view-conn".into())
-            .spawn(move || {
-                serve(stream, src.as_ref());
-                cs.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
-                act.fetch_sub(1, Ordering::SeqCst);
-            });
-        if let Err(e) = spawned {
-            conns.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
-            active.fetch_sub(1, Ordering::SeqCst);
-            tracing::warn!("view: cannot start a connection thread: {e}");
-        }
+    };
+    let Some(id) = conns.add(&stream) else {
+        let msg = format!("too many connections (at most {MAX_CONNECTIONS})");
+        let _ = write_frame(&mut stream, &Response::error(ErrorCode::Invalid, msg));
+        return;
+    };
+    let (src, cs) = (Arc::clone(source), conns.clone());
+    let spawned = thread::Builder::new()
+        .name("view-conn".into())
+        .spawn(move || {
+            serve(stream, src.as_ref());
+            cs.remove(id);
+        });
+    if let Err(e) = spawned {
+        conns.remove(id);
+        tracing::warn!("view: cannot start a connection thread: {e}");
     }
 }
 
