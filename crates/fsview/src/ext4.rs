@@ -925,8 +925,27 @@ impl Crawler<'_> {
         Ok(())
     }
 
+    /// Read the directories and build the index: metadata ranges, path tree, first links.
     fn finish(mut self, partition_start: u64) -> Result<Index> {
         // Directories.
+        let raw_entries = self.read_all_directories()?;
+        // Fixed metadata ranges.
+        let meta = meta_ranges(&self.sb, &self.groups);
+        // Path tree: sort entries by (dir, name), drop dangling ones.
+        let (dirs, entries, dangling) = self.path_tree(raw_entries)?;
+        // BFS from the root for first links and directory loops.
+        let mut index = self.take_index(partition_start, meta, dirs, entries);
+        let loops = link_from_root(&mut index);
+        for d in dangling.into_iter().chain(loops) {
+            self.warn(d)?;
+        }
+        self.seal(&mut index);
+        Ok(index)
+    }
+
+    /// Read the entries of every directory the scan found (block-mapped, then inline); one
+    /// that cannot be read becomes a warning.
+    fn read_all_directories(&mut self) -> Result<Vec<RawEntry>> {
         let mut raw_entries: Vec<RawEntry> = Vec::new();
         let dirs = std::mem::take(&mut self.dirs_to_read);
         let inline_dirs = std::mem::take(&mut self.inline_dirs);
@@ -936,97 +955,19 @@ impl Crawler<'_> {
             }
         }
         for (ino, data) in inline_dirs {
-            // 4-byte parent inode, then entries; the xattr part is a second entry area.
-            let res = (|| -> Result<()> {
-                let first = data.get(4..60.min(data.len())).unwrap_or(&[]);
-                parse_dir_block(ino, first, NO_BLOCK, &mut raw_entries)?;
-                if data.len() > 60 {
-                    parse_dir_block(ino, &data[60..], NO_BLOCK, &mut raw_entries)?;
-                }
-                Ok(())
-            })();
-            if let Err(e) = res {
+            if let Err(e) = parse_inline_dir(ino, &data, &mut raw_entries) {
                 self.warn(e)?;
             }
         }
-        // Fixed metadata ranges.
-        let sb = &self.sb;
-        let mut meta = Vec::new();
-        let it_blocks = (u64::from(sb.inodes_per_group) * u64::from(sb.inode_size))
-            .div_ceil(u64::from(sb.block_size)) as u32;
-        let meta_bg = sb.incompat & INCOMPAT_META_BG != 0;
-        let dpb = sb.descs_per_block();
-        for g in 0..sb.group_count {
-            let first = sb.group_first_block(g);
-            if sb.has_super(g) {
-                let sb_block = if g == 0 {
-                    u64::from(sb.first_data_block)
-                } else {
-                    first
-                };
-                meta.push(MetaRange {
-                    start: sb_block,
-                    len: 1,
-                    group: g,
-                    kind: META_SUPERBLOCK,
-                });
-                let classic = if meta_bg {
-                    sb.first_meta_bg.min(sb.gdt_blocks())
-                } else {
-                    sb.gdt_blocks()
-                };
-                if classic > 0 {
-                    meta.push(MetaRange {
-                        start: sb_block + 1,
-                        len: classic,
-                        group: g,
-                        kind: META_GDT,
-                    });
-                }
-                if sb.reserved_gdt > 0 {
-                    meta.push(MetaRange {
-                        start: sb_block + 1 + u64::from(classic),
-                        len: u32::from(sb.reserved_gdt),
-                        group: g,
-                        kind: META_RESERVED_GDT,
-                    });
-                }
-            }
-            if meta_bg {
-                let m = g / dpb;
-                let pos = g % dpb;
-                if m >= sb.first_meta_bg && (pos == 0 || pos == 1 || pos == dpb - 1) {
-                    meta.push(MetaRange {
-                        start: first + u64::from(sb.has_super(g)),
-                        len: 1,
-                        group: g,
-                        kind: META_GDT,
-                    });
-                }
-            }
-            let grp = self.groups[g as usize];
-            meta.push(MetaRange {
-                start: grp.block_bitmap,
-                len: 1,
-                group: g,
-                kind: META_BLOCK_BITMAP,
-            });
-            meta.push(MetaRange {
-                start: grp.inode_bitmap,
-                len: 1,
-                group: g,
-                kind: META_INODE_BITMAP,
-            });
-            meta.push(MetaRange {
-                start: grp.inode_table,
-                len: it_blocks,
-                group: g,
-                kind: META_INODE_TABLE,
-            });
-        }
-        meta.sort_by_key(|m| m.start);
+        Ok(raw_entries)
+    }
 
-        // Path tree: sort entries by (dir, name), drop dangling ones.
+    /// Sort the entries by (dir, name) into directory records and entry records (names go to
+    /// the arena); entries pointing to inodes not in use are dropped and returned as errors.
+    fn path_tree(
+        &mut self,
+        mut raw_entries: Vec<RawEntry>,
+    ) -> Result<(Vec<DirRec>, Vec<EntryRec>, Vec<Error>)> {
         raw_entries.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
         raw_entries.dedup_by(|a, b| a.0 == b.0 && a.1 == b.1);
         let mut dirs: Vec<DirRec> = Vec::new();
@@ -1064,8 +1005,13 @@ impl Crawler<'_> {
                 block,
             });
         }
-        // Directories that exist but have no entries still get an (empty) record; they take
-        // the start of the next directory so that `first_entry` stays monotonic.
+        self.add_empty_dirs(&mut dirs, entries.len() as u32);
+        Ok((dirs, entries, dangling))
+    }
+
+    /// Give directories that exist but have no entries an (empty) record; they take the start
+    /// of the next directory (or `n_entries`) so that `first_entry` stays monotonic.
+    fn add_empty_dirs(&self, dirs: &mut Vec<DirRec>, n_entries: u32) {
         let empty: Vec<DirRec> = self
             .inodes
             .iter()
@@ -1080,7 +1026,7 @@ impl Crawler<'_> {
             .collect();
         dirs.extend(empty);
         dirs.sort_by_key(|d| d.ino);
-        let mut next = entries.len() as u32;
+        let mut next = n_entries;
         for d in dirs.iter_mut().rev() {
             if d.first_entry == u32::MAX {
                 d.first_entry = next;
@@ -1088,9 +1034,19 @@ impl Crawler<'_> {
                 next = d.first_entry;
             }
         }
+    }
 
-        // BFS from the root for first links and directory loops.
-        let mut index = Index {
+    /// Move the crawled tables into an index (first links, physical order and warnings are
+    /// filled in afterwards).
+    fn take_index(
+        &mut self,
+        partition_start: u64,
+        meta: Vec<MetaRange>,
+        dirs: Vec<DirRec>,
+        entries: Vec<EntryRec>,
+    ) -> Index {
+        let sb = &self.sb;
+        Index {
             fs: FsInfo {
                 partition_start,
                 block_size: sb.block_size,
@@ -1117,42 +1073,11 @@ impl Crawler<'_> {
             blobs: std::mem::take(&mut self.blobs),
             arena: std::mem::take(&mut self.arena),
             warnings: Vec::new(),
-        };
-        let mut loops = Vec::new();
-        let mut visited: HashSet<u32> = HashSet::new();
-        let mut queue = VecDeque::new();
-        visited.insert(2);
-        queue.push_back(2u32);
-        while let Some(d) = queue.pop_front() {
-            let Ok(di) = index.dirs.binary_search_by_key(&d, |x| x.ino) else {
-                continue;
-            };
-            let start = index.dirs[di].first_entry as usize;
-            let end = index
-                .dirs
-                .get(di + 1)
-                .map_or(index.entries.len(), |x| x.first_entry as usize);
-            for ei in start..end {
-                let t = index.entries[ei].ino;
-                let Ok(ti) = index.inodes.binary_search_by_key(&t, |r| r.ino) else {
-                    continue;
-                };
-                let is_dir = FileKind::from_mode(index.inodes[ti].mode) == FileKind::Directory;
-                if index.inodes[ti].first_link == NO_LINK && t != 2 {
-                    index.inodes[ti].first_link = ei as u32;
-                }
-                if is_dir && !visited.insert(t) {
-                    loops.push(Error::DirectoryTree(format!(
-                        "directory inode {t} is linked a second time from directory inode {d} (a loop or a directory hard link)"
-                    )));
-                } else if is_dir {
-                    queue.push_back(t);
-                }
-            }
         }
-        for d in dangling.into_iter().chain(loops) {
-            self.warn(d)?;
-        }
+    }
+
+    /// Order the runs by physical block, attach the warnings and trim the index's tables.
+    fn seal(&mut self, index: &mut Index) {
         let mut order: Vec<u32> = (0..index.extents.len() as u32).collect();
         order.sort_by_key(|&i| index.extents[i as usize].phys());
         index.phys_order = order;
@@ -1169,7 +1094,6 @@ impl Crawler<'_> {
         index.dirs.shrink_to_fit();
         index.arena.shrink_to_fit();
         index.blobs.shrink_to_fit();
-        Ok(index)
     }
 
     fn read_directory(&mut self, ino: u32, out: &mut Vec<RawEntry>) -> Result<()> {
@@ -1225,6 +1149,141 @@ impl Crawler<'_> {
 /// A directory entry found by the crawl: directory, name, target inode, file type, directory
 /// block index (`NO_BLOCK` for inline directories and blocks past 65534).
 type RawEntry = (u32, Vec<u8>, u32, u8, u16);
+
+/// Parse the entries of an inline directory: a 4-byte parent inode, then entries; the xattr
+/// part (past byte 60) is a second entry area.
+fn parse_inline_dir(ino: u32, data: &[u8], out: &mut Vec<RawEntry>) -> Result<()> {
+    let first = data.get(4..60.min(data.len())).unwrap_or(&[]);
+    parse_dir_block(ino, first, NO_BLOCK, out)?;
+    if data.len() > 60 {
+        parse_dir_block(ino, &data[60..], NO_BLOCK, out)?;
+    }
+    Ok(())
+}
+
+/// The fixed metadata ranges of every group (superblock and descriptor copies, bitmaps,
+/// inode table), sorted by first block.
+fn meta_ranges(sb: &Super, groups: &[Group]) -> Vec<MetaRange> {
+    let mut meta = Vec::new();
+    let it_blocks = (u64::from(sb.inodes_per_group) * u64::from(sb.inode_size))
+        .div_ceil(u64::from(sb.block_size)) as u32;
+    for g in 0..sb.group_count {
+        push_descriptor_ranges(sb, g, &mut meta);
+        let grp = groups[g as usize];
+        meta.push(MetaRange {
+            start: grp.block_bitmap,
+            len: 1,
+            group: g,
+            kind: META_BLOCK_BITMAP,
+        });
+        meta.push(MetaRange {
+            start: grp.inode_bitmap,
+            len: 1,
+            group: g,
+            kind: META_INODE_BITMAP,
+        });
+        meta.push(MetaRange {
+            start: grp.inode_table,
+            len: it_blocks,
+            group: g,
+            kind: META_INODE_TABLE,
+        });
+    }
+    meta.sort_by_key(|m| m.start);
+    meta
+}
+
+/// Push group `g`'s superblock copy, classic and reserved descriptor blocks, and its
+/// meta_bg descriptor block, where it has them.
+fn push_descriptor_ranges(sb: &Super, g: u32, meta: &mut Vec<MetaRange>) {
+    let meta_bg = sb.incompat & INCOMPAT_META_BG != 0;
+    let dpb = sb.descs_per_block();
+    let first = sb.group_first_block(g);
+    if sb.has_super(g) {
+        let sb_block = if g == 0 {
+            u64::from(sb.first_data_block)
+        } else {
+            first
+        };
+        meta.push(MetaRange {
+            start: sb_block,
+            len: 1,
+            group: g,
+            kind: META_SUPERBLOCK,
+        });
+        let classic = if meta_bg {
+            sb.first_meta_bg.min(sb.gdt_blocks())
+        } else {
+            sb.gdt_blocks()
+        };
+        if classic > 0 {
+            meta.push(MetaRange {
+                start: sb_block + 1,
+                len: classic,
+                group: g,
+                kind: META_GDT,
+            });
+        }
+        if sb.reserved_gdt > 0 {
+            meta.push(MetaRange {
+                start: sb_block + 1 + u64::from(classic),
+                len: u32::from(sb.reserved_gdt),
+                group: g,
+                kind: META_RESERVED_GDT,
+            });
+        }
+    }
+    if meta_bg {
+        let m = g / dpb;
+        let pos = g % dpb;
+        if m >= sb.first_meta_bg && (pos == 0 || pos == 1 || pos == dpb - 1) {
+            meta.push(MetaRange {
+                start: first + u64::from(sb.has_super(g)),
+                len: 1,
+                group: g,
+                kind: META_GDT,
+            });
+        }
+    }
+}
+
+/// Walk the directory tree breadth-first from the root, setting each inode's first link;
+/// returns the directories linked a second time (loops or directory hard links).
+fn link_from_root(index: &mut Index) -> Vec<Error> {
+    let mut loops = Vec::new();
+    let mut visited: HashSet<u32> = HashSet::new();
+    let mut queue = VecDeque::new();
+    visited.insert(2);
+    queue.push_back(2u32);
+    while let Some(d) = queue.pop_front() {
+        let Ok(di) = index.dirs.binary_search_by_key(&d, |x| x.ino) else {
+            continue;
+        };
+        let start = index.dirs[di].first_entry as usize;
+        let end = index
+            .dirs
+            .get(di + 1)
+            .map_or(index.entries.len(), |x| x.first_entry as usize);
+        for ei in start..end {
+            let t = index.entries[ei].ino;
+            let Ok(ti) = index.inodes.binary_search_by_key(&t, |r| r.ino) else {
+                continue;
+            };
+            let is_dir = FileKind::from_mode(index.inodes[ti].mode) == FileKind::Directory;
+            if index.inodes[ti].first_link == NO_LINK && t != 2 {
+                index.inodes[ti].first_link = ei as u32;
+            }
+            if is_dir && !visited.insert(t) {
+                loops.push(Error::DirectoryTree(format!(
+                    "directory inode {t} is linked a second time from directory inode {d} (a loop or a directory hard link)"
+                )));
+            } else if is_dir {
+                queue.push_back(t);
+            }
+        }
+    }
+    loops
+}
 
 /// Parse one directory block (or inline area) into [`RawEntry`] tuples, skipping `.`, `..`,
 /// empty slots, htree node headers and the checksum tail.
