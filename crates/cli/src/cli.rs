@@ -686,7 +686,7 @@ fn cmd_stats(a: StatsArgs) -> Result<i32, String> {
                 Ok(r) => r,
                 // The VM ended while we were watching it.
                 Err(_) if a.watch.is_some() && !sock.exists() => return Ok(0),
-                Err(e) => return Err(e),
+                Err(e) => return Err(e.to_string()),
             };
         if a.json {
             print_stdout(&reply.to_string())?;
@@ -746,7 +746,8 @@ fn format_stats(v: &serde_json::Value) -> String {
 fn cmd_stream(a: StreamArgs) -> Result<i32, String> {
     let sock = control_socket(&a.name)?;
     let cmd = if a.status { "status" } else { "stream-start" };
-    let reply = vmsight_launcher::control::call(&sock, &serde_json::json!({ "cmd": cmd }))?;
+    let reply = vmsight_launcher::control::call(&sock, &serde_json::json!({ "cmd": cmd }))
+        .map_err(|e| e.to_string())?;
     let disks = reply["disks"].as_array().cloned().unwrap_or_default();
     for d in &disks {
         println!(

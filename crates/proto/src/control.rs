@@ -1,0 +1,307 @@
+//! The control socket's messages (`<runtime>/<vm>/control.sock`): what other vmsight commands
+//! (`vmsight stats NAME`, `vmsight stream NAME`) ask a running `vmsight run`, and its answers.
+//!
+//! Wire format, unchanged from the untyped protocol: one JSON object per line, one request per
+//! connection. A request is `{"cmd":"status"}` or `{"cmd":"stream-start"}`; the reply is
+//! `{"ok":true, ...fields}` or `{"ok":false,"error":"sentence"}`. The framing (line length
+//! limits, timeouts, the socket) is the launcher's `control` module.
+//!
+//! The counters inside a status (`tap`, `inference`, each block stage's snapshot, `insights`)
+//! are defined by the subsystems that keep them (the write tap, the inference engine, the
+//! stage registry, the insight engine) and travel here as JSON values: this crate does not
+//! depend on those subsystems.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// A request on the control socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "cmd", rename_all = "kebab-case")]
+pub enum ControlRequest {
+    /// Counters of every disk and of the insight engine.
+    Status,
+    /// Start file-update streaming on every disk that is not streaming yet (a VM started with
+    /// `--no-stream`), wait (bounded) for the crawls, and answer with the new status.
+    StreamStart,
+}
+
+/// The `cmd` of every [`ControlRequest`] (a test checks the list against the enum).
+const COMMANDS: [&str; 2] = ["status", "stream-start"];
+
+/// Why a request line is not a valid request.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    /// Not a JSON object.
+    #[error("the request is not JSON: {0}")]
+    NotJson(#[source] serde_json::Error),
+    /// No `cmd` string.
+    #[error("the request has no \"cmd\" string")]
+    NoCommand,
+    /// A `cmd` this version does not know.
+    #[error("unknown command {0:?} (known: {known})", known = COMMANDS.join(", "))]
+    UnknownCommand(String),
+    /// A known command with unusable fields.
+    #[error("bad arguments for {cmd:?}: {source}")]
+    BadArguments {
+        /// The command.
+        cmd: String,
+        /// What is wrong.
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+impl ControlRequest {
+    /// Parses one request line (without its newline), naming what is wrong if it is not a
+    /// request.
+    pub fn parse(line: &str) -> Result<ControlRequest, RequestError> {
+        let v: Value = serde_json::from_str(line.trim()).map_err(RequestError::NotJson)?;
+        ControlRequest::from_value(v)
+    }
+
+    /// The request in an already parsed JSON value.
+    pub fn from_value(v: Value) -> Result<ControlRequest, RequestError> {
+        let cmd = v
+            .get("cmd")
+            .and_then(Value::as_str)
+            .ok_or(RequestError::NoCommand)?
+            .to_string();
+        if !COMMANDS.contains(&cmd.as_str()) {
+            return Err(RequestError::UnknownCommand(cmd));
+        }
+        serde_json::from_value(v).map_err(|source| RequestError::BadArguments { cmd, source })
+    }
+
+    /// The request as one line of JSON (without the newline).
+    pub fn to_line(&self) -> String {
+        // A unit-variant enum always serialises.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+}
+
+/// What one disk is doing, in a [`VmStatus`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DiskStatus {
+    /// Disk index (0 = root disk).
+    pub disk: usize,
+    /// File-update events flow for this disk (crawled and attached).
+    pub streaming: bool,
+    /// Write-tap counters (events, bytes, queue, drops).
+    #[serde(default)]
+    pub tap: Value,
+    /// Inference counters, when the disk is streamed.
+    #[serde(default)]
+    pub inference: Option<Value>,
+    /// One summary line per reporting block stage of the disk.
+    #[serde(default)]
+    pub stages: Vec<String>,
+    /// Each reporting stage's counters under the stage's key (`cache` for the iCache, ...).
+    #[serde(flatten)]
+    pub stage_counters: BTreeMap<String, Value>,
+}
+
+/// The answer to [`ControlRequest::Status`].
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct VmStatus {
+    /// Every streamed disk.
+    #[serde(default)]
+    pub disks: Vec<DiskStatus>,
+    /// Insight engine counters, with `--insights`.
+    #[serde(default)]
+    pub insights: Option<Value>,
+}
+
+/// A reply on the control socket.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(into = "WireReply", try_from = "WireReply")]
+pub enum ControlReply {
+    /// The status ([`ControlRequest::Status`]).
+    Status(VmStatus),
+    /// Streaming was started ([`ControlRequest::StreamStart`]).
+    StreamStarted {
+        /// The status once the crawls finished (or the wait ended).
+        status: VmStatus,
+        /// Disks attached by this request (empty: every disk was streaming already).
+        attached: Vec<usize>,
+    },
+    /// The request was refused; the sentence says why.
+    Refused(String),
+}
+
+impl ControlReply {
+    /// The reply as one line of JSON (without the newline).
+    pub fn to_line(&self) -> String {
+        serde_json::to_string(self)
+            .unwrap_or_else(|e| format!(r#"{{"ok":false,"error":"cannot encode the reply: {e}"}}"#))
+    }
+
+    /// Parses one reply line.
+    pub fn parse(line: &str) -> Result<ControlReply, serde_json::Error> {
+        serde_json::from_str(line.trim())
+    }
+}
+
+/// The reply as it is on the wire: `ok` and either `error` or the status fields.
+#[derive(Debug, Serialize, Deserialize)]
+struct WireReply {
+    ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    disks: Option<Vec<DiskStatus>>,
+    /// `null` in a status without insights (as the untyped protocol wrote it); absent in a
+    /// refusal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    insights: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    attached: Option<Vec<usize>>,
+}
+
+impl From<ControlReply> for WireReply {
+    fn from(r: ControlReply) -> WireReply {
+        let ok = |status: VmStatus, attached| WireReply {
+            ok: true,
+            error: None,
+            disks: Some(status.disks),
+            insights: Some(status.insights.unwrap_or(Value::Null)),
+            attached,
+        };
+        match r {
+            ControlReply::Status(s) => ok(s, None),
+            ControlReply::StreamStarted { status, attached } => ok(status, Some(attached)),
+            ControlReply::Refused(error) => WireReply {
+                ok: false,
+                error: Some(error),
+                disks: None,
+                insights: None,
+                attached: None,
+            },
+        }
+    }
+}
+
+impl TryFrom<WireReply> for ControlReply {
+    type Error = String;
+
+    fn try_from(w: WireReply) -> Result<ControlReply, String> {
+        if !w.ok {
+            let reason = w
+                .error
+                .unwrap_or_else(|| "the VM refused the request without a reason".into());
+            return Ok(ControlReply::Refused(reason));
+        }
+        let status = VmStatus {
+            disks: w
+                .disks
+                .ok_or("the reply has neither \"error\" nor \"disks\"")?,
+            insights: w.insights.filter(|v| !v.is_null()),
+        };
+        Ok(match w.attached {
+            Some(attached) => ControlReply::StreamStarted { status, attached },
+            None => ControlReply::Status(status),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn requests_are_cmd_tagged() {
+        assert_eq!(ControlRequest::Status.to_line(), r#"{"cmd":"status"}"#);
+        assert_eq!(
+            ControlRequest::StreamStart.to_line(),
+            r#"{"cmd":"stream-start"}"#
+        );
+        assert_eq!(
+            ControlRequest::parse(" {\"cmd\":\"stream-start\"}\n").expect("parses"),
+            ControlRequest::StreamStart
+        );
+    }
+
+    #[test]
+    fn the_command_list_matches_the_enum() {
+        for (cmd, req) in COMMANDS
+            .iter()
+            .zip([ControlRequest::Status, ControlRequest::StreamStart])
+        {
+            assert_eq!(req.to_line(), format!(r#"{{"cmd":"{cmd}"}}"#));
+        }
+    }
+
+    #[test]
+    fn bad_requests_say_what_is_wrong() {
+        let e = ControlRequest::parse("not json").expect_err("bad");
+        assert!(e.to_string().starts_with("the request is not JSON"), "{e}");
+        let e = ControlRequest::parse(r#"{"nocmd":1}"#).expect_err("bad");
+        assert_eq!(e.to_string(), "the request has no \"cmd\" string");
+        let e = ControlRequest::parse(r#"{"cmd":"reboot"}"#).expect_err("bad");
+        assert_eq!(
+            e.to_string(),
+            "unknown command \"reboot\" (known: status, stream-start)"
+        );
+    }
+
+    fn status() -> VmStatus {
+        VmStatus {
+            disks: vec![DiskStatus {
+                disk: 1,
+                streaming: true,
+                tap: json!({"events": 3}),
+                inference: Some(json!({"events": 2})),
+                stages: vec!["icache: 1 hit".into()],
+                stage_counters: [("cache".to_string(), json!({"hits": 1}))].into(),
+            }],
+            insights: None,
+        }
+    }
+
+    #[test]
+    fn replies_keep_the_wire_format() {
+        let v: Value =
+            serde_json::from_str(&ControlReply::Status(status()).to_line()).expect("json");
+        assert_eq!(v["ok"], true);
+        assert_eq!(v["disks"][0]["disk"], 1);
+        assert_eq!(v["disks"][0]["tap"]["events"], 3);
+        assert_eq!(v["disks"][0]["cache"]["hits"], 1);
+        assert_eq!(v["disks"][0]["stages"][0], "icache: 1 hit");
+        assert!(v.get("error").is_none() && v.get("attached").is_none());
+        assert!(v.get("insights").is_some_and(Value::is_null));
+        let v: Value = serde_json::from_str(
+            &ControlReply::StreamStarted {
+                status: status(),
+                attached: vec![1],
+            }
+            .to_line(),
+        )
+        .expect("json");
+        assert_eq!(v["attached"], json!([1]));
+        assert_eq!(
+            ControlReply::Refused("no".into()).to_line(),
+            r#"{"ok":false,"error":"no"}"#
+        );
+    }
+
+    #[test]
+    fn replies_round_trip() {
+        for r in [
+            ControlReply::Status(status()),
+            ControlReply::StreamStarted {
+                status: VmStatus::default(),
+                attached: vec![],
+            },
+            ControlReply::Refused("unknown command".into()),
+        ] {
+            assert_eq!(ControlReply::parse(&r.to_line()).expect("parses"), r);
+        }
+        assert_eq!(
+            ControlReply::parse(r#"{"ok":false}"#).expect("parses"),
+            ControlReply::Refused("the VM refused the request without a reason".into())
+        );
+        assert!(ControlReply::parse(r#"{"ok":true}"#).is_err());
+    }
+}
