@@ -15,7 +15,7 @@ use std::fmt::Write as _;
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use vmsight_blockdev::insight::{BlockRecord, Content, InsightRecord};
+use vmsight_proto::insight::{BlockRecord, Content, InsightRecord};
 
 /// Why a report could not be made.
 #[derive(Debug, thiserror::Error)]
