@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 use vmsight_introspect::syscall::{
-    ArgData, EntryEvent, NameFilter, ReturnEvent, SumsPiece, SyscallObserver, Tracker, TrackerStats,
+    ArgData, Completed, EntryEvent, NameFilter, ReturnEvent, SumsPiece, SyscallObserver, Tracker,
+    TrackerStats,
 };
 use vmsight_ring::{ChannelHost, Record};
 
@@ -117,6 +118,17 @@ impl RawEvent {
             RawEvent::Sums { entry_ts, .. } => *entry_ts,
         }
     }
+
+    /// The vCPU whose ring the record came from.
+    fn vcpu(&self) -> u32 {
+        match self {
+            RawEvent::Entry(e) => e.vcpu,
+            RawEvent::Return(r) => r.vcpu,
+            RawEvent::Data { vcpu, .. }
+            | RawEvent::LateData { vcpu, .. }
+            | RawEvent::Sums { vcpu, .. } => *vcpu,
+        }
+    }
 }
 
 /// Running trace: call [`TraceSession::finish`] after QEMU has exited.
@@ -149,16 +161,14 @@ impl TraceSession {
     }
 }
 
+/// The trace thread: drain the rings, merge their records by timestamp and deliver them
+/// until stopped, then end what is pending.
 fn run(
     channel: Arc<Mutex<ChannelHost>>,
-    mut observers: Vec<Box<dyn SyscallObserver>>,
+    observers: Vec<Box<dyn SyscallObserver>>,
     stop: Arc<AtomicBool>,
 ) -> TraceSummary {
-    let mut sum = TraceSummary::default();
-    let mut tracker = Tracker::new();
-    let mut queue: Vec<RawEvent> = Vec::new();
-    // The entry being assembled on each vCPU (its data pieces follow it in that ring).
-    let mut open: Vec<Option<EntryEvent>> = Vec::new();
+    let mut s = Merger::new(observers);
     let mut batch: Vec<Record> = Vec::with_capacity(4096);
     loop {
         let stopping = stop.load(Ordering::Acquire);
@@ -166,89 +176,129 @@ fn run(
         if let Ok(mut ch) = channel.lock() {
             ch.drain(|r| batch.push(*r));
         }
-        sum.records += batch.len() as u64;
+        s.sum.records += batch.len() as u64;
         for r in &batch {
-            let Some(ev) = crate::trace_records::convert(r) else {
-                continue;
-            };
-            let vcpu = match &ev {
-                RawEvent::Entry(e) => e.vcpu,
-                RawEvent::Return(r) => r.vcpu,
-                RawEvent::Data { vcpu, .. }
-                | RawEvent::LateData { vcpu, .. }
-                | RawEvent::Sums { vcpu, .. } => *vcpu,
-            } as usize;
-            if vcpu >= 1024 {
-                continue; // corrupt record: the ring guards indices, this guards the vector
-            }
-            if open.len() <= vcpu {
-                open.resize(vcpu + 1, None);
-            }
-            match ev {
-                RawEvent::LateData {
-                    entry_ts,
-                    piece,
-                    offset,
-                    vcpu: v,
-                } => {
-                    sum.data_pieces += 1;
-                    match open[vcpu].as_mut() {
-                        Some(e) if e.ts_ns == entry_ts => append_piece(e, piece, offset),
-                        // Queued after its entry (same timestamp, stable sort) or attached to
-                        // the pending call in the tracker.
-                        _ => queue.push(RawEvent::LateData {
-                            vcpu: v,
-                            entry_ts,
-                            piece,
-                            offset,
-                        }),
-                    }
+            s.take_record(r);
+        }
+        let horizon = s.close_entries(stopping);
+        s.deliver_until(horizon);
+        if stopping && batch.is_empty() && s.queue.is_empty() {
+            break;
+        }
+        if batch.len() < 1024 {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    s.finish()
+}
+
+/// The trace thread's state: entries being assembled per vCPU, the records waiting to be
+/// ordered, the call tracker and the observers.
+struct Merger {
+    sum: TraceSummary,
+    tracker: Tracker,
+    queue: Vec<RawEvent>,
+    /// The entry being assembled on each vCPU (its data pieces follow it in that ring).
+    open: Vec<Option<EntryEvent>>,
+    observers: Vec<Box<dyn SyscallObserver>>,
+}
+
+impl Merger {
+    /// A merger with nothing seen yet.
+    fn new(observers: Vec<Box<dyn SyscallObserver>>) -> Self {
+        Merger {
+            sum: TraceSummary::default(),
+            tracker: Tracker::new(),
+            queue: Vec::new(),
+            open: Vec::new(),
+            observers,
+        }
+    }
+
+    /// Take one ring record: data pieces join the entry being assembled on their vCPU (or
+    /// are queued for the tracker), entries and returns close it.
+    fn take_record(&mut self, r: &Record) {
+        let Some(ev) = crate::trace_records::convert(r) else {
+            return;
+        };
+        let vcpu = ev.vcpu() as usize;
+        if vcpu >= 1024 {
+            return; // corrupt record: the ring guards indices, this guards the vector
+        }
+        if self.open.len() <= vcpu {
+            self.open.resize(vcpu + 1, None);
+        }
+        match ev {
+            RawEvent::LateData {
+                entry_ts,
+                piece,
+                offset,
+                vcpu: v,
+            } => {
+                self.sum.data_pieces += 1;
+                match self.open[vcpu].as_mut() {
+                    Some(e) if e.ts_ns == entry_ts => append_piece(e, piece, offset),
+                    // Queued after its entry (same timestamp, stable sort) or attached to
+                    // the pending call in the tracker.
+                    _ => self.queue.push(RawEvent::LateData {
+                        vcpu: v,
+                        entry_ts,
+                        piece,
+                        offset,
+                    }),
                 }
-                RawEvent::Sums {
+            }
+            RawEvent::Sums {
+                vcpu: v,
+                entry_ts,
+                late,
+                piece,
+            } => match self.open[vcpu].as_mut() {
+                Some(e) if !late || e.ts_ns == entry_ts => append_sums(e, piece),
+                _ if late => self.queue.push(RawEvent::Sums {
                     vcpu: v,
                     entry_ts,
                     late,
                     piece,
-                } => match open[vcpu].as_mut() {
-                    Some(e) if !late || e.ts_ns == entry_ts => append_sums(e, piece),
-                    _ if late => queue.push(RawEvent::Sums {
-                        vcpu: v,
-                        entry_ts,
-                        late,
-                        piece,
-                    }),
-                    _ => sum.orphan_data += 1,
-                },
-                RawEvent::Data { piece, offset, .. } => {
-                    sum.data_pieces += 1;
-                    match open[vcpu].as_mut() {
-                        Some(e) => append_piece(e, piece, offset),
-                        None => sum.orphan_data += 1,
-                    }
-                }
-                other => {
-                    // A new record on this vCPU closes the entry being assembled.
-                    if let Some(e) = open[vcpu].take() {
-                        queue.push(RawEvent::Entry(e));
-                    }
-                    match other {
-                        RawEvent::Entry(e) => {
-                            sum.entries += 1;
-                            open[vcpu] = Some(e);
-                        }
-                        RawEvent::Return(r) => {
-                            sum.returns += 1;
-                            queue.push(RawEvent::Return(r));
-                        }
-                        RawEvent::Data { .. }
-                        | RawEvent::LateData { .. }
-                        | RawEvent::Sums { .. } => {}
-                    }
+                }),
+                _ => self.sum.orphan_data += 1,
+            },
+            RawEvent::Data { piece, offset, .. } => {
+                self.sum.data_pieces += 1;
+                match self.open[vcpu].as_mut() {
+                    Some(e) => append_piece(e, piece, offset),
+                    None => self.sum.orphan_data += 1,
                 }
             }
+            other => self.take_boundary(vcpu, other),
         }
+    }
+
+    /// An entry or a return on `vcpu`: it closes the entry being assembled there; an entry
+    /// becomes the one being assembled, a return is queued.
+    fn take_boundary(&mut self, vcpu: usize, ev: RawEvent) {
+        // A new record on this vCPU closes the entry being assembled.
+        if let Some(e) = self.open[vcpu].take() {
+            self.queue.push(RawEvent::Entry(e));
+        }
+        match ev {
+            RawEvent::Entry(e) => {
+                self.sum.entries += 1;
+                self.open[vcpu] = Some(e);
+            }
+            RawEvent::Return(r) => {
+                self.sum.returns += 1;
+                self.queue.push(RawEvent::Return(r));
+            }
+            RawEvent::Data { .. } | RawEvent::LateData { .. } | RawEvent::Sums { .. } => {}
+        }
+    }
+
+    /// Queue the entries that are complete (old enough, or all of them when stopping) and
+    /// return the timestamp up to which queued records may be delivered.
+    fn close_entries(&mut self, stopping: bool) -> u64 {
         let now = vmsight_ring::monotonic_ns();
-        for slot in open.iter_mut() {
+        for slot in self.open.iter_mut() {
             // Pieces follow their entry within microseconds; an entry this old is complete
             // (its vCPU may simply have gone idle after it).
             if slot
@@ -256,14 +306,14 @@ fn run(
                 .is_some_and(|e| e.ts_ns.saturating_add(HOLD_BACK_NS) < now)
             {
                 if let Some(e) = slot.take() {
-                    queue.push(RawEvent::Entry(e));
+                    self.queue.push(RawEvent::Entry(e));
                 }
             }
         }
         let horizon = if stopping {
-            for slot in open.iter_mut() {
+            for slot in self.open.iter_mut() {
                 if let Some(e) = slot.take() {
-                    queue.push(RawEvent::Entry(e));
+                    self.queue.push(RawEvent::Entry(e));
                 }
             }
             u64::MAX
@@ -271,92 +321,102 @@ fn run(
             now.saturating_sub(HOLD_BACK_NS)
         };
         // Entries still being assembled hold back everything after them on all vCPUs.
-        let horizon = open
+        self.open
             .iter()
             .flatten()
             .map(|e| e.ts_ns.saturating_sub(1))
-            .fold(horizon, u64::min);
+            .fold(horizon, u64::min)
+    }
+
+    /// Sort the queue by timestamp and deliver the records up to `horizon`.
+    fn deliver_until(&mut self, horizon: u64) {
         // A late piece shares its entry's timestamp and must sort after it.
-        queue.sort_by_key(|e| {
+        self.queue.sort_by_key(|e| {
             (
                 e.ts(),
                 matches!(e, RawEvent::LateData { .. } | RawEvent::Sums { .. }),
             )
         });
-        let n = queue.partition_point(|e| e.ts() <= horizon);
+        let n = self.queue.partition_point(|e| e.ts() <= horizon);
+        let mut queue = std::mem::take(&mut self.queue);
         for ev in queue.drain(..n) {
-            match ev {
-                RawEvent::Entry(e) => {
-                    tracing::trace!(
-                        "entry task={:#x} tid={} nr={} pc={:#x} ts={}",
-                        e.task,
-                        e.tid,
-                        e.nr,
-                        e.pc,
-                        e.ts_ns
-                    );
-                    for o in observers.iter_mut() {
-                        o.on_entry(&e);
-                    }
-                    for c in tracker.on_entry(e) {
-                        for o in observers.iter_mut() {
-                            o.on_complete(&c);
-                        }
-                    }
+            self.deliver(ev);
+        }
+        self.queue = queue;
+    }
+
+    /// Deliver one record: entries and returns to the tracker (and entries to the observers),
+    /// late pieces to the pending call they belong to.
+    fn deliver(&mut self, ev: RawEvent) {
+        match ev {
+            RawEvent::Entry(e) => {
+                tracing::trace!(
+                    "entry task={:#x} tid={} nr={} pc={:#x} ts={}",
+                    e.task,
+                    e.tid,
+                    e.nr,
+                    e.pc,
+                    e.ts_ns
+                );
+                for o in self.observers.iter_mut() {
+                    o.on_entry(&e);
                 }
-                RawEvent::Return(r) => {
-                    tracing::trace!(
-                        "return task={:#x} tid={} rip={:#x} rax={:#x} via={:?} ts={}",
-                        r.task,
-                        r.tid,
-                        r.rip,
-                        r.rax,
-                        r.via,
-                        r.ts_ns
-                    );
-                    for c in tracker.on_return(&r) {
-                        for o in observers.iter_mut() {
-                            o.on_complete(&c);
-                        }
-                    }
+                let done = self.tracker.on_entry(e);
+                self.complete(done);
+            }
+            RawEvent::Return(r) => {
+                tracing::trace!(
+                    "return task={:#x} tid={} rip={:#x} rax={:#x} via={:?} ts={}",
+                    r.task,
+                    r.tid,
+                    r.rip,
+                    r.rax,
+                    r.via,
+                    r.ts_ns
+                );
+                let done = self.tracker.on_return(&r);
+                self.complete(done);
+            }
+            RawEvent::LateData {
+                entry_ts,
+                piece,
+                offset,
+                ..
+            } => {
+                if !self.tracker.attach_late_data(entry_ts, piece, offset) {
+                    self.sum.orphan_data += 1;
                 }
-                RawEvent::LateData {
-                    entry_ts,
-                    piece,
-                    offset,
-                    ..
-                } => {
-                    if !tracker.attach_late_data(entry_ts, piece, offset) {
-                        sum.orphan_data += 1;
-                    }
+            }
+            RawEvent::Sums {
+                entry_ts, piece, ..
+            } => {
+                if !self.tracker.attach_late_sums(entry_ts, piece) {
+                    self.sum.orphan_data += 1;
                 }
-                RawEvent::Sums {
-                    entry_ts, piece, ..
-                } => {
-                    if !tracker.attach_late_sums(entry_ts, piece) {
-                        sum.orphan_data += 1;
-                    }
-                }
-                RawEvent::Data { .. } => {}
+            }
+            RawEvent::Data { .. } => {}
+        }
+    }
+
+    /// Hand completed calls to every observer, in order.
+    fn complete(&mut self, calls: Vec<Completed>) {
+        for c in calls {
+            for o in self.observers.iter_mut() {
+                o.on_complete(&c);
             }
         }
-        if stopping && batch.is_empty() && queue.is_empty() {
-            break;
-        }
-        if batch.len() < 1024 {
-            std::thread::sleep(Duration::from_millis(2));
-        }
     }
-    for c in tracker.finish() {
-        for o in observers.iter_mut() {
-            o.on_complete(&c);
+
+    /// End the calls still pending, finish the observers and return the counters.
+    fn finish(mut self) -> TraceSummary {
+        let done = self.tracker.finish();
+        self.complete(done);
+        for o in self.observers.iter_mut() {
+            o.finish();
         }
+        self.sum.tracker = self.tracker.stats();
+        self.sum
     }
-    for o in observers.iter_mut() {
-        o.finish();
-    }
-    sum.tracker = tracker.stats();
-    sum
 }
 
 use vmsight_introspect::syscall::event::{append_piece, append_sums};
