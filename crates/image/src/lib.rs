@@ -21,7 +21,7 @@ use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use thiserror::Error;
-use vmsight_introspect::profile::{self, KernelProfile, ProfileError};
+use vmsight_introspect::profile::{self, GenerateError, KernelProfile, ProfileError};
 
 include!(concat!(env!("OUT_DIR"), "/recipe_files.rs"));
 
@@ -57,6 +57,9 @@ pub enum ImageError {
         source: serde_json::Error,
     },
     #[error("Cannot create the kernel profile: {0}")]
+    Generate(#[from] GenerateError),
+    /// Reading, writing or using a profile (the message names the file).
+    #[error(transparent)]
     Profile(#[from] ProfileError),
 }
 

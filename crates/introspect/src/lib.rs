@@ -13,4 +13,4 @@ pub mod syscall;
 
 pub use kernel::{FdInfo, KernelError, KernelView, TaskInfo};
 pub use memory::{AddressSpace, GuestRam, MemError, RamLayout};
-pub use profile::{KernelProfile, ProfileError};
+pub use profile::{GenerateError, KernelProfile, ProfileError};

@@ -4,32 +4,32 @@
 //!
 //! Inputs: the kernel's real `System.map` (addresses as linked; valid at run time because the
 //! guest boots with `nokaslr`), the raw BTF blob of its vmlinux (struct layouts) and its
-//! `config`. Output: a small JSON file (`profile.json` in the image directory).
+//! `config`. Output: a small JSON file (`profile.json` in the image directory), whose format
+//! ([`KernelProfile`]: types, reading, writing, lookups) is defined in
+//! [`vmsight_proto::profile`], because the plugin inside QEMU reads it too. This module
+//! generates profiles.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use thiserror::Error;
 
 use crate::btf::{Btf, BtfError};
 
-/// Version of the profile JSON layout; bump on incompatible changes.
-pub const PROFILE_FORMAT: u32 = 1;
+pub use vmsight_proto::profile::{
+    Addr, KernelProfile, MemberLayout, ProfileError, StructLayout, PROFILE_FORMAT,
+};
 
-/// Problems generating or loading a kernel profile.
+/// Problems generating a kernel profile from System.map, BTF and config. (Reading, writing and
+/// using a profile fail with [`ProfileError`], defined with the format in
+/// [`vmsight_proto::profile`].)
 #[derive(Debug, Error)]
-pub enum ProfileError {
+pub enum GenerateError {
     #[error("Cannot read {path}: {source}")]
     Read {
         path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("Cannot write {path}: {source}")]
-    Write {
-        path: PathBuf,
+        #[source]
         source: std::io::Error,
     },
     #[error("Line {line} of {path} is not a System.map line (\"ADDRESS TYPE NAME\").")]
@@ -47,82 +47,15 @@ pub enum ProfileError {
     )]
     BitfieldMember(String, String),
     #[error("The kernel's BTF in {path} is unusable: {source}")]
-    Btf { path: PathBuf, source: BtfError },
+    Btf {
+        path: PathBuf,
+        #[source]
+        source: BtfError,
+    },
     #[error("{path} does not contain a .BTF section.")]
     NoBtfSection { path: PathBuf },
     #[error("System.map and the BTF do not belong to the same kernel: __stop_BTF - __start_BTF is {map} bytes, the BTF blob has {blob}.")]
     Mismatch { map: u64, blob: u64 },
-    #[error("{path} is not a kernel profile: {source}")]
-    Parse {
-        path: PathBuf,
-        source: serde_json::Error,
-    },
-    #[error("{path} has profile format {found}; this vmsight reads format {expected}. Rebuild the image with `vmsight image build --force`.")]
-    Format {
-        path: PathBuf,
-        found: u32,
-        expected: u32,
-    },
-}
-
-/// Offset and size of a struct member, in bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MemberLayout {
-    pub offset: u64,
-    pub size: u64,
-}
-
-/// Layout of one struct: its size and the members the profile records.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StructLayout {
-    pub size: u64,
-    pub members: BTreeMap<String, MemberLayout>,
-}
-
-/// A 64-bit kernel address, serialized as a `"0x…"` hex string for readability (JSON numbers
-/// above 2^53 are also lossy in many tools).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Addr(pub u64);
-
-impl fmt::Display for Addr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:#018x}", self.0)
-    }
-}
-
-impl Serialize for Addr {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&self.to_string())
-    }
-}
-
-impl<'de> Deserialize<'de> for Addr {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        let hex = s.strip_prefix("0x").unwrap_or(&s);
-        u64::from_str_radix(hex, 16)
-            .map(Addr)
-            .map_err(|e| serde::de::Error::custom(format!("bad address {s:?}: {e}")))
-    }
-}
-
-/// Everything vmsight knows about the guest kernel without looking at guest memory.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct KernelProfile {
-    /// [`PROFILE_FORMAT`] of the writer.
-    pub format: u32,
-    /// Upstream version from the config header, e.g. `6.1.192`.
-    pub kernel_version: String,
-    /// `uname -r`, e.g. `6.1.0-56-cloud-amd64` (set by the image builder; empty if unknown).
-    #[serde(default)]
-    pub kernel_release: String,
-    /// Symbol addresses from System.map. Per-CPU variables (`current_task`, …) are offsets
-    /// into a CPU's per-CPU area: add `__per_cpu_offset[cpu]` to get an address.
-    pub symbols: BTreeMap<String, Addr>,
-    /// Struct layouts from BTF.
-    pub structs: BTreeMap<String, StructLayout>,
-    /// Selected kernel config options (`CONFIG_` prefix kept), e.g. `CONFIG_PGTABLE_LEVELS`.
-    pub config: BTreeMap<String, String>,
 }
 
 /// Symbols every profile has. Each entry: the profile key and the System.map names to try, in
@@ -272,88 +205,16 @@ pub const CONFIG_KEYS: &[&str] = &[
     "CONFIG_FW_CFG_SYSFS",
 ];
 
-impl KernelProfile {
-    /// Reads a profile written by [`KernelProfile::save`].
-    pub fn load(path: &Path) -> Result<KernelProfile, ProfileError> {
-        let text = fs::read_to_string(path).map_err(|source| ProfileError::Read {
-            path: path.into(),
-            source,
-        })?;
-        // Check the format before the full parse, so an old profile gets the precise error.
-        #[derive(Deserialize)]
-        struct Head {
-            format: u32,
-        }
-        let head: Head = serde_json::from_str(&text).map_err(|source| ProfileError::Parse {
-            path: path.into(),
-            source,
-        })?;
-        if head.format != PROFILE_FORMAT {
-            return Err(ProfileError::Format {
-                path: path.into(),
-                found: head.format,
-                expected: PROFILE_FORMAT,
-            });
-        }
-        serde_json::from_str(&text).map_err(|source| ProfileError::Parse {
-            path: path.into(),
-            source,
-        })
-    }
-
-    /// Writes the profile as pretty JSON (via a temporary file, then rename).
-    pub fn save(&self, path: &Path) -> Result<(), ProfileError> {
-        let werr = |source| ProfileError::Write {
-            path: path.into(),
-            source,
-        };
-        let mut text =
-            serde_json::to_string_pretty(self).map_err(|e| werr(std::io::Error::other(e)))?;
-        text.push('\n');
-        let tmp = path.with_extension("json.tmp");
-        fs::write(&tmp, text).map_err(werr)?;
-        fs::rename(&tmp, path).map_err(werr)
-    }
-
-    /// Address of a symbol, or an error naming it.
-    pub fn symbol(&self, name: &str) -> Result<u64, ProfileError> {
-        self.symbols
-            .get(name)
-            .map(|a| a.0)
-            .ok_or_else(|| ProfileError::MissingSymbol(name.into()))
-    }
-
-    /// Layout of a struct member, or an error naming it.
-    pub fn member(&self, strukt: &str, member: &str) -> Result<MemberLayout, ProfileError> {
-        let s = self
-            .structs
-            .get(strukt)
-            .ok_or_else(|| ProfileError::MissingStruct(strukt.into()))?;
-        s.members
-            .get(member)
-            .copied()
-            .ok_or_else(|| ProfileError::MissingMember(strukt.into(), member.into()))
-    }
-
-    /// `sizeof(struct strukt)`, or an error naming it.
-    pub fn struct_size(&self, strukt: &str) -> Result<u64, ProfileError> {
-        self.structs
-            .get(strukt)
-            .map(|s| s.size)
-            .ok_or_else(|| ProfileError::MissingStruct(strukt.into()))
-    }
-}
-
 /// Parses System.map text ("ADDRESS TYPE NAME" per line) into name → address, keeping the
 /// first address of a name (duplicates are local symbols of different files).
-pub fn parse_system_map(text: &str, path: &Path) -> Result<BTreeMap<String, u64>, ProfileError> {
+pub fn parse_system_map(text: &str, path: &Path) -> Result<BTreeMap<String, u64>, GenerateError> {
     let mut map = BTreeMap::new();
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
         }
         let mut it = line.split_whitespace();
-        let bad = || ProfileError::BadSystemMap {
+        let bad = || GenerateError::BadSystemMap {
             path: path.into(),
             line: i + 1,
         };
@@ -364,7 +225,7 @@ pub fn parse_system_map(text: &str, path: &Path) -> Result<BTreeMap<String, u64>
         map.entry(name.to_string()).or_insert(addr);
     }
     if map.len() < 2 && text.contains("The real System.map is in") {
-        return Err(ProfileError::PlaceholderSystemMap(path.into()));
+        return Err(GenerateError::PlaceholderSystemMap(path.into()));
     }
     Ok(map)
 }
@@ -393,11 +254,11 @@ pub fn parse_config(text: &str) -> (String, BTreeMap<String, String>) {
 
 /// Returns the BTF blob: the file itself if it is raw BTF, or its `.BTF` section if it is an
 /// ELF file (e.g. an uncompressed vmlinux).
-fn btf_blob(data: &[u8], path: &Path) -> Result<Vec<u8>, ProfileError> {
+fn btf_blob(data: &[u8], path: &Path) -> Result<Vec<u8>, GenerateError> {
     if data.starts_with(b"\x7fELF") {
         return elf_section(data, ".BTF")
             .map(<[u8]>::to_vec)
-            .ok_or_else(|| ProfileError::NoBtfSection { path: path.into() });
+            .ok_or_else(|| GenerateError::NoBtfSection { path: path.into() });
     }
     Ok(data.to_vec())
 }
@@ -444,13 +305,13 @@ pub fn generate_from(
     btf_data: &[u8],
     btf_path: &Path,
     config_text: &str,
-) -> Result<KernelProfile, ProfileError> {
+) -> Result<KernelProfile, GenerateError> {
     let mut symbols = BTreeMap::new();
     for (key, names) in REQUIRED_SYMBOLS {
         let addr = names
             .iter()
             .find_map(|n| system_map.get(*n))
-            .ok_or_else(|| ProfileError::MissingSymbol(names.join(" or ")))?;
+            .ok_or_else(|| GenerateError::MissingSymbol(names.join(" or ")))?;
         symbols.insert((*key).to_string(), Addr(*addr));
     }
     for name in OPTIONAL_SYMBOLS {
@@ -466,26 +327,26 @@ pub fn generate_from(
     {
         let span = stop.wrapping_sub(*start);
         if span != blob.len() as u64 {
-            return Err(ProfileError::Mismatch {
+            return Err(GenerateError::Mismatch {
                 map: span,
                 blob: blob.len() as u64,
             });
         }
     }
-    let btf = Btf::parse(&blob).map_err(|source| ProfileError::Btf {
+    let btf = Btf::parse(&blob).map_err(|source| GenerateError::Btf {
         path: btf_path.into(),
         source,
     })?;
-    let btf_err = |source| ProfileError::Btf {
+    let btf_err = |source| GenerateError::Btf {
         path: btf_path.into(),
         source,
     };
 
     let mut structs: BTreeMap<String, StructLayout> = BTreeMap::new();
-    let mut add = |strukt: &str, members: &[&str], required: bool| -> Result<(), ProfileError> {
+    let mut add = |strukt: &str, members: &[&str], required: bool| -> Result<(), GenerateError> {
         let Some((id, t)) = btf.struct_by_name(strukt) else {
             return if required {
-                Err(ProfileError::MissingStruct(strukt.into()))
+                Err(GenerateError::MissingStruct(strukt.into()))
             } else {
                 Ok(())
             };
@@ -499,13 +360,13 @@ pub fn generate_from(
         for m in members {
             let Some(found) = btf.find_member(id, m).map_err(btf_err)? else {
                 if required {
-                    return Err(ProfileError::MissingMember(strukt.into(), (*m).into()));
+                    return Err(GenerateError::MissingMember(strukt.into(), (*m).into()));
                 }
                 continue;
             };
             if found.bitfield_size != 0 || found.bit_offset % 8 != 0 {
                 if required {
-                    return Err(ProfileError::BitfieldMember(strukt.into(), (*m).into()));
+                    return Err(GenerateError::BitfieldMember(strukt.into(), (*m).into()));
                 }
                 continue;
             }
@@ -545,9 +406,9 @@ pub fn generate(
     system_map: &Path,
     btf: &Path,
     config: &Path,
-) -> Result<KernelProfile, ProfileError> {
+) -> Result<KernelProfile, GenerateError> {
     let read = |p: &Path| {
-        fs::read(p).map_err(|source| ProfileError::Read {
+        fs::read(p).map_err(|source| GenerateError::Read {
             path: p.into(),
             source,
         })
@@ -667,7 +528,7 @@ mod tests {
         map.insert("__stop_BTF".into(), 0x1001);
         let e =
             generate_from(&map, &crafted_btf(None), Path::new("t.btf"), "").expect_err("must fail");
-        assert!(matches!(e, ProfileError::Mismatch { map: 1, .. }), "{e}");
+        assert!(matches!(e, GenerateError::Mismatch { map: 1, .. }), "{e}");
     }
 
     #[test]
@@ -683,10 +544,10 @@ mod tests {
             "ffffffffffffffff B The real System.map is in the linux-image-<version>-dbg package\n",
             p,
         );
-        assert!(matches!(e, Err(ProfileError::PlaceholderSystemMap(_))));
+        assert!(matches!(e, Err(GenerateError::PlaceholderSystemMap(_))));
         assert!(matches!(
             parse_system_map("zz T x\n", p),
-            Err(ProfileError::BadSystemMap { line: 1, .. })
+            Err(GenerateError::BadSystemMap { line: 1, .. })
         ));
     }
 

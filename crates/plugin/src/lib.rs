@@ -1267,7 +1267,7 @@ impl Ctx<'_> {
             args: [(0, 0); 4],
             n: 0,
         };
-        for &a in string_args(nr) {
+        for a in string_args(nr) {
             let addr = args[usize::from(a)];
             let f = self.read_string(addr);
             if f & flags::FAULT != 0 {
@@ -1502,7 +1502,7 @@ impl Ctx<'_> {
         let exec_done =
             matches!(rt.nr, nr::EXECVE | nr::EXECVEAT) && rip != rt.pc.wrapping_add(2) && rax == 0;
         for &(a, addr) in &rt.args[..rt.n] {
-            let first_string_arg = string_args(rt.nr).first() == Some(&a);
+            let first_string_arg = string_args(rt.nr).next() == Some(a);
             let src = if exec_done {
                 if !first_string_arg {
                     continue;

@@ -1,9 +1,10 @@
 //! Pure logic of the plugin (no QEMU calls): argument parsing, the kernel profile, instruction
-//! decoding, the syscall argument tables and task classification. Kept free of QEMU symbols so
+//! decoding, the syscall argument table and task classification. Kept free of QEMU symbols so
 //! the tests can compile it on its own.
 
 use std::path::{Path, PathBuf};
 
+use vmsight_proto::profile::{KernelProfile, ProfileError};
 use vmsight_ring::{MonitorFilters, COMM_LEN};
 
 /// First non-canonical address above the lower (user) half on x86-64 (48-bit addressing).
@@ -57,13 +58,17 @@ pub enum PluginError {
     /// The channel file could not be attached.
     #[error("Cannot attach the vmsight channel: {0}")]
     Channel(#[from] vmsight_ring::Error),
-    /// The kernel profile is unusable.
-    #[error("Cannot use the kernel profile {path}: {reason}")]
+    /// The kernel profile cannot be read.
+    #[error("Cannot use the kernel profile: {0}.")]
+    ProfileFile(#[source] ProfileError),
+    /// The kernel profile lacks what the plugin needs.
+    #[error("Cannot use the kernel profile {path}: {source}.")]
     Profile {
         /// The profile file.
         path: PathBuf,
         /// What is wrong.
-        reason: String,
+        #[source]
+        source: LayoutError,
     },
     /// Loaded into user-mode QEMU.
     #[error("The plugin needs full-system emulation (qemu-system-x86_64), not user mode.")]
@@ -174,8 +179,8 @@ impl Options {
 // ---------------------------------------------------------------------------------------------
 // Kernel profile
 
-/// What the plugin needs from the kernel profile (`profile.json`, schema in
-/// `crates/introspect/src/profile.rs`): per-CPU `current_task`, a few `task_struct` and
+/// What the plugin needs from the kernel profile (`profile.json`, format in
+/// [`vmsight_proto::profile`]): per-CPU `current_task`, a few `task_struct` and
 /// `mm_struct` member offsets and the address of `page_offset_base`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KernelLayout {
@@ -223,92 +228,121 @@ pub struct FileLayout {
     pub i_mode: u64,
 }
 
-fn parse_hex(v: &serde_json::Value) -> Option<u64> {
-    match v {
-        serde_json::Value::String(s) => {
-            u64::from_str_radix(s.strip_prefix("0x").unwrap_or(s), 16).ok()
-        }
-        serde_json::Value::Number(n) => n.as_u64(),
-        _ => None,
+/// What the plugin cannot find in a kernel profile.
+#[derive(Debug, thiserror::Error)]
+pub enum LayoutError {
+    /// A symbol is missing.
+    #[error("it has no symbol {0}")]
+    MissingSymbol(String),
+    /// A struct member is missing.
+    #[error("it has no member {strukt}.{member}")]
+    MissingMember {
+        /// The struct.
+        strukt: String,
+        /// The member.
+        member: String,
+    },
+    /// A member has another size than the plugin reads, or an implausible offset.
+    #[error("{strukt}.{member} has size {size} at offset {offset}, expected {expected} bytes")]
+    BadMember {
+        /// The struct.
+        strukt: String,
+        /// The member.
+        member: String,
+        /// Its size in the profile.
+        size: u64,
+        /// Its offset in the profile.
+        offset: u64,
+        /// The size the plugin reads.
+        expected: u64,
+    },
+    /// `current_task` is not a per-CPU offset.
+    #[error("current_task ({0:#x}) is not a per-CPU offset")]
+    NotPerCpu(u64),
+}
+
+/// Largest struct member offset believed (a corrupt profile must not send reads far away).
+const MAX_MEMBER_OFFSET: u64 = 1 << 20;
+
+/// The offset of `strukt.member`, checking it has `size` bytes.
+fn member_offset(
+    p: &KernelProfile,
+    strukt: &str,
+    member: &str,
+    size: u64,
+) -> Result<u64, LayoutError> {
+    let m = p
+        .member(strukt, member)
+        .map_err(|_| LayoutError::MissingMember {
+            strukt: strukt.into(),
+            member: member.into(),
+        })?;
+    if m.size != size || m.offset > MAX_MEMBER_OFFSET {
+        return Err(LayoutError::BadMember {
+            strukt: strukt.into(),
+            member: member.into(),
+            size: m.size,
+            offset: m.offset,
+            expected: size,
+        });
+    }
+    Ok(m.offset)
+}
+
+fn symbol(p: &KernelProfile, name: &str) -> Result<u64, LayoutError> {
+    p.symbol(name)
+        .map_err(|_| LayoutError::MissingSymbol(name.into()))
+}
+
+impl FileLayout {
+    /// The fd-table offsets, when the profile has all of them.
+    fn from_profile(p: &KernelProfile) -> Option<FileLayout> {
+        let m = |strukt, member, size| member_offset(p, strukt, member, size).ok();
+        Some(FileLayout {
+            task_files: m("task_struct", "files", 8)?,
+            files_fdt: m("files_struct", "fdt", 8)?,
+            fdt_max_fds: m("fdtable", "max_fds", 4)?,
+            fdt_fd: m("fdtable", "fd", 8)?,
+            f_pos: m("file", "f_pos", 8)?,
+            f_flags: m("file", "f_flags", 4)?,
+            f_inode: m("file", "f_inode", 8)?,
+            i_size: m("inode", "i_size", 8)?,
+            i_mode: m("inode", "i_mode", 2)?,
+        })
     }
 }
 
 impl KernelLayout {
-    /// Extracts the layout from the profile's JSON text.
-    pub fn from_json(text: &str) -> Result<Self, String> {
-        let v: serde_json::Value =
-            serde_json::from_str(text).map_err(|e| format!("it is not JSON: {e}"))?;
-        let sym = |name: &str| {
-            v.get("symbols")
-                .and_then(|s| s.get(name))
-                .and_then(parse_hex)
-                .ok_or_else(|| format!("it has no symbol {name}"))
-        };
-        let member = |st: &str, m: &str, size: u64| {
-            let mem = v
-                .get("structs")
-                .and_then(|s| s.get(st))
-                .and_then(|s| s.get("members"))
-                .and_then(|s| s.get(m))
-                .ok_or_else(|| format!("it has no member {st}.{m}"))?;
-            let off = mem
-                .get("offset")
-                .and_then(serde_json::Value::as_u64)
-                .ok_or_else(|| format!("{st}.{m} has no offset"))?;
-            let got = mem.get("size").and_then(serde_json::Value::as_u64);
-            if got.is_some_and(|g| g != size) || off > 1 << 20 {
-                return Err(format!(
-                    "{st}.{m} has size {got:?} at offset {off}, expected {size} bytes"
-                ));
-            }
-            Ok(off)
-        };
+    /// Extracts the layout from a kernel profile.
+    pub fn from_profile(p: &KernelProfile) -> Result<Self, LayoutError> {
         // Per-CPU symbols are offsets from __per_cpu_start (0 on x86-64 with absolute
         // per-CPU symbols).
-        let pcpu_start = sym("__per_cpu_start").unwrap_or(0);
-        let current_task = sym("current_task")?.wrapping_sub(pcpu_start);
+        let pcpu_start = symbol(p, "__per_cpu_start").unwrap_or(0);
+        let current_task = symbol(p, "current_task")?.wrapping_sub(pcpu_start);
         if current_task >= 1 << 32 {
-            return Err(format!(
-                "current_task ({current_task:#x}) is not a per-CPU offset"
-            ));
+            return Err(LayoutError::NotPerCpu(current_task));
         }
+        let m = |strukt, member, size| member_offset(p, strukt, member, size);
         Ok(Self {
             current_task,
-            pid: member("task_struct", "pid", 4)?,
-            tgid: member("task_struct", "tgid", 4)?,
-            comm: member("task_struct", "comm", COMM_LEN as u64)?,
-            real_parent: member("task_struct", "real_parent", 8)?,
-            mm: member("task_struct", "mm", 8)?,
-            mm_pgd: member("mm_struct", "pgd", 8)?,
-            page_offset_base: sym("page_offset_base")?,
-            files: (|| {
-                Some(FileLayout {
-                    task_files: member("task_struct", "files", 8).ok()?,
-                    files_fdt: member("files_struct", "fdt", 8).ok()?,
-                    fdt_max_fds: member("fdtable", "max_fds", 4).ok()?,
-                    fdt_fd: member("fdtable", "fd", 8).ok()?,
-                    f_pos: member("file", "f_pos", 8).ok()?,
-                    f_flags: member("file", "f_flags", 4).ok()?,
-                    f_inode: member("file", "f_inode", 8).ok()?,
-                    i_size: member("inode", "i_size", 8).ok()?,
-                    i_mode: member("inode", "i_mode", 2).ok()?,
-                })
-            })(),
+            pid: m("task_struct", "pid", 4)?,
+            tgid: m("task_struct", "tgid", 4)?,
+            comm: m("task_struct", "comm", COMM_LEN as u64)?,
+            real_parent: m("task_struct", "real_parent", 8)?,
+            mm: m("task_struct", "mm", 8)?,
+            mm_pgd: m("mm_struct", "pgd", 8)?,
+            page_offset_base: symbol(p, "page_offset_base")?,
+            files: FileLayout::from_profile(p),
         })
     }
 
-    /// Reads and parses a profile file.
+    /// Reads a profile file and extracts the layout.
     pub fn load(path: &Path) -> Result<Self, PluginError> {
-        let err = |reason: String| PluginError::Profile {
+        let profile = KernelProfile::load(path).map_err(PluginError::ProfileFile)?;
+        Self::from_profile(&profile).map_err(|source| PluginError::Profile {
             path: path.to_owned(),
-            reason,
-        };
-        let meta = std::fs::metadata(path).map_err(|e| err(format!("{e}.")))?;
-        if meta.len() > 64 << 20 {
-            return Err(err("it is larger than 64 MiB.".into()));
-        }
-        let text = std::fs::read_to_string(path).map_err(|e| err(format!("{e}.")))?;
-        Self::from_json(&text).map_err(|r| err(format!("{r}.")))
+            source,
+        })
     }
 }
 
@@ -406,30 +440,15 @@ pub mod nr {
 /// `clone` flag: the new task is a thread of the caller's process.
 pub const CLONE_THREAD: u64 = 0x0001_0000;
 
-/// Argument indices of NUL-terminated string arguments (paths, names) of syscall `nr`.
-pub fn string_args(nr: u32) -> &'static [u8] {
-    match nr {
-        2 | 4 | 6 | 21 | 59 | 76 | 80 | 83 | 84 | 85 | 87 | 89 | 90 | 92 | 94 | 132 | 133 | 137
-        | 161 | 163 | 166 | 167 | 168 | 194 | 195 | 235 | 319 | 430 => &[0],
-        82 | 86 | 88 | 155 | 188 | 189 | 191 | 192 | 197 | 198 => &[0, 1],
-        165 => &[0, 1, 2],
-        // fsetxattr, fgetxattr, fremovexattr (name), inotify_add_watch, quotactl
-        190 | 193 | 199 | 254 | 179 => &[1],
-        257 | 258 | 259 | 260 | 261 | 262 | 263 | 267 | 268 | 269 | 280 | 303 | 322 | 332 | 428
-        | 433 | 437 | 439 | 442 | 452 => &[1],
-        264 | 265 | 316 | 429 => &[1, 3],
-        266 => &[0, 2],
-        301 => &[4],
-        _ => &[],
-    }
+/// Indices of the NUL-terminated string arguments (paths, names) of syscall `nr`, captured
+/// at entry: the single syscall table of [`vmsight_proto::syscall`].
+pub fn string_args(nr: u32) -> impl Iterator<Item = u8> {
+    vmsight_proto::syscall::string_args(u64::from(nr))
 }
 
 /// For syscalls whose buffer the plugin captures: `(pointer arg, length arg)`.
 pub fn buffer_arg(nr: u32) -> Option<(usize, usize)> {
-    match nr {
-        nr::WRITE | nr::PWRITE64 => Some((1, 2)),
-        _ => None,
-    }
+    vmsight_proto::syscall::buffer_arg(u64::from(nr))
 }
 
 /// `O_APPEND` in `file->f_flags`.

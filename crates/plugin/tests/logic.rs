@@ -9,9 +9,10 @@
 mod logic;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use logic::*;
+use vmsight_proto::profile::KernelProfile;
 use vmsight_ring::{MonitorFilters, COMM_LEN};
 
 #[test]
@@ -76,9 +77,15 @@ const PROFILE: &str = r#"{
   "config": {}
 }"#;
 
+/// The layout of a profile text, or the error as text.
+fn layout(text: &str) -> Result<KernelLayout, String> {
+    let p = KernelProfile::from_json(text, Path::new("p.json")).map_err(|e| e.to_string())?;
+    KernelLayout::from_profile(&p).map_err(|e| e.to_string())
+}
+
 #[test]
 fn profile_parse() {
-    let l = KernelLayout::from_json(PROFILE).expect("valid profile");
+    let l = layout(PROFILE).expect("valid profile");
     assert_eq!(l.current_task, 0x1fb80);
     assert_eq!(
         (l.pid, l.tgid, l.comm, l.real_parent),
@@ -86,22 +93,38 @@ fn profile_parse() {
     );
     assert_eq!((l.mm, l.mm_pgd), (2272, 72));
     assert_eq!(l.page_offset_base, 0xffff_ffff_8239_8480);
-    let e = KernelLayout::from_json(&PROFILE.replace("\"tgid\"", "\"tgidx\""))
-        .expect_err("missing member");
-    assert!(e.contains("task_struct.tgid"), "{e}");
-    let e = KernelLayout::from_json(&PROFILE.replace("\"page_offset_base\"", "\"pob\""))
-        .expect_err("missing symbol");
-    assert!(e.contains("page_offset_base"), "{e}");
-    let e = KernelLayout::from_json(&PROFILE.replace(
+    assert_eq!(l.files, None, "no fd-table members in this profile");
+    let e = layout(&PROFILE.replace("\"tgid\"", "\"tgidx\"")).expect_err("missing member");
+    assert_eq!(e, "it has no member task_struct.tgid");
+    let e =
+        layout(&PROFILE.replace("\"page_offset_base\"", "\"pob\"")).expect_err("missing symbol");
+    assert_eq!(e, "it has no symbol page_offset_base");
+    let e = layout(&PROFILE.replace(
         "\"offset\": 2416, \"size\": 4",
         "\"offset\": 2416, \"size\": 8",
     ))
     .expect_err("wrong size");
-    assert!(e.contains("pid"), "{e}");
-    assert!(KernelLayout::from_json("not json").is_err());
-    let e = KernelLayout::from_json(&PROFILE.replace("0x000000000001fb80", "0xffffffff8201fb80"))
+    assert_eq!(
+        e,
+        "task_struct.pid has size 8 at offset 2416, expected 4 bytes"
+    );
+    assert!(layout("not json").is_err());
+    let e = layout(&PROFILE.replace("\"format\": 1", "\"format\": 2")).expect_err("format");
+    assert!(e.contains("profile format 2"), "{e}");
+    let e = layout(&PROFILE.replace("0x000000000001fb80", "0xffffffff8201fb80"))
         .expect_err("not per-cpu");
     assert!(e.contains("per-CPU"), "{e}");
+    let msg = PluginError::Profile {
+        path: "/x/profile.json".into(),
+        source: LayoutError::MissingSymbol("current_task".into()),
+    }
+    .to_string();
+    assert_eq!(
+        msg,
+        "Cannot use the kernel profile /x/profile.json: it has no symbol current_task."
+    );
+    let e = KernelLayout::load(Path::new("/nonexistent/profile.json")).expect_err("no file");
+    assert!(matches!(e, PluginError::ProfileFile(_)), "{e}");
     // The real profile of the default image, when present.
     if let Some(p) = std::fs::read_dir("/root/.cache/vmsight/images")
         .ok()
@@ -180,17 +203,19 @@ fn cr3_and_addresses() {
 
 #[test]
 fn argument_tables() {
-    assert_eq!(string_args(257), &[1]); // openat
-    assert_eq!(string_args(2), &[0]); // open
-    assert_eq!(string_args(59), &[0]); // execve: filename only
-    assert_eq!(string_args(322), &[1]); // execveat
-    assert_eq!(string_args(316), &[1, 3]); // renameat2
-    assert_eq!(string_args(266), &[0, 2]); // symlinkat
-    assert_eq!(string_args(165), &[0, 1, 2]); // mount
-    assert_eq!(string_args(332), &[1]); // statx
-    assert_eq!(string_args(262), &[1]); // newfstatat
-    assert_eq!(string_args(110), &[] as &[u8]); // getppid
-    assert_eq!(string_args(0), &[] as &[u8]); // read
+    let strings = |nr: u32| string_args(nr).collect::<Vec<u8>>();
+    assert_eq!(strings(257), [1]); // openat
+    assert_eq!(strings(2), [0]); // open
+    assert_eq!(strings(59), [0]); // execve: filename only
+    assert_eq!(strings(322), [1]); // execveat
+    assert_eq!(strings(316), [1, 3]); // renameat2
+    assert_eq!(strings(266), [0, 2]); // symlinkat
+    assert_eq!(strings(165), [0, 1, 2]); // mount
+    assert_eq!(strings(332), [1]); // statx
+    assert_eq!(strings(262), [1]); // newfstatat
+    assert_eq!(strings(188), [0, 1]); // setxattr: path and attribute name
+    assert_eq!(strings(110), [0u8; 0]); // getppid
+    assert_eq!(strings(0), [0u8; 0]); // read
     assert_eq!(buffer_arg(1), Some((1, 2)));
     assert_eq!(buffer_arg(18), Some((1, 2)));
     assert_eq!(buffer_arg(0), None);

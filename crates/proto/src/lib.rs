@@ -6,7 +6,11 @@
 //! - [`server`]: the accept loop every Unix-socket service uses (event bus, view server,
 //!   control socket);
 //! - [`insight`]: request insights and the insight-log records (`--insights` →
-//!   `vmsight report`).
+//!   `vmsight report`);
+//! - [`profile`]: the kernel profile format (`profile.json`: image build → plugin, process
+//!   tracking);
+//! - [`syscall`]: the x86-64 syscall table (names, errno names, what each argument is), shared
+//!   by the plugin (which captures string and buffer arguments) and the trace decoder.
 //!
 //! The crate is a leaf (serde, serde_json, thiserror, libc) because the TCG plugin, a shared
 //! object loaded into QEMU, links it too.
@@ -14,8 +18,11 @@
 pub mod control;
 pub mod insight;
 pub mod layout;
+pub mod profile;
 pub mod server;
+pub mod syscall;
 
 pub use control::{ControlReply, ControlRequest, DiskStatus, RequestError, VmStatus};
 pub use layout::{runtime_base, RunningVm, RuntimeLayout, VmPaths, VmRecord};
+pub use profile::{KernelProfile, ProfileError, PROFILE_FORMAT};
 pub use server::{ServeError, UnixServer};

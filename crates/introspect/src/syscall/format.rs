@@ -129,7 +129,7 @@ pub fn decode_arg(c: &Completed, i: usize, kind: ArgKind) -> String {
                 format!("{v:#x}")
             }
         }
-        ArgKind::Path => match e.arg_data(i as u8) {
+        ArgKind::Path | ArgKind::Str => match e.arg_data(i as u8) {
             Some(d) if !d.fault || !d.bytes.is_empty() => quote(&d.bytes, d.truncated),
             _ if v == 0 => "NULL".into(),
             _ => format!("{v:#x}"),

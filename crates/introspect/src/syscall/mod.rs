@@ -22,20 +22,14 @@ pub use tracker::{Completed, Outcome, Tracker, TrackerStats};
 
 /// The syscall's name, or `syscall_N` for unknown numbers.
 pub fn name(nr: u64) -> String {
-    usize::try_from(nr)
-        .ok()
-        .and_then(|i| tables::SYSCALL_NAMES.get(i))
-        .filter(|n| !n.is_empty())
-        .map(|n| n.to_string())
+    vmsight_proto::syscall::name(nr)
+        .map(str::to_string)
         .unwrap_or_else(|| format!("syscall_{nr}"))
 }
 
 /// The number of a syscall name, for `--trace-filter`.
 pub fn number(name: &str) -> Option<u64> {
-    tables::SYSCALL_NAMES
-        .iter()
-        .position(|n| *n == name)
-        .map(|i| i as u64)
+    vmsight_proto::syscall::number(name)
 }
 
 /// x86-64 numbers the pairing logic needs.
