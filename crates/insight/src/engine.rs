@@ -13,7 +13,7 @@ use vmsight_blockdev::insight::{
     BlockRecord, Content, FileRecord, InsightRecord, Pattern, RequestInsight,
 };
 use vmsight_introspect::syscall::event::{HEAD_ARG, TAIL_ARG};
-use vmsight_introspect::syscall::{Completed, EntryEvent, IoSums, SyscallObserver};
+use vmsight_introspect::syscall::{ArgData, Completed, EntryEvent, IoSums, SyscallObserver};
 use vmsight_ring::fnv1a64;
 
 use crate::config::InsightConfig;
@@ -99,6 +99,11 @@ struct Proc {
 }
 
 const RECENT_READS: usize = 4096;
+
+/// Argument `i`'s bytes, unless reading them faulted before any byte was read.
+fn path_arg(e: &EntryEvent, i: u8) -> Option<&ArgData> {
+    e.arg_data(i).filter(|d| !d.fault || !d.bytes.is_empty())
+}
 
 impl Proc {
     fn note_read(&mut self, fnv: u64) {
@@ -556,37 +561,9 @@ impl Engine {
         let a = e.args;
         let ret = c.ret();
         let ok = ret.is_some_and(|r| r >= 0);
-        let path_arg = |i: u8| e.arg_data(i).filter(|d| !d.fault || !d.bytes.is_empty());
         match e.nr {
             // open, openat, creat, openat2
-            2 | 257 | 85 | 437 if ok => {
-                let (dirfd, pi, flags) = match e.nr {
-                    2 => (None, 0, a[1]),
-                    85 => (None, 0, O_CREAT | O_WRONLY | O_TRUNC),
-                    _ => (Some(a[0]), 1, if e.nr == 257 { a[2] } else { 0 }),
-                };
-                let Some(d) = path_arg(pi) else { return };
-                let path = self.resolve(pid, dirfd, &d.bytes);
-                let fd = ret.unwrap_or(0) as u32;
-                let p: Arc<str> = Arc::from(path.as_str());
-                if flags & O_TRUNC != 0 && flags & 3 != 0 {
-                    if self.file_size(Some(&p)).unwrap_or(1) > 0 {
-                        self.file_event(true, path.clone(), 0, pid);
-                    }
-                    self.set_size(Some(&p), 0);
-                }
-                self.proc_mut(pid, Some(&e.comm)).fds.insert(
-                    fd,
-                    FdEntry {
-                        path: Some(p),
-                        flags,
-                        cloexec: flags & O_CLOEXEC != 0,
-                        offset: 0,
-                        highest: 0,
-                        inode: 0,
-                    },
-                );
-            }
+            2 | 257 | 85 | 437 if ok => self.on_open(e, ret.unwrap_or(0) as u32),
             3 if ok => {
                 if let Some(p) = self.procs.get_mut(&pid) {
                     p.fds.remove(&(a[0] as u32));
@@ -595,131 +572,31 @@ impl Engine {
             32 if ok => self.fd_copy(pid, a[0], ret.unwrap_or(0) as u64, false),
             33 if ok => self.fd_copy(pid, a[0], a[1], false),
             292 if ok => self.fd_copy(pid, a[0], a[1], a[2] & O_CLOEXEC != 0),
-            72 if ok => match a[1] {
-                0 | 1030 => self.fd_copy(pid, a[0], ret.unwrap_or(0) as u64, a[1] == 1030),
-                2 => {
-                    if let Some(f) = self
-                        .procs
-                        .get_mut(&pid)
-                        .and_then(|p| p.fds.get_mut(&(a[0] as u32)))
-                    {
-                        f.cloexec = a[2] & 1 != 0;
-                    }
-                }
-                4 => {
-                    if let Some(f) = self
-                        .procs
-                        .get_mut(&pid)
-                        .and_then(|p| p.fds.get_mut(&(a[0] as u32)))
-                    {
-                        f.flags = (f.flags & !O_APPEND) | (a[2] & O_APPEND);
-                    }
-                }
-                _ => {}
-            },
+            72 if ok => self.on_fcntl(pid, a, ret),
             // read, write, pread64, pwrite64, readv, writev, lseek
-            0 | 1 | 17 | 18 | 19 | 20 | 8 if ok => {
-                let n = ret.unwrap_or(0) as u64;
-                let io = e.io.as_ref();
-                let positional = matches!(e.nr, 17 | 18);
-                let write = matches!(e.nr, 1 | 18 | 20);
-                let mut grow = None;
-                if let Some(f) = self
-                    .procs
-                    .get_mut(&pid)
-                    .and_then(|p| p.fds.get_mut(&(a[0] as u32)))
-                {
-                    if let Some(io) = io {
-                        f.inode = io.inode;
-                    }
-                    let start = match (e.nr, io) {
-                        (8, _) => {
-                            f.offset = n;
-                            return;
-                        }
-                        (_, Some(io)) => io.file_pos,
-                        _ if positional => a[3],
-                        _ => f.offset,
-                    };
-                    let end = start.saturating_add(n);
-                    if !positional {
-                        f.offset = end;
-                    }
-                    f.highest = f.highest.max(end);
-                    if write {
-                        grow = Some((f.path.clone(), end));
-                    }
-                }
-                if let Some((p, end)) = grow {
-                    let s = self.file_size(p.as_ref()).unwrap_or(0).max(end);
-                    self.set_size(p.as_ref(), s);
-                }
-                if let Some(io) = io.filter(|io| io.read) {
-                    self.on_read_complete(e, io);
-                }
-            }
-            77 if ok => {
-                let p = self
-                    .procs
-                    .get(&pid)
-                    .and_then(|p| p.fds.get(&(a[0] as u32)))
-                    .and_then(|f| f.path.clone());
-                self.set_size(p.as_ref(), a[1]);
-                if let Some(p) = p {
-                    self.file_event(true, p.to_string(), a[1], pid);
-                }
-            }
+            0 | 1 | 17 | 18 | 19 | 20 | 8 if ok => self.on_io(e, ret.unwrap_or(0) as u64),
+            77 if ok => self.on_ftruncate(pid, a[0], a[1]),
             76 if ok => {
-                if let Some(d) = path_arg(0) {
+                if let Some(d) = path_arg(e, 0) {
                     let path = self.resolve(pid, None, &d.bytes);
                     self.set_size(Some(&Arc::from(path.as_str())), a[1]);
                     self.file_event(true, path, a[1], pid);
                 }
             }
-            87 if ok => {
-                if let Some(d) = path_arg(0) {
-                    let path = self.resolve(pid, None, &d.bytes);
-                    self.sizes.remove(path.as_str());
-                    self.file_event(false, path, 0, pid);
-                }
-            }
+            87 if ok => self.on_unlink(pid, None, path_arg(e, 0)),
             263 if ok && a[2] & AT_REMOVEDIR == 0 => {
-                if let Some(d) = path_arg(1) {
-                    let path = self.resolve(pid, Some(a[0]), &d.bytes);
-                    self.sizes.remove(path.as_str());
-                    self.file_event(false, path, 0, pid);
-                }
+                self.on_unlink(pid, Some(a[0]), path_arg(e, 1));
             }
-            82 | 264 | 316 if ok => {
-                let (od, oi, nd, ni) = if e.nr == 82 {
-                    (None, 0, None, 1)
-                } else {
-                    (Some(a[0]), 1, Some(a[2]), 3)
-                };
-                if let (Some(o), Some(n)) = (path_arg(oi), path_arg(ni)) {
-                    let old = self.resolve(pid, od, &o.bytes);
-                    let new = self.resolve(pid, nd, &n.bytes);
-                    self.rename(&old, &new);
-                }
-            }
+            82 | 264 | 316 if ok => self.on_rename(e),
             80 if ok => {
-                if let Some(d) = path_arg(0) {
+                if let Some(d) = path_arg(e, 0) {
                     let cwd = self.resolve(pid, None, &d.bytes);
                     if cwd.starts_with('/') {
                         self.proc_mut(pid, None).cwd = Some(cwd);
                     }
                 }
             }
-            81 if ok => {
-                let p = self
-                    .procs
-                    .get(&pid)
-                    .and_then(|p| p.fds.get(&(a[0] as u32)))
-                    .and_then(|f| f.path.as_deref().map(str::to_string));
-                if let Some(p) = p {
-                    self.proc_mut(pid, None).cwd = Some(p);
-                }
-            }
+            81 if ok => self.on_fchdir(pid, a[0]),
             59 | 322 if ok => {
                 if let Some(p) = self.procs.get_mut(&pid) {
                     p.fds.retain(|_, f| !f.cloexec);
@@ -733,19 +610,176 @@ impl Engine {
                 if e.nr == 56 && a[0] & CLONE_THREAD != 0 {
                     return;
                 }
-                let child = ret.unwrap_or(0) as u32;
-                if let Some(mut p) = self.procs.get(&pid).cloned() {
-                    p.recent_reads.clear();
-                    p.recent_order.clear();
-                    if self.procs.len() < self.cfg.max_processes {
-                        self.procs.insert(child, p);
-                    }
-                }
+                self.on_fork(pid, ret.unwrap_or(0) as u32);
             }
             231 => {
                 self.procs.remove(&pid);
             }
             _ => {}
+        }
+    }
+
+    /// A successful open, openat, creat or openat2 that returned `fd`: the new fd table entry,
+    /// and the truncation it may have done.
+    fn on_open(&mut self, e: &EntryEvent, fd: u32) {
+        let pid = e.tgid;
+        let a = e.args;
+        let (dirfd, pi, flags) = match e.nr {
+            2 => (None, 0, a[1]),
+            85 => (None, 0, O_CREAT | O_WRONLY | O_TRUNC),
+            _ => (Some(a[0]), 1, if e.nr == 257 { a[2] } else { 0 }),
+        };
+        let Some(d) = path_arg(e, pi) else { return };
+        let path = self.resolve(pid, dirfd, &d.bytes);
+        let p: Arc<str> = Arc::from(path.as_str());
+        if flags & O_TRUNC != 0 && flags & 3 != 0 {
+            if self.file_size(Some(&p)).unwrap_or(1) > 0 {
+                self.file_event(true, path.clone(), 0, pid);
+            }
+            self.set_size(Some(&p), 0);
+        }
+        self.proc_mut(pid, Some(&e.comm)).fds.insert(
+            fd,
+            FdEntry {
+                path: Some(p),
+                flags,
+                cloexec: flags & O_CLOEXEC != 0,
+                offset: 0,
+                highest: 0,
+                inode: 0,
+            },
+        );
+    }
+
+    /// A successful fcntl: descriptor duplication, and the close-on-exec and append flags.
+    fn on_fcntl(&mut self, pid: u32, a: [u64; 6], ret: Option<i64>) {
+        match a[1] {
+            0 | 1030 => self.fd_copy(pid, a[0], ret.unwrap_or(0) as u64, a[1] == 1030),
+            2 => {
+                if let Some(f) = self
+                    .procs
+                    .get_mut(&pid)
+                    .and_then(|p| p.fds.get_mut(&(a[0] as u32)))
+                {
+                    f.cloexec = a[2] & 1 != 0;
+                }
+            }
+            4 => {
+                if let Some(f) = self
+                    .procs
+                    .get_mut(&pid)
+                    .and_then(|p| p.fds.get_mut(&(a[0] as u32)))
+                {
+                    f.flags = (f.flags & !O_APPEND) | (a[2] & O_APPEND);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// A successful read, write, pread64, pwrite64, readv, writev or lseek that returned `n`:
+    /// the fd's offset and inode, the file's size, and read classification.
+    fn on_io(&mut self, e: &EntryEvent, n: u64) {
+        let pid = e.tgid;
+        let a = e.args;
+        let io = e.io.as_ref();
+        let positional = matches!(e.nr, 17 | 18);
+        let write = matches!(e.nr, 1 | 18 | 20);
+        let mut grow = None;
+        if let Some(f) = self
+            .procs
+            .get_mut(&pid)
+            .and_then(|p| p.fds.get_mut(&(a[0] as u32)))
+        {
+            if let Some(io) = io {
+                f.inode = io.inode;
+            }
+            let start = match (e.nr, io) {
+                (8, _) => {
+                    f.offset = n;
+                    return;
+                }
+                (_, Some(io)) => io.file_pos,
+                _ if positional => a[3],
+                _ => f.offset,
+            };
+            let end = start.saturating_add(n);
+            if !positional {
+                f.offset = end;
+            }
+            f.highest = f.highest.max(end);
+            if write {
+                grow = Some((f.path.clone(), end));
+            }
+        }
+        if let Some((p, end)) = grow {
+            let s = self.file_size(p.as_ref()).unwrap_or(0).max(end);
+            self.set_size(p.as_ref(), s);
+        }
+        if let Some(io) = io.filter(|io| io.read) {
+            self.on_read_complete(e, io);
+        }
+    }
+
+    /// A successful ftruncate of `fd` to `size`.
+    fn on_ftruncate(&mut self, pid: u32, fd: u64, size: u64) {
+        let p = self
+            .procs
+            .get(&pid)
+            .and_then(|p| p.fds.get(&(fd as u32)))
+            .and_then(|f| f.path.clone());
+        self.set_size(p.as_ref(), size);
+        if let Some(p) = p {
+            self.file_event(true, p.to_string(), size, pid);
+        }
+    }
+
+    /// A successful unlink or unlinkat (not of a directory) of path argument `d`.
+    fn on_unlink(&mut self, pid: u32, dirfd: Option<u64>, d: Option<&ArgData>) {
+        if let Some(d) = d {
+            let path = self.resolve(pid, dirfd, &d.bytes);
+            self.sizes.remove(path.as_str());
+            self.file_event(false, path, 0, pid);
+        }
+    }
+
+    /// A successful rename, renameat or renameat2.
+    fn on_rename(&mut self, e: &EntryEvent) {
+        let pid = e.tgid;
+        let a = e.args;
+        let (od, oi, nd, ni) = if e.nr == 82 {
+            (None, 0, None, 1)
+        } else {
+            (Some(a[0]), 1, Some(a[2]), 3)
+        };
+        if let (Some(o), Some(n)) = (path_arg(e, oi), path_arg(e, ni)) {
+            let old = self.resolve(pid, od, &o.bytes);
+            let new = self.resolve(pid, nd, &n.bytes);
+            self.rename(&old, &new);
+        }
+    }
+
+    /// A successful fchdir to `fd`: the process's working directory is the fd's path.
+    fn on_fchdir(&mut self, pid: u32, fd: u64) {
+        let p = self
+            .procs
+            .get(&pid)
+            .and_then(|p| p.fds.get(&(fd as u32)))
+            .and_then(|f| f.path.as_deref().map(str::to_string));
+        if let Some(p) = p {
+            self.proc_mut(pid, None).cwd = Some(p);
+        }
+    }
+
+    /// A new process `child` forked from `pid`: it gets a copy of the parent's state (fd
+    /// table, working directory) without its recent reads, within the process bound.
+    fn on_fork(&mut self, pid: u32, child: u32) {
+        if let Some(mut p) = self.procs.get(&pid).cloned() {
+            p.recent_reads.clear();
+            p.recent_order.clear();
+            if self.procs.len() < self.cfg.max_processes {
+                self.procs.insert(child, p);
+            }
         }
     }
 
