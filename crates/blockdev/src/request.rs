@@ -561,13 +561,74 @@ fn validate(
     limits: &Limits,
 ) -> Result<Request, RequestError> {
     // 3. Device-readable descriptors first, then device-writable ones.
+    // 4. Every buffer must be mapped guest memory.
+    let (readable, writable) = check_layout(descs, mem)?;
+    // 5. The header: the first 16 readable bytes.
+    let (req_type, sector, out_data) = read_header(readable, mem)?;
+    // 6. Writable data: everything writable except the final status byte.
+    let in_data = writable_data(writable);
+    let out_len: u64 = out_data.iter().map(|s| u64::from(s.len)).sum();
+    let in_len: u64 = in_data.iter().map(|s| u64::from(s.len)).sum();
+    let payload = Payload {
+        sector,
+        out_data,
+        in_data,
+        out_len,
+        in_len,
+    };
+
+    let kind = request_kind(req_type, limits)?;
+    let mut req = Request {
+        kind,
+        sector: 0,
+        len: 0,
+        segments: Vec::new(),
+        ranges: Vec::new(),
+        id: 0,
+        queue: 0,
+        insights: None,
+        submitted_at: Instant::now(),
+        mem: mem.clone(),
+    };
+    match kind {
+        RequestKind::Read | RequestKind::Write => set_data(&mut req, payload, limits)?,
+        RequestKind::Flush => {
+            if in_len != 0 || out_len != 0 {
+                return Err(RequestError::WrongDirection { kind });
+            }
+        }
+        RequestKind::GetId => set_id(&mut req, payload)?,
+        RequestKind::Discard | RequestKind::WriteZeroes => {
+            set_ranges(&mut req, &payload, mem, limits)?;
+        }
+    }
+    Ok(req)
+}
+
+/// The data buffers of a request after its header and before its status byte, with their
+/// total lengths, and the sector the header names.
+struct Payload {
+    /// Sector from the header.
+    sector: u64,
+    /// Device-readable data (after the header).
+    out_data: Vec<Segment>,
+    /// Device-writable data (before the status byte).
+    in_data: Vec<Segment>,
+    out_len: u64,
+    in_len: u64,
+}
+
+/// Split the chain into its device-readable and device-writable parts, checking that no
+/// readable descriptor follows a writable one and that every buffer is mapped.
+fn check_layout<'d>(
+    descs: &'d [Desc],
+    mem: &GuestMemoryMmap,
+) -> Result<(&'d [Desc], &'d [Desc]), RequestError> {
     let n_readable = descs.iter().take_while(|d| !d.writable).count();
     let (readable, writable) = descs.split_at(n_readable);
     if writable.iter().any(|d| !d.writable) {
         return Err(RequestError::ReadableAfterWritable);
     }
-
-    // 4. Every buffer must be mapped guest memory.
     for d in descs {
         if d.len > 0 && !GuestMemoryBackend::check_range(mem, d.addr, d.len as usize) {
             return Err(RequestError::BadAddress {
@@ -576,8 +637,15 @@ fn validate(
             });
         }
     }
+    Ok((readable, writable))
+}
 
-    // 5. The header: the first 16 readable bytes.
+/// Read the header from the first 16 readable bytes: the request type, the sector, and the
+/// readable data segments after it.
+fn read_header(
+    readable: &[Desc],
+    mem: &GuestMemoryMmap,
+) -> Result<(u32, u64, Vec<Segment>), RequestError> {
     let readable_len: u64 = readable.iter().map(|d| u64::from(d.len)).sum();
     if readable.is_empty() {
         return Err(RequestError::HeaderWriteOnly);
@@ -599,8 +667,11 @@ fn validate(
     let sector_bytes = rest.get(4..12).unwrap_or(&[0; 8]);
     let req_type = u32::from_le_bytes(type_bytes.try_into().unwrap_or([0xff; 4]));
     let sector = u64::from_le_bytes(sector_bytes.try_into().unwrap_or([0; 8]));
+    Ok((req_type, sector, out_data))
+}
 
-    // 6. Writable data: everything writable except the final status byte.
+/// The device-writable data segments: everything writable except the final status byte.
+fn writable_data(writable: &[Desc]) -> Vec<Segment> {
     let writable_segs: Vec<Segment> = writable
         .iter()
         .map(|d| Segment {
@@ -610,9 +681,12 @@ fn validate(
         .collect();
     let writable_len: u64 = writable_segs.iter().map(|s| u64::from(s.len)).sum();
     let (in_data, _status) = split_segments(&writable_segs, writable_len.saturating_sub(1));
-    let out_len: u64 = out_data.iter().map(|s| u64::from(s.len)).sum();
-    let in_len: u64 = in_data.iter().map(|s| u64::from(s.len)).sum();
+    in_data
+}
 
+/// The request kind of header type `req_type`; mutating kinds are refused on a read-only
+/// disk.
+fn request_kind(req_type: u32, limits: &Limits) -> Result<RequestKind, RequestError> {
     let kind = match req_type {
         VIRTIO_BLK_T_IN => RequestKind::Read,
         VIRTIO_BLK_T_OUT => RequestKind::Write,
@@ -625,114 +699,127 @@ fn validate(
     if kind.is_mutating() && limits.read_only {
         return Err(RequestError::ReadOnly { kind });
     }
+    Ok(kind)
+}
 
-    let mut req = Request {
-        kind,
-        sector: 0,
-        len: 0,
-        segments: Vec::new(),
-        ranges: Vec::new(),
-        id: 0,
-        queue: 0,
-        insights: None,
-        submitted_at: Instant::now(),
-        mem: mem.clone(),
+/// Check a read's or write's data (direction, size, alignment, range) and set the request's
+/// sector, length and segments.
+fn set_data(req: &mut Request, p: Payload, limits: &Limits) -> Result<(), RequestError> {
+    let kind = req.kind;
+    let (data, wrong) = if kind == RequestKind::Read {
+        (p.in_data, p.out_len)
+    } else {
+        (p.out_data, p.in_len)
     };
-    match kind {
-        RequestKind::Read | RequestKind::Write => {
-            let (data, wrong) = if kind == RequestKind::Read {
-                (in_data, out_len)
-            } else {
-                (out_data, in_len)
-            };
-            if wrong != 0 {
-                return Err(RequestError::WrongDirection { kind });
-            }
-            let len: u64 = data.iter().map(|s| u64::from(s.len)).sum();
-            if len > limits.max_data_len {
-                return Err(RequestError::TooLarge {
-                    len,
-                    max: limits.max_data_len,
-                });
-            }
-            if !len.is_multiple_of(SECTOR_SIZE) {
-                return Err(RequestError::UnalignedLength { len });
-            }
-            check_range(sector, len >> SECTOR_SHIFT, limits)?;
-            req.sector = sector;
-            req.len = len;
-            req.segments = data;
-        }
-        RequestKind::Flush => {
-            if in_len != 0 || out_len != 0 {
-                return Err(RequestError::WrongDirection { kind });
-            }
-        }
-        RequestKind::GetId => {
-            if out_len != 0 {
-                return Err(RequestError::WrongDirection { kind });
-            }
-            if in_len == 0 {
-                return Err(RequestError::MissingData { kind });
-            }
-            let (id_segs, _) = split_segments(&in_data, in_len.min(ID_BYTES as u64));
-            req.len = in_len.min(ID_BYTES as u64);
-            req.segments = id_segs;
-        }
-        RequestKind::Discard | RequestKind::WriteZeroes => {
-            if in_len != 0 {
-                return Err(RequestError::WrongDirection { kind });
-            }
-            if out_len == 0 || !out_len.is_multiple_of(DISCARD_SEGMENT_LEN) {
-                return Err(RequestError::BadRangePayload { len: out_len });
-            }
-            let (max_seg, max_sectors) = if kind == RequestKind::Discard {
-                (limits.max_discard_seg, limits.max_discard_sectors)
-            } else {
-                (limits.max_write_zeroes_seg, limits.max_write_zeroes_sectors)
-            };
-            let count = out_len / DISCARD_SEGMENT_LEN;
-            if count > u64::from(max_seg) {
-                return Err(RequestError::TooManyRanges {
-                    count,
-                    max: max_seg,
-                });
-            }
-            let mut payload = vec![0u8; out_len as usize];
-            gather(mem, &out_data, &mut payload)?;
-            let mut total = 0u64;
-            for raw in payload.chunks_exact(DISCARD_SEGMENT_LEN as usize) {
-                let (s, rest) = raw.split_at(8);
-                let (n, f) = rest.split_at(4);
-                let sector = u64::from_le_bytes(s.try_into().unwrap_or([0xff; 8]));
-                let num_sectors = u32::from_le_bytes(n.try_into().unwrap_or([0xff; 4]));
-                let flags = u32::from_le_bytes(f.try_into().unwrap_or([0xff; 4]));
-                let allowed = if kind == RequestKind::WriteZeroes {
-                    VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP
-                } else {
-                    0
-                };
-                if flags & !allowed != 0 {
-                    return Err(RequestError::UnsupportedFlags(flags));
-                }
-                if num_sectors > max_sectors {
-                    return Err(RequestError::RangeTooLarge {
-                        sectors: num_sectors,
-                        max: max_sectors,
-                    });
-                }
-                check_range(sector, u64::from(num_sectors), limits)?;
-                total += u64::from(num_sectors) << SECTOR_SHIFT;
-                req.ranges.push(SectorRange {
-                    sector,
-                    num_sectors,
-                    unmap: flags & VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP != 0,
-                });
-            }
-            req.len = total;
-        }
+    if wrong != 0 {
+        return Err(RequestError::WrongDirection { kind });
     }
-    Ok(req)
+    let len: u64 = data.iter().map(|s| u64::from(s.len)).sum();
+    if len > limits.max_data_len {
+        return Err(RequestError::TooLarge {
+            len,
+            max: limits.max_data_len,
+        });
+    }
+    if !len.is_multiple_of(SECTOR_SIZE) {
+        return Err(RequestError::UnalignedLength { len });
+    }
+    check_range(p.sector, len >> SECTOR_SHIFT, limits)?;
+    req.sector = p.sector;
+    req.len = len;
+    req.segments = data;
+    Ok(())
+}
+
+/// Check a get-id request's buffer and set its length and segments (at most the id's
+/// bytes).
+fn set_id(req: &mut Request, p: Payload) -> Result<(), RequestError> {
+    let kind = req.kind;
+    if p.out_len != 0 {
+        return Err(RequestError::WrongDirection { kind });
+    }
+    if p.in_len == 0 {
+        return Err(RequestError::MissingData { kind });
+    }
+    let (id_segs, _) = split_segments(&p.in_data, p.in_len.min(ID_BYTES as u64));
+    req.len = p.in_len.min(ID_BYTES as u64);
+    req.segments = id_segs;
+    Ok(())
+}
+
+/// Read and check a discard's or write-zeroes' range payload and set the request's ranges
+/// and total length.
+fn set_ranges(
+    req: &mut Request,
+    p: &Payload,
+    mem: &GuestMemoryMmap,
+    limits: &Limits,
+) -> Result<(), RequestError> {
+    let kind = req.kind;
+    if p.in_len != 0 {
+        return Err(RequestError::WrongDirection { kind });
+    }
+    let out_len = p.out_len;
+    if out_len == 0 || !out_len.is_multiple_of(DISCARD_SEGMENT_LEN) {
+        return Err(RequestError::BadRangePayload { len: out_len });
+    }
+    let (max_seg, max_sectors) = if kind == RequestKind::Discard {
+        (limits.max_discard_seg, limits.max_discard_sectors)
+    } else {
+        (limits.max_write_zeroes_seg, limits.max_write_zeroes_sectors)
+    };
+    let count = out_len / DISCARD_SEGMENT_LEN;
+    if count > u64::from(max_seg) {
+        return Err(RequestError::TooManyRanges {
+            count,
+            max: max_seg,
+        });
+    }
+    let mut payload = vec![0u8; out_len as usize];
+    gather(mem, &p.out_data, &mut payload)?;
+    let mut total = 0u64;
+    for raw in payload.chunks_exact(DISCARD_SEGMENT_LEN as usize) {
+        let range = parse_range(raw, kind, max_sectors, limits)?;
+        total += u64::from(range.num_sectors) << SECTOR_SHIFT;
+        req.ranges.push(range);
+    }
+    req.len = total;
+    Ok(())
+}
+
+/// Parse and check one 16-byte discard / write-zeroes range: flags allowed for `kind`, at
+/// most `max_sectors` sectors, within the disk.
+fn parse_range(
+    raw: &[u8],
+    kind: RequestKind,
+    max_sectors: u32,
+    limits: &Limits,
+) -> Result<SectorRange, RequestError> {
+    let (s, rest) = raw.split_at(8);
+    let (n, f) = rest.split_at(4);
+    let sector = u64::from_le_bytes(s.try_into().unwrap_or([0xff; 8]));
+    let num_sectors = u32::from_le_bytes(n.try_into().unwrap_or([0xff; 4]));
+    let flags = u32::from_le_bytes(f.try_into().unwrap_or([0xff; 4]));
+    let allowed = if kind == RequestKind::WriteZeroes {
+        VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP
+    } else {
+        0
+    };
+    if flags & !allowed != 0 {
+        return Err(RequestError::UnsupportedFlags(flags));
+    }
+    if num_sectors > max_sectors {
+        return Err(RequestError::RangeTooLarge {
+            sectors: num_sectors,
+            max: max_sectors,
+        });
+    }
+    check_range(sector, u64::from(num_sectors), limits)?;
+    Ok(SectorRange {
+        sector,
+        num_sectors,
+        unmap: flags & VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP != 0,
+    })
 }
 
 /// Checks that `sectors` sectors from `sector` lie within the disk, without overflow.
