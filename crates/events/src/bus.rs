@@ -22,7 +22,7 @@ use serde::Deserialize;
 use vmsight_proto::server::{ServeError, UnixServer};
 
 use crate::message::{Message, Notice};
-use crate::pattern::{any_matches, Pattern};
+use crate::pattern::{any_matches, Pattern, PatternError};
 
 /// Default per-client queue length, in messages.
 pub const DEFAULT_CLIENT_QUEUE: usize = 4096;
@@ -60,6 +60,26 @@ impl From<ServeError> for BusError {
             },
         }
     }
+}
+
+/// Why a client's subscribe request was refused (sent to it as an `error` notice).
+#[derive(Debug, thiserror::Error)]
+pub enum HandshakeError {
+    /// Reading the request failed (or timed out).
+    #[error("no subscribe request: {0}")]
+    Read(#[source] io::Error),
+    /// The line is longer than [`MAX_REQUEST_LINE`].
+    #[error("subscribe request longer than {MAX_REQUEST_LINE} bytes")]
+    TooLong,
+    /// The client hung up mid-line.
+    #[error("connection closed before a complete subscribe request")]
+    Incomplete,
+    /// The line is not a subscribe request.
+    #[error(r#"bad subscribe request (want {{"subscribe":["host:vm:/path"],"data":false}}): {0}"#)]
+    Malformed(#[source] serde_json::Error),
+    /// A pattern does not parse.
+    #[error(transparent)]
+    Pattern(#[from] PatternError),
 }
 
 /// The subscribe request a client sends first.
@@ -276,35 +296,35 @@ fn send_notice(stream: &mut UnixStream, n: &Notice) -> io::Result<()> {
 }
 
 /// Reads the subscribe line: at most [`MAX_REQUEST_LINE`] bytes.
-fn read_request(stream: &UnixStream) -> Result<SubscribeRequest, String> {
+fn read_request(stream: &UnixStream) -> Result<SubscribeRequest, HandshakeError> {
     let mut line = Vec::new();
     let mut r = BufReader::new(stream.take(MAX_REQUEST_LINE as u64 + 1));
     r.read_until(b'\n', &mut line)
-        .map_err(|e| format!("no subscribe request: {e}"))?;
+        .map_err(HandshakeError::Read)?;
     if line.last() != Some(&b'\n') {
         return Err(if line.len() > MAX_REQUEST_LINE {
-            format!("subscribe request longer than {MAX_REQUEST_LINE} bytes")
+            HandshakeError::TooLong
         } else {
-            "connection closed before a complete subscribe request".to_string()
+            HandshakeError::Incomplete
         });
     }
-    serde_json::from_slice(&line).map_err(|e| {
-        format!(
-            r#"bad subscribe request (want {{"subscribe":["host:vm:/path"],"data":false}}): {e}"#
-        )
-    })
+    serde_json::from_slice(&line).map_err(HandshakeError::Malformed)
+}
+
+/// Reads and checks the subscribe request: the client's patterns and whether it wants data.
+fn handshake(stream: &UnixStream) -> Result<(Vec<Pattern>, bool), HandshakeError> {
+    let req = read_request(stream)?;
+    let patterns = req
+        .subscribe
+        .iter()
+        .map(|p| Pattern::parse(p))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((patterns, req.data))
 }
 
 fn serve_client(mut stream: UnixStream, shared: Arc<Shared>) {
     let _ = stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT));
-    let parsed = read_request(&stream).and_then(|req| {
-        let patterns = req
-            .subscribe
-            .iter()
-            .map(|p| Pattern::parse(p).map_err(|e| e.to_string()))
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok((patterns, req.data))
-    });
+    let parsed = handshake(&stream).map_err(|e| e.to_string());
     let (patterns, data) = match parsed {
         Ok(x) => x,
         Err(message) => {

@@ -16,7 +16,9 @@ mod pattern;
 mod redis_pub;
 mod watch;
 
-pub use bus::{subscribe, BusError, BusStats, EventBus, SubscribeRequest, DEFAULT_CLIENT_QUEUE};
+pub use bus::{
+    subscribe, BusError, BusStats, EventBus, HandshakeError, SubscribeRequest, DEFAULT_CLIENT_QUEUE,
+};
 pub use message::{host_name, now_ns, Addresser, DecodeError, Message, Notice, StreamItem};
 pub use pattern::{any_matches, Pattern, PatternError, MAX_PATTERN_LEN};
 pub use redis_pub::{RedisError, RedisPublisher, RedisStats, DEFAULT_REDIS_QUEUE};

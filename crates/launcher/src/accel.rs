@@ -33,6 +33,14 @@ pub struct AccelChoice {
     pub reason: String,
 }
 
+/// Why the requested accelerator cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AccelError {
+    /// `--accel kvm`, but no usable hardware KVM.
+    #[error("KVM was requested but cannot be used: {0}")]
+    KvmUnusable(&'static str),
+}
+
 /// The user's request on the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum AccelRequest {
@@ -45,7 +53,7 @@ pub enum AccelRequest {
 /// Decides the accelerator from `/dev/kvm` and the kernel's modules. `/sys/module` is used
 /// rather than `/proc/modules` because it also lists built-in modules (the PVM host kernel here
 /// has kvm_pvm built in and no `/proc/modules` at all).
-pub fn choose(request: AccelRequest) -> Result<AccelChoice, String> {
+pub fn choose(request: AccelRequest) -> Result<AccelChoice, AccelError> {
     let mut modules = std::fs::read_to_string("/proc/modules").unwrap_or_default();
     if let Ok(rd) = std::fs::read_dir("/sys/module") {
         for e in rd.flatten() {
@@ -67,16 +75,16 @@ pub fn choose_from(
     request: AccelRequest,
     dev_kvm: bool,
     proc_modules: &str,
-) -> Result<AccelChoice, String> {
+) -> Result<AccelChoice, AccelError> {
     let pvm = loaded_modules(proc_modules).any(|m| m == "kvm_pvm");
     let hw = loaded_modules(proc_modules).any(|m| m == "kvm_intel" || m == "kvm_amd");
     let hw_usable = dev_kvm && hw && !pvm;
     let why_not = if !dev_kvm {
-        "no /dev/kvm".to_string()
+        "no /dev/kvm"
     } else if pvm {
-        "/dev/kvm is the PVM hypervisor (kvm_pvm), which cannot run a stock kernel".to_string()
+        "/dev/kvm is the PVM hypervisor (kvm_pvm), which cannot run a stock kernel"
     } else {
-        "/dev/kvm has no hardware KVM module (kvm_intel/kvm_amd) behind it".to_string()
+        "/dev/kvm has no hardware KVM module (kvm_intel/kvm_amd) behind it"
     };
     match request {
         AccelRequest::Tcg => Ok(AccelChoice {
@@ -87,7 +95,7 @@ pub fn choose_from(
             accel: Accel::Kvm,
             reason: "KVM requested and hardware KVM is available".into(),
         }),
-        AccelRequest::Kvm => Err(format!("KVM was requested but cannot be used: {why_not}")),
+        AccelRequest::Kvm => Err(AccelError::KvmUnusable(why_not)),
         AccelRequest::Auto if hw_usable => Ok(AccelChoice {
             accel: Accel::Kvm,
             reason: "hardware KVM detected (the TCG plugin does not run under KVM)".into(),
@@ -122,7 +130,10 @@ mod tests {
     #[test]
     fn kvm_request_without_hardware_is_an_error() {
         let e = choose_from(AccelRequest::Kvm, false, "").unwrap_err();
-        assert!(e.contains("no /dev/kvm"), "{e}");
+        assert_eq!(
+            e.to_string(),
+            "KVM was requested but cannot be used: no /dev/kvm"
+        );
         assert!(choose_from(AccelRequest::Kvm, true, PVM).is_err());
     }
 

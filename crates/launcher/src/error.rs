@@ -25,6 +25,9 @@ pub enum LaunchError {
     PluginMissing(PathBuf),
     #[error("invalid VM configuration: {0}")]
     Config(String),
+    /// The requested accelerator cannot be used.
+    #[error("invalid VM configuration: {0}")]
+    Accel(#[from] crate::accel::AccelError),
     /// The event outputs (bus, Redis, events file) could not be opened.
     #[error("cannot open the file-event outputs: {0}")]
     Delivery(#[from] crate::stream::DeliveryError),

@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
@@ -23,7 +23,80 @@ pub struct QmpEvent {
     pub data: Value,
 }
 
-type Pending = Arc<Mutex<HashMap<u64, Sender<Result<Value, String>>>>>;
+/// Why a QMP session could not be set up or a command failed.
+#[derive(Debug, thiserror::Error)]
+pub enum QmpError {
+    /// QEMU's QMP socket did not accept a connection in time.
+    #[error("cannot connect to {path}: {source}")]
+    Connect {
+        /// The QMP socket.
+        path: PathBuf,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Setting up the connected socket failed.
+    #[error("cannot set up the QMP connection {path}: {source}")]
+    Setup {
+        /// The QMP socket.
+        path: PathBuf,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// QEMU sent no greeting.
+    #[error("no QMP greeting on {path}: {source}")]
+    NoGreeting {
+        /// The QMP socket.
+        path: PathBuf,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The first line is not a QMP greeting.
+    #[error("unexpected QMP greeting {greeting:?} on {path}")]
+    BadGreeting {
+        /// The QMP socket.
+        path: PathBuf,
+        /// What came instead.
+        greeting: String,
+    },
+    /// The command could not be sent.
+    #[error("cannot send {cmd}: {source}")]
+    Send {
+        /// The command.
+        cmd: String,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// QEMU did not answer in time.
+    #[error("no reply to {cmd} within {timeout:?}")]
+    Timeout {
+        /// The command.
+        cmd: String,
+        /// How long it waited.
+        timeout: Duration,
+    },
+    /// QEMU answered with an error.
+    #[error("{desc}")]
+    Failed {
+        /// QEMU's error class, e.g. `CommandNotFound`.
+        class: String,
+        /// QEMU's description.
+        desc: String,
+    },
+    /// The connection closed before the answer.
+    #[error("QMP connection closed")]
+    Closed,
+    /// A thread panicked while holding the session's state.
+    #[error("QMP state poisoned")]
+    Poisoned,
+}
+
+/// The reply of one command as the reader thread delivers it.
+type Reply = Result<Value, QmpError>;
+type Pending = Arc<Mutex<HashMap<u64, Sender<Reply>>>>;
 
 /// A connected, negotiated QMP session.
 pub struct Qmp {
@@ -39,35 +112,16 @@ impl Qmp {
         path: &Path,
         timeout: Duration,
         events: Sender<QmpEvent>,
-    ) -> Result<Qmp, String> {
-        let start = Instant::now();
-        let stream = loop {
-            match UnixStream::connect(path) {
-                Ok(s) => break s,
-                Err(e) if start.elapsed() < timeout => {
-                    tracing::trace!("QMP not ready yet: {e}");
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                Err(e) => return Err(format!("cannot connect to {}: {e}", path.display())),
-            }
+    ) -> Result<Qmp, QmpError> {
+        let setup = |source| QmpError::Setup {
+            path: path.into(),
+            source,
         };
-        let reader = stream
-            .try_clone()
-            .map_err(|e| format!("cannot clone the QMP socket: {e}"))?;
-        let mut reader = BufReader::new(reader);
-        let mut greeting = String::new();
-        stream
-            .set_read_timeout(Some(timeout))
-            .map_err(|e| e.to_string())?;
-        reader
-            .read_line(&mut greeting)
-            .map_err(|e| format!("no QMP greeting: {e}"))?;
-        let g: Value = serde_json::from_str(&greeting)
-            .map_err(|e| format!("bad QMP greeting {greeting:?}: {e}"))?;
-        if g.get("QMP").is_none() {
-            return Err(format!("unexpected QMP greeting {greeting:?}"));
-        }
-        stream.set_read_timeout(None).map_err(|e| e.to_string())?;
+        let stream = connect_retrying(path, timeout)?;
+        let mut reader = BufReader::new(stream.try_clone().map_err(setup)?);
+        stream.set_read_timeout(Some(timeout)).map_err(setup)?;
+        read_greeting(&mut reader, path)?;
+        stream.set_read_timeout(None).map_err(setup)?;
         let pending: Pending = Arc::default();
         let qmp = Qmp {
             stream: Mutex::new(stream),
@@ -77,7 +131,7 @@ impl Qmp {
         std::thread::Builder::new()
             .name("vmsight-qmp".into())
             .spawn(move || read_loop(reader, pending, events))
-            .map_err(|e| format!("cannot start the QMP reader: {e}"))?;
+            .map_err(setup)?;
         qmp.execute("qmp_capabilities", None, timeout)?;
         Ok(qmp)
     }
@@ -88,12 +142,12 @@ impl Qmp {
         cmd: &str,
         args: Option<Value>,
         timeout: Duration,
-    ) -> Result<Value, String> {
+    ) -> Result<Value, QmpError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel();
         self.pending
             .lock()
-            .map_err(|_| "QMP state poisoned".to_string())?
+            .map_err(|_| QmpError::Poisoned)?
             .insert(id, tx);
         let mut msg = json!({ "execute": cmd, "id": id });
         if let Some(a) = args {
@@ -102,12 +156,12 @@ impl Qmp {
         let mut line = msg.to_string();
         line.push('\n');
         {
-            let mut s = self
-                .stream
-                .lock()
-                .map_err(|_| "QMP state poisoned".to_string())?;
+            let mut s = self.stream.lock().map_err(|_| QmpError::Poisoned)?;
             s.write_all(line.as_bytes())
-                .map_err(|e| format!("cannot send {cmd}: {e}"))?;
+                .map_err(|source| QmpError::Send {
+                    cmd: cmd.into(),
+                    source,
+                })?;
         }
         match rx.recv_timeout(timeout) {
             Ok(r) => r,
@@ -115,10 +169,72 @@ impl Qmp {
                 if let Ok(mut p) = self.pending.lock() {
                     p.remove(&id);
                 }
-                Err(format!("no reply to {cmd} within {timeout:?}"))
+                Err(QmpError::Timeout {
+                    cmd: cmd.into(),
+                    timeout,
+                })
             }
         }
     }
+}
+
+/// Connects to `path`, retrying until `timeout` (QEMU creates the socket during start-up).
+fn connect_retrying(path: &Path, timeout: Duration) -> Result<UnixStream, QmpError> {
+    let start = Instant::now();
+    loop {
+        match UnixStream::connect(path) {
+            Ok(s) => return Ok(s),
+            Err(e) if start.elapsed() < timeout => {
+                tracing::trace!("QMP not ready yet: {e}");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(source) => {
+                return Err(QmpError::Connect {
+                    path: path.into(),
+                    source,
+                })
+            }
+        }
+    }
+}
+
+/// Reads and checks QEMU's greeting line.
+fn read_greeting(reader: &mut BufReader<UnixStream>, path: &Path) -> Result<(), QmpError> {
+    let mut greeting = String::new();
+    reader
+        .read_line(&mut greeting)
+        .map_err(|source| QmpError::NoGreeting {
+            path: path.into(),
+            source,
+        })?;
+    let is_greeting = serde_json::from_str::<Value>(&greeting)
+        .ok()
+        .is_some_and(|g| g.get("QMP").is_some());
+    if !is_greeting {
+        return Err(QmpError::BadGreeting {
+            path: path.into(),
+            greeting,
+        });
+    }
+    Ok(())
+}
+
+/// The result a reply line carries: its `return`, or its `error`.
+fn reply_of(v: &Value) -> Reply {
+    if let Some(r) = v.get("return") {
+        return Ok(r.clone());
+    }
+    let field = |name: &str, default: &str| {
+        v.get("error")
+            .and_then(|e| e.get(name))
+            .and_then(Value::as_str)
+            .unwrap_or(default)
+            .to_string()
+    };
+    Err(QmpError::Failed {
+        class: field("class", "GenericError"),
+        desc: field("desc", "unknown QMP error"),
+    })
 }
 
 fn read_loop(mut reader: BufReader<UnixStream>, pending: Pending, events: Sender<QmpEvent>) {
@@ -146,16 +262,7 @@ fn read_loop(mut reader: BufReader<UnixStream>, pending: Pending, events: Sender
         let Some(id) = v.get("id").and_then(Value::as_u64) else {
             continue;
         };
-        let reply = if let Some(r) = v.get("return") {
-            Ok(r.clone())
-        } else {
-            Err(v
-                .get("error")
-                .and_then(|e| e.get("desc"))
-                .and_then(Value::as_str)
-                .unwrap_or("unknown QMP error")
-                .to_string())
-        };
+        let reply = reply_of(&v);
         if let Ok(mut p) = pending.lock() {
             if let Some(tx) = p.remove(&id) {
                 let _ = tx.send(reply);
@@ -165,7 +272,7 @@ fn read_loop(mut reader: BufReader<UnixStream>, pending: Pending, events: Sender
     // Wake every waiter: QEMU is gone.
     if let Ok(mut p) = pending.lock() {
         for (_, tx) in p.drain() {
-            let _ = tx.send(Err("QMP connection closed".into()));
+            let _ = tx.send(Err(QmpError::Closed));
         }
     }
 }
@@ -224,7 +331,11 @@ mod tests {
         let e = q
             .execute("bogus", None, Duration::from_secs(5))
             .unwrap_err();
-        assert_eq!(e, "no bogus");
+        assert_eq!(e.to_string(), "no bogus");
+        assert!(
+            matches!(&e, QmpError::Failed { class, .. } if class == "CommandNotFound"),
+            "{e:?}"
+        );
     }
 
     #[test]
@@ -234,6 +345,7 @@ mod tests {
         let e = Qmp::connect(&dir.path().join("none"), Duration::from_millis(100), tx)
             .err()
             .unwrap();
-        assert!(e.contains("cannot connect"), "{e}");
+        assert!(matches!(e, QmpError::Connect { .. }), "{e}");
+        assert!(e.to_string().contains("cannot connect"), "{e}");
     }
 }

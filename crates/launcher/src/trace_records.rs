@@ -113,19 +113,15 @@ pub fn set_target(
     host: &mut ChannelHost,
     target: &TraceTarget,
     cmd_pid: Option<u32>,
-) -> Result<(), String> {
+) -> Result<(), vmsight_ring::Error> {
     let filters = match (target, cmd_pid) {
         (TraceTarget::Command, None) => MonitorFilters::none(),
-        (TraceTarget::Command, Some(pid)) | (&TraceTarget::Pid(pid), _) => MonitorFilters::none()
-            .with_tgid(pid)
-            .map_err(|e| e.to_string())?,
-        (TraceTarget::Comm(c), _) => MonitorFilters::none()
-            .with_comm(c)
-            .map_err(|e| e.to_string())?,
+        (TraceTarget::Command, Some(pid)) | (&TraceTarget::Pid(pid), _) => {
+            MonitorFilters::none().with_tgid(pid)?
+        }
+        (TraceTarget::Comm(c), _) => MonitorFilters::none().with_comm(c)?,
     };
-    host.set_filters(&filters)
-        .map(|_generation| ())
-        .map_err(|e| e.to_string())
+    host.set_filters(&filters).map(|_generation| ())
 }
 
 /// Starts the trace session with the writers `cfg` asks for, plus process tracking through

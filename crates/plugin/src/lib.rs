@@ -49,6 +49,17 @@ pub use guest::{MemError, MAX_GUEST_READ};
 
 pub use logic::*;
 
+/// Why a vCPU cannot be observed (it then runs unobserved).
+#[derive(Debug, thiserror::Error)]
+enum VcpuSetupError {
+    /// Its ring or counter block in the channel is unusable.
+    #[error("{0}")]
+    Channel(#[from] vmsight_ring::Error),
+    /// A QEMU byte buffer could not be allocated.
+    #[error("cannot allocate a {0} buffer")]
+    Alloc(&'static str),
+}
+
 // ---------------------------------------------------------------------------------------------
 // Global state
 
@@ -685,11 +696,11 @@ fn vcpu_init(vcpu: c_uint) {
         return;
     };
     if slot.get().is_none() {
-        let built = (|| -> Result<VcpuState, String> {
-            let producer = st.channel.producer(vcpu).map_err(|e| e.to_string())?;
-            let sink = st.channel.counters(vcpu).map_err(|e| e.to_string())?;
-            let regbuf = guest::ByteBuf::new(256).ok_or("cannot allocate a register buffer")?;
-            let membuf = guest::ByteBuf::new(512).ok_or("cannot allocate a memory buffer")?;
+        let built = (|| -> Result<VcpuState, VcpuSetupError> {
+            let producer = st.channel.producer(vcpu)?;
+            let sink = st.channel.counters(vcpu)?;
+            let regbuf = guest::ByteBuf::new(256).ok_or(VcpuSetupError::Alloc("register"))?;
+            let membuf = guest::ByteBuf::new(512).ok_or(VcpuSetupError::Alloc("memory"))?;
             Ok(VcpuState {
                 sink,
                 cr3_classified: AtomicU64::new(u64::MAX),

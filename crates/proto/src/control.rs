@@ -182,10 +182,15 @@ impl From<ControlReply> for WireReply {
     }
 }
 
-impl TryFrom<WireReply> for ControlReply {
-    type Error = String;
+/// A reply with `"ok": true` but no status in it.
+#[derive(Debug, thiserror::Error)]
+#[error("the reply has neither \"error\" nor \"disks\"")]
+pub struct NoStatus;
 
-    fn try_from(w: WireReply) -> Result<ControlReply, String> {
+impl TryFrom<WireReply> for ControlReply {
+    type Error = NoStatus;
+
+    fn try_from(w: WireReply) -> Result<ControlReply, NoStatus> {
         if !w.ok {
             let reason = w
                 .error
@@ -193,9 +198,7 @@ impl TryFrom<WireReply> for ControlReply {
             return Ok(ControlReply::Refused(reason));
         }
         let status = VmStatus {
-            disks: w
-                .disks
-                .ok_or("the reply has neither \"error\" nor \"disks\"")?,
+            disks: w.disks.ok_or(NoStatus)?,
             insights: w.insights.filter(|v| !v.is_null()),
         };
         Ok(match w.attached {

@@ -138,6 +138,23 @@ pub mod plugin_flags {
 const _: () = assert!(std::mem::size_of::<Header>() as u64 <= HEADER_SIZE);
 const _: () = assert!(std::mem::size_of::<Record>() as u64 == RECORD_SIZE);
 
+/// Why a channel geometry is out of range.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GeometryError {
+    /// The vCPU count is 0 or above [`MAX_VCPUS`].
+    #[error("max_vcpus is {0}, but it must be between 1 and {MAX_VCPUS}")]
+    VcpuCount(u32),
+    /// The ring length is not a power of two in range.
+    #[error(
+        "ring_records is {0}, but it must be a power of two between {MIN_RING_RECORDS} and \
+         {MAX_RING_RECORDS}"
+    )]
+    RingRecords(u32),
+    /// The channel would not fit this process's address space.
+    #[error("{0} bytes do not fit the address space")]
+    TooLarge(u64),
+}
+
 /// Geometry of a channel, computed from the two free parameters. Both sides compute it locally
 /// and never index with offsets read back from the file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -156,19 +173,14 @@ pub struct Geometry {
 
 impl Geometry {
     /// Computes the layout, or explains which parameter is out of range.
-    pub fn new(max_vcpus: u32, ring_records: u32) -> Result<Self, String> {
+    pub fn new(max_vcpus: u32, ring_records: u32) -> Result<Self, GeometryError> {
         if max_vcpus == 0 || max_vcpus > MAX_VCPUS {
-            return Err(format!(
-                "max_vcpus is {max_vcpus}, but it must be between 1 and {MAX_VCPUS}"
-            ));
+            return Err(GeometryError::VcpuCount(max_vcpus));
         }
         if !(MIN_RING_RECORDS..=MAX_RING_RECORDS).contains(&ring_records)
             || !ring_records.is_power_of_two()
         {
-            return Err(format!(
-                "ring_records is {ring_records}, but it must be a power of two between \
-                 {MIN_RING_RECORDS} and {MAX_RING_RECORDS}"
-            ));
+            return Err(GeometryError::RingRecords(ring_records));
         }
         // The bounds above keep every product far below 2^63: no overflow possible.
         let rings_offset = align_up(COUNTERS_OFFSET + u64::from(max_vcpus) * COUNTER_STRIDE);

@@ -64,7 +64,7 @@ pub enum Error {
     },
     /// The requested or recorded geometry is out of range.
     #[error("The channel geometry is invalid: {0}.")]
-    Geometry(String),
+    Geometry(#[source] layout::GeometryError),
     /// The file is too small to hold a header.
     #[error(
         "The channel file {path} is {size} bytes, smaller than a channel header ({HEADER_SIZE} \
@@ -319,12 +319,8 @@ impl Channel {
             .open(path)
             .map_err(io("create"))?;
         file.set_len(geometry.total_size).map_err(io("resize"))?;
-        let len = usize::try_from(geometry.total_size).map_err(|_| {
-            Error::Geometry(format!(
-                "{} bytes do not fit the address space",
-                geometry.total_size
-            ))
-        })?;
+        let len = usize::try_from(geometry.total_size)
+            .map_err(|_| Error::Geometry(layout::GeometryError::TooLarge(geometry.total_size)))?;
         let map = Mapping::map(&file, len, geometry).map_err(io("map"))?;
         let h = map.header();
         let r = Ordering::Relaxed;
@@ -466,7 +462,8 @@ fn validate_header(path: &Path, h: &layout::Header, file_size: u64) -> Result<Ge
         layout::CONTROL_OFFSET,
     )?;
     check("control_size", h.control_size.load(r), layout::CONTROL_SIZE)?;
-    let g = Geometry::new(h.max_vcpus.load(r), h.ring_records.load(r)).map_err(corrupt)?;
+    let g = Geometry::new(h.max_vcpus.load(r), h.ring_records.load(r))
+        .map_err(|e| corrupt(e.to_string()))?;
     check("rings_offset", h.rings_offset.load(r), g.rings_offset)?;
     check("ring_stride", h.ring_stride.load(r), g.ring_stride)?;
     check("total_size", h.total_size.load(r), g.total_size)?;

@@ -63,7 +63,7 @@ pub struct Prepared {
 pub fn prepare(cfg: &VmConfig, arts: &Artifacts) -> Result<Prepared, LaunchError> {
     cfg.validate()?;
     crate::stages::check_requests(&cfg.stages)?;
-    let AccelChoice { accel, reason } = accel::choose(cfg.accel).map_err(LaunchError::Config)?;
+    let AccelChoice { accel, reason } = accel::choose(cfg.accel)?;
     tracing::info!("accelerator: {accel} ({reason})");
     let (qemu_bin, qemu_version) = qemu::find_qemu()?;
     let guest = resolve_guest(cfg)?;

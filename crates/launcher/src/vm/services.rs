@@ -204,7 +204,7 @@ fn plugin_channel(cfg: &VmConfig, prep: &Prepared) -> Result<Option<PluginChanne
         .map_err(|e| LaunchError::Channel(e.to_string()))?;
     if let Some(t) = &prep.trace {
         crate::trace_records::set_target(&mut host, &t.target, None)
-            .map_err(LaunchError::Channel)?;
+            .map_err(|e| LaunchError::Channel(e.to_string()))?;
     }
     Ok(Some((shm, Arc::new(Mutex::new(host)))))
 }
