@@ -266,7 +266,9 @@ mod tests {
         assert!("a.img,queues=0".parse::<DiskSpec>().is_err());
         assert!("a.img,queues=x".parse::<DiskSpec>().is_err());
         assert_eq!(
-            "a.img,io_threads=1".parse::<DiskSpec>().map(|d| d.io_threads),
+            "a.img,io_threads=1"
+                .parse::<DiskSpec>()
+                .map(|d| d.io_threads),
             Ok(Some(1))
         );
         assert!("a.img,io_threads=0".parse::<DiskSpec>().is_err());
