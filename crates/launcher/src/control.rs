@@ -8,7 +8,6 @@
 //! [`vmsight_proto::server::UnixServer`], which sleeps until a client connects or the server
 //! stops.
 
-use std::fmt::Display;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -106,46 +105,10 @@ impl ControlServer {
         Ok(Self { server })
     }
 
-    /// Binds `path` with a handler that still speaks JSON values: it gets the request as a
-    /// value (`{"cmd": ...}`, already checked to be a [`ControlRequest`]) and returns the
-    /// reply's fields, which must form a [`ControlReply`], or a refusal. Kept for handlers not
-    /// yet written against [`ControlServer::serve`]; new code should use that.
-    pub fn bind<F, E>(path: &Path, handler: Arc<F>) -> Result<Self, ControlError>
-    where
-        F: Fn(&Value) -> Result<Value, E> + Send + Sync + 'static,
-        E: Display,
-    {
-        Self::serve(path, untyped(handler))
-    }
-
     /// The socket path.
     pub fn path(&self) -> &Path {
         self.server.path()
     }
-}
-
-/// Adapts a JSON-value handler to a [`Service`].
-fn untyped<F, E>(handler: Arc<F>) -> Service
-where
-    F: Fn(&Value) -> Result<Value, E> + Send + Sync + 'static,
-    E: Display,
-{
-    Arc::new(move |req: ControlRequest| {
-        let req = serde_json::to_value(req).unwrap_or(Value::Null);
-        match handler(&req) {
-            Ok(fields) => reply_from_fields(fields),
-            Err(e) => ControlReply::Refused(e.to_string()),
-        }
-    })
-}
-
-/// The reply made of a handler's fields (`ok` is added).
-fn reply_from_fields(mut fields: Value) -> ControlReply {
-    if let Some(obj) = fields.as_object_mut() {
-        obj.insert("ok".into(), Value::Bool(true));
-    }
-    serde_json::from_value(fields)
-        .unwrap_or_else(|e| ControlReply::Refused(format!("the VM cannot encode its answer: {e}")))
 }
 
 /// Reads one request from `conn` and writes the answer.
@@ -279,30 +242,6 @@ mod tests {
             assert!(matches!(reply, ControlReply::Refused(_)), "{line}");
         }
         assert!(request(&sock, ControlRequest::Status).is_ok());
-    }
-
-    #[test]
-    fn untyped_handlers_are_adapted() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let sock = dir.path().join("control.sock");
-        let handler = Arc::new(|req: &Value| match req["cmd"].as_str() {
-            Some("status") => Ok(json!({"disks": [], "insights": {"reads": 1}})),
-            Some("stream-start") => Ok(json!({"disks": [], "attached": [3]})),
-            _ => Err("unknown command"),
-        });
-        let _srv = ControlServer::bind(&sock, handler).expect("binds");
-        let ControlReply::Status(s) = request(&sock, ControlRequest::Status).expect("answers")
-        else {
-            panic!("a status")
-        };
-        assert_eq!(s.insights, Some(json!({"reads": 1})));
-        assert_eq!(
-            request(&sock, ControlRequest::StreamStart).expect("answers"),
-            ControlReply::StreamStarted {
-                status: VmStatus::default(),
-                attached: vec![3]
-            }
-        );
     }
 
     #[test]

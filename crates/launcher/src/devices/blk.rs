@@ -52,7 +52,7 @@ fn start(env: &DeviceEnv<'_>) -> Result<Vec<Box<dyn Device>>, LaunchError> {
 }
 
 fn start_disk(env: &DeviceEnv<'_>, d: &DiskPlan) -> Result<BlkDevice, LaunchError> {
-    let socket = env.prep.rt.join(&format!("disk{}.sock", d.index));
+    let socket = env.prep.rt.paths().disk_socket(d.index);
     let ctx = DiskCtx {
         index: d.index,
         path: &d.path,

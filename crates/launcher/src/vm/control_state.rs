@@ -1,9 +1,12 @@
 //! What the control socket can see and do (`vmsight stream NAME`, `vmsight stats NAME`).
 //! Stages are reported through the registry's handles, under each stage's key.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
+
+use vmsight_proto::control::{ControlReply, ControlRequest, DiskStatus, VmStatus};
 
 use crate::devices::{Device, DeviceMetrics};
 use crate::stream::{DiskStream, EngineSlot, InferStats};
@@ -52,45 +55,53 @@ impl ControlState {
         }
     }
 
-    /// One object per disk that streams: its tap and inference, and every reporting stage's
+    /// One entry per disk that streams: its tap and inference, and every reporting stage's
     /// snapshot under the stage's key plus its summary line.
-    fn status(&self) -> serde_json::Value {
-        let disks: Vec<serde_json::Value> = self
+    fn status(&self) -> VmStatus {
+        let disks = self
             .streams
             .iter()
             .map(|h| {
-                let mut d = serde_json::json!({
-                    "disk": h.index,
-                    "streaming": h.ready(),
-                    "tap": h.queue.snapshot(),
-                    "inference": h.infer.lock().ok().map(|s| s.clone()),
-                });
-                let mut lines = Vec::new();
+                let mut stage_counters = BTreeMap::new();
+                let mut stages = Vec::new();
                 for dev in self.devices.iter().filter(|m| m.disk == Some(h.index)) {
                     for (_, m) in &dev.stages {
-                        d[m.key()] = m.snapshot();
-                        lines.push(m.summary());
+                        stage_counters.insert(m.key().to_owned(), m.snapshot());
+                        stages.push(m.summary());
                     }
                 }
-                d["stages"] = serde_json::json!(lines);
-                d
+                DiskStatus {
+                    disk: h.index,
+                    streaming: h.ready(),
+                    tap: serde_json::to_value(h.queue.snapshot()).unwrap_or_default(),
+                    inference: h
+                        .infer
+                        .lock()
+                        .ok()
+                        .and_then(|s| serde_json::to_value(s.clone()).ok()),
+                    stages,
+                    stage_counters,
+                }
             })
             .collect();
-        serde_json::json!({
-            "disks": disks,
-            "insights": self.insight.as_ref().map(|e| e.counters()),
-        })
+        VmStatus {
+            disks,
+            insights: self
+                .insight
+                .as_ref()
+                .and_then(|e| serde_json::to_value(e.counters()).ok()),
+        }
     }
 
     /// Enables every idle tap and waits (bounded) for the crawls, so the caller knows when
     /// events flow; a disk without a readable file system never becomes ready.
-    fn stream_start(&self) -> serde_json::Value {
-        let mut started = Vec::new();
+    fn stream_start(&self) -> ControlReply {
+        let mut attached = Vec::new();
         for h in &self.streams {
             if !h.ready() {
                 h.queue.set_enabled(true);
                 h.attach.store(true, Ordering::Release);
-                started.push(h.index);
+                attached.push(h.index);
             }
         }
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -98,23 +109,21 @@ impl ControlState {
             && self
                 .streams
                 .iter()
-                .any(|h| started.contains(&h.index) && !h.ready())
+                .any(|h| attached.contains(&h.index) && !h.ready())
         {
             std::thread::sleep(Duration::from_millis(50));
         }
-        let mut v = self.status();
-        v["attached"] = serde_json::json!(started);
-        v
+        ControlReply::StreamStarted {
+            status: self.status(),
+            attached,
+        }
     }
 
-    pub fn request(&self, req: &serde_json::Value) -> Result<serde_json::Value, String> {
-        match req.get("cmd").and_then(serde_json::Value::as_str) {
-            Some("status") => Ok(self.status()),
-            Some("stream-start") => Ok(self.stream_start()),
-            Some(other) => Err(format!(
-                "unknown command {other:?} (known: status, stream-start)"
-            )),
-            None => Err("the request has no command".into()),
+    /// Answers one control request.
+    pub fn request(&self, req: ControlRequest) -> ControlReply {
+        match req {
+            ControlRequest::Status => ControlReply::Status(self.status()),
+            ControlRequest::StreamStart => self.stream_start(),
         }
     }
 }

@@ -15,6 +15,8 @@ use std::thread::JoinHandle;
 
 use vmsight_insight::InsightEngine;
 
+use vmsight_proto::layout;
+
 use crate::config::VmConfig;
 use crate::devices::Device;
 use crate::error::LaunchError;
@@ -99,7 +101,7 @@ pub fn start(
     let delivery = Arc::new(Delivery::open(
         cfg.stream.host.clone(),
         &cfg.name,
-        Some(&prep.rt.join(vmsight_events::EVENTS_SOCKET)),
+        Some(&prep.rt.join(layout::EVENTS_SOCKET)),
         cfg.stream.redis.as_deref(),
         cfg.stream.events_file.as_deref(),
         cfg.stream.data,
@@ -110,16 +112,16 @@ pub fn start(
     // The live read-only view (`vmsight mount`) shows the root disk's file system.
     let view = match streams.iter().find(|d| d.index == 0) {
         Some(d) => Some(
-            vmsight_view::ViewServer::bind(prep.rt.join(vmsight_view::VIEW_SOCKET), d.slot.clone())
+            vmsight_view::ViewServer::bind(prep.rt.join(layout::VIEW_SOCKET), d.slot.clone())
                 .map_err(|e| LaunchError::Config(format!("cannot start the view server: {e}")))?,
         ),
         None => None,
     };
     let control = ControlState::new(streams, devices, insight.cloned());
     let metrics = super::metrics::serve(cfg, devices, streams)?;
-    let control = crate::control::ControlServer::bind(
-        &prep.rt.join("control.sock"),
-        Arc::new(move |req: &serde_json::Value| control.request(req)),
+    let control = crate::control::ControlServer::serve(
+        &prep.rt.paths().control_socket(),
+        Arc::new(move |req| control.request(req)),
     )
     .map_err(|e| LaunchError::Config(format!("cannot start the control socket: {e}")))?;
     let channel = plugin_channel(cfg, prep)?;
@@ -199,7 +201,7 @@ fn plugin_channel(cfg: &VmConfig, prep: &Prepared) -> Result<Option<PluginChanne
     if !prep.use_plugin {
         return Ok(None);
     }
-    let shm = prep.rt.join("plugin.shm");
+    let shm = prep.rt.join(layout::PLUGIN_SHM);
     let mut host = vmsight_ring::Channel::create(&shm, cfg.vcpus, 1 << 14)
         .map_err(|e| LaunchError::Channel(e.to_string()))?;
     if let Some(t) = &prep.trace {
@@ -252,7 +254,7 @@ fn start_guest_io(
     let tail = Arc::new(Mutex::new(ConsoleTail::default()));
     let console_writer: SharedStream = Arc::default();
     let interactive = cfg.command.is_none();
-    let console_log = std::fs::File::create(rt.join("console.log")).ok();
+    let console_log = std::fs::File::create(rt.join(layout::CONSOLE_LOG)).ok();
     let user_log = match &cfg.console_log {
         Some(p) => Some(std::fs::File::create(p)?),
         None => None,
@@ -265,7 +267,7 @@ fn start_guest_io(
         None
     };
     let mut pumps = vec![guestio::spawn_console_reader(
-        guestio::listen(&rt.join("console.sock"))?,
+        guestio::listen(&rt.join(layout::CONSOLE_SOCKET))?,
         stop.clone(),
         tail.clone(),
         user_log.or(console_log),
@@ -275,20 +277,20 @@ fn start_guest_io(
     )?];
     let ctl_writer: SharedStream = Arc::default();
     pumps.push(guestio::spawn_ctl_reader(
-        guestio::listen(&rt.join("ctl.sock"))?,
+        guestio::listen(&rt.join(layout::CTL_SOCKET))?,
         stop.clone(),
         tx.clone(),
         ctl_writer.clone(),
     )?);
     pumps.push(guestio::spawn_output_pump(
         "vmsight-stdout",
-        guestio::listen(&rt.join("stdout.sock"))?,
+        guestio::listen(&rt.join(layout::STDOUT_SOCKET))?,
         stop.clone(),
         Box::new(std::io::stdout()),
     )?);
     pumps.push(guestio::spawn_output_pump(
         "vmsight-stderr",
-        guestio::listen(&rt.join("stderr.sock"))?,
+        guestio::listen(&rt.join(layout::STDERR_SOCKET))?,
         stop.clone(),
         Box::new(std::io::stderr()),
     )?);
@@ -296,7 +298,7 @@ fn start_guest_io(
     // Not joined: it may sit in a read of the host's stdin, which must not delay the exit.
     let (stdin_go, stdin_go_rx) = mpsc::channel();
     let stdin = guestio::spawn_stdin_feeder(
-        guestio::listen(&rt.join("stdin.sock"))?,
+        guestio::listen(&rt.join(layout::STDIN_SOCKET))?,
         stop.clone(),
         feed_stdin,
         stdin_go_rx,

@@ -9,6 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use vmsight_proto::layout;
+
 use crate::config::VmConfig;
 use crate::devices::Device;
 use crate::error::LaunchError;
@@ -44,7 +46,7 @@ pub fn spawn(
     let args = qemu::build_args(&plan(cfg, arts, prep, devices, svc)?);
     tracing::debug!("{} {}", prep.qemu_bin.display(), args.join(" "));
     std::fs::write(
-        prep.rt.join("qemu.cmdline"),
+        prep.rt.join(layout::QEMU_CMDLINE),
         format!("{} {}\n", prep.qemu_bin.display(), args.join(" ")),
     )?;
     let mut child = start_process(prep, &args)?;
@@ -52,7 +54,10 @@ pub fn spawn(
     let trace = start_trace(prep, svc, insight, pid);
     let (stderr, stderr_thread) = match child.stderr.take() {
         Some(e) => {
-            let (l, h) = collect_stderr(e, std::fs::File::create(prep.rt.join("qemu.log")).ok());
+            let (l, h) = collect_stderr(
+                e,
+                std::fs::File::create(prep.rt.join(layout::QEMU_LOG)).ok(),
+            );
             (l, Some(h))
         }
         None => (Arc::default(), None),
@@ -96,7 +101,7 @@ fn plan(
     let rt = &prep.rt;
     let command_file = match &cfg.command {
         Some(argv) => {
-            let p = rt.join("cmd.sh");
+            let p = rt.join(layout::COMMAND_SCRIPT);
             std::fs::write(&p, qemu::command_script(argv))?;
             Some(p)
         }
@@ -110,12 +115,12 @@ fn plan(
         kernel: prep.guest.kernel.clone(),
         initrd: prep.guest.initrd.clone(),
         cmdline: qemu::kernel_cmdline(&cfg.name, &cfg.append),
-        qmp_socket: rt.join("qmp.sock"),
-        console_socket: rt.join("console.sock"),
-        ctl_socket: rt.join("ctl.sock"),
-        stdout_socket: rt.join("stdout.sock"),
-        stderr_socket: rt.join("stderr.sock"),
-        stdin_socket: rt.join("stdin.sock"),
+        qmp_socket: rt.join(layout::QMP_SOCKET),
+        console_socket: rt.join(layout::CONSOLE_SOCKET),
+        ctl_socket: rt.join(layout::CTL_SOCKET),
+        stdout_socket: rt.join(layout::STDOUT_SOCKET),
+        stderr_socket: rt.join(layout::STDERR_SOCKET),
+        stdin_socket: rt.join(layout::STDIN_SOCKET),
         command_file,
         devices: devices.iter().map(|d| d.qemu_args()).collect(),
         plugin: svc.channel.as_ref().map(|(shm, _)| qemu::PluginPlan {
@@ -194,7 +199,11 @@ fn connect_qmp(prep: &Prepared, svc: &Services) -> Result<Option<Qmp>, LaunchErr
                 }
             }
         })?;
-    match Qmp::connect(&prep.rt.join("qmp.sock"), Duration::from_secs(20), qtx) {
+    match Qmp::connect(
+        &prep.rt.join(layout::QMP_SOCKET),
+        Duration::from_secs(20),
+        qtx,
+    ) {
         Ok(q) => Ok(Some(q)),
         Err(e) => {
             tracing::warn!("QMP unavailable: {e}");
