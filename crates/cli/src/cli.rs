@@ -9,6 +9,7 @@ use vmsight_launcher::config::{generate_name, parse_mem_mib, DiskSpec, VmConfig}
 use vmsight_launcher::stages::StageRequest;
 use vmsight_launcher::trace::{TraceConfig, TraceTarget};
 use vmsight_launcher::{runtime, Artifacts, EndReason};
+use vmsight_proto::control::{ControlReply, ControlRequest, VmStatus};
 
 /// vmsight: VMM-level introspection of unmodified guests on QEMU 10.
 #[derive(Debug, Parser)]
@@ -262,11 +263,59 @@ pub fn main() -> i32 {
     };
     match res {
         Ok(code) => code,
-        Err(msg) => {
-            eprintln!("vmsight: {msg}");
+        Err(e) => {
+            eprintln!("vmsight: {}", cause_chain(&e));
             1
         }
     }
+}
+
+/// Why a command failed. Library errors keep their cause chain; `main` prints it once.
+#[derive(Debug, thiserror::Error)]
+enum CliError {
+    #[error(transparent)]
+    Launch(#[from] vmsight_launcher::LaunchError),
+    #[error(transparent)]
+    Control(#[from] vmsight_launcher::control::ControlError),
+    #[error(transparent)]
+    RunArgs(#[from] RunArgsError),
+    #[error(transparent)]
+    Config(#[from] vmsight_launcher::config::ConfigError),
+    #[error("cannot write to stdout")]
+    Stdout(#[source] std::io::Error),
+    #[error("no running VM named {0:?} (see `vmsight ps`)")]
+    NoSuchVm(String),
+    /// A failure already worded as one sentence by the library that reported it.
+    #[error("{0}")]
+    Other(String),
+}
+
+impl From<String> for CliError {
+    fn from(s: String) -> Self {
+        CliError::Other(s)
+    }
+}
+
+impl From<&str> for CliError {
+    fn from(s: &str) -> Self {
+        CliError::Other(s.to_owned())
+    }
+}
+
+/// The error and its causes as one line, each cause once: a cause whose text the message
+/// already contains is not repeated (some messages quote their source).
+fn cause_chain(e: &dyn std::error::Error) -> String {
+    let mut line = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        cause = c.source();
+    }
+    line
 }
 
 /// Checks `--disk-model` early (a usage error, exit status 2) and keeps its text: it becomes
@@ -349,15 +398,12 @@ fn trace_config(a: &RunArgs) -> Result<Option<TraceConfig>, RunArgsError> {
         }
         return Ok(None);
     }
-    let target: TraceTarget = a
-        .trace
-        .as_deref()
-        .unwrap_or("@cmd")
-        .parse()
-        .map_err(|reason| RunArgsError::Value {
+    let target: TraceTarget = a.trace.as_deref().unwrap_or("@cmd").parse().map_err(
+        |e: vmsight_launcher::trace::TraceTargetError| RunArgsError::Value {
             option: "--trace",
-            reason,
-        })?;
+            reason: e.to_string(),
+        },
+    )?;
     let filter = match &a.trace_filter {
         Some(f) => NameFilter::parse(f).map_err(|e| RunArgsError::Value {
             option: "--trace-filter",
@@ -390,10 +436,9 @@ fn insight_settings(
     let value = |option: &'static str| move |reason: String| RunArgsError::Value { option, reason };
     Ok(Some(vmsight_launcher::config::InsightSettings {
         file: file.clone(),
-        target: a
-            .insight_target
-            .parse()
-            .map_err(value("--insight-target"))?,
+        target: a.insight_target.parse().map_err(
+            |e: vmsight_launcher::trace::TraceTargetError| value("--insight-target")(e.to_string()),
+        )?,
         paths: match &a.insight_paths {
             Some(l) => vmsight_insight::InsightConfig::parse_paths(l)
                 .map_err(|e| value("--insight-paths")(e.to_string()))?,
@@ -423,17 +468,17 @@ fn stage_requests(a: &RunArgs) -> Result<Vec<StageRequest>, RunArgsError> {
     Ok(v)
 }
 
-fn cmd_run(a: RunArgs) -> Result<i32, String> {
+fn cmd_run(a: RunArgs) -> Result<i32, CliError> {
     let stats_json = a.stats_json.clone();
     let stats = a.stats;
-    let cfg = VmConfig::try_from(a).map_err(|e| e.to_string())?;
+    let cfg = VmConfig::try_from(a)?;
     if cfg.command.is_none() && !std::io::IsTerminal::is_terminal(&std::io::stdin()) {
         return Err("no command given and stdin is not a terminal: use `vmsight run -- CMD ...`, or run it from a terminal for a console".into());
     }
     let arts = Artifacts {
         plugin: vmsight_launcher::vm::find_plugin(),
     };
-    let outcome = vmsight_launcher::run(&cfg, &arts).map_err(|e| e.to_string())?;
+    let outcome = vmsight_launcher::run(&cfg, &arts)?;
     if stats {
         eprint!("{}", outcome.stats);
     }
@@ -461,7 +506,7 @@ fn cmd_run(a: RunArgs) -> Result<i32, String> {
     Ok(outcome.reason.exit_code())
 }
 
-fn cmd_stages() -> Result<i32, String> {
+fn cmd_stages() -> Result<i32, CliError> {
     let mut text = String::from("pos  stage        how              options\n");
     for e in vmsight_launcher::stages::ordered() {
         let how = if e.requested {
@@ -479,7 +524,7 @@ fn cmd_stages() -> Result<i32, String> {
     Ok(0)
 }
 
-fn cmd_image(action: ImageCmd) -> Result<i32, String> {
+fn cmd_image(action: ImageCmd) -> Result<i32, CliError> {
     match action {
         ImageCmd::Build { force } => {
             let img = vmsight_image::build(force, |msg| eprintln!("vmsight image: {msg}"))
@@ -500,7 +545,7 @@ fn cmd_image(action: ImageCmd) -> Result<i32, String> {
     Ok(0)
 }
 
-fn cmd_ps(json: bool) -> Result<i32, String> {
+fn cmd_ps(json: bool) -> Result<i32, CliError> {
     let vms = runtime::list_running(&runtime::runtime_base());
     if json {
         print_stdout(&serde_json::to_string_pretty(&vms).map_err(|e| e.to_string())?)?;
@@ -541,7 +586,7 @@ struct ReportArgs {
     fs: Vec<String>,
 }
 
-fn cmd_report(a: ReportArgs) -> Result<i32, String> {
+fn cmd_report(a: ReportArgs) -> Result<i32, CliError> {
     let mut fs_types = std::collections::BTreeMap::new();
     for spec in &a.fs {
         let (disk, ty) = vmsight_report::parse_fs_spec(spec).map_err(|e| e.to_string())?;
@@ -580,7 +625,7 @@ struct WatchArgs {
     count: Option<u64>,
 }
 
-fn cmd_watch(a: WatchArgs) -> Result<i32, String> {
+fn cmd_watch(a: WatchArgs) -> Result<i32, CliError> {
     let patterns = a
         .patterns
         .iter()
@@ -602,7 +647,7 @@ fn cmd_watch(a: WatchArgs) -> Result<i32, String> {
         Ok(_) => Ok(0),
         // The reader went away (`vmsight watch | head`): not an error.
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(0),
-        Err(e) => Err(format!("watch: {e}")),
+        Err(e) => Err(format!("watch: {e}").into()),
     }
 }
 
@@ -621,12 +666,9 @@ struct MountArgs {
     allow_other: bool,
 }
 
-fn cmd_mount(a: MountArgs) -> Result<i32, String> {
+fn cmd_mount(a: MountArgs) -> Result<i32, CliError> {
     if !a.dir.is_dir() {
-        return Err(format!(
-            "mount point {} is not a directory",
-            a.dir.display()
-        ));
+        return Err(format!("mount point {} is not a directory", a.dir.display()).into());
     }
     let mut opts = vmsight_view::MountOptions {
         vm: a.vm,
@@ -635,9 +677,7 @@ fn cmd_mount(a: MountArgs) -> Result<i32, String> {
     };
     if let Some(h) = a.host {
         if h.is_empty() || h.contains('/') {
-            return Err(format!(
-                "--host {h:?}: a host name cannot be empty or contain '/'"
-            ));
+            return Err(format!("--host {h:?}: a host name cannot be empty or contain '/'").into());
         }
         opts.host = h;
     }
@@ -655,13 +695,13 @@ struct StreamArgs {
 }
 
 /// The control socket of running VM `name`.
-fn control_socket(name: &str) -> Result<PathBuf, String> {
-    vmsight_launcher::config::validate_name(name).map_err(|e| e.to_string())?;
-    let sock = vmsight_launcher::runtime::runtime_base()
-        .join(name)
-        .join("control.sock");
+fn control_socket(name: &str) -> Result<PathBuf, CliError> {
+    vmsight_launcher::config::validate_name(name)?;
+    let sock = vmsight_proto::layout::RuntimeLayout::from_env()
+        .vm(name)
+        .control_socket();
     if !sock.exists() {
-        return Err(format!("no running VM named {name:?} (see `vmsight ps`)"));
+        return Err(CliError::NoSuchVm(name.to_owned()));
     }
     Ok(sock)
 }
@@ -678,20 +718,23 @@ struct StatsArgs {
     watch: Option<f64>,
 }
 
-fn cmd_stats(a: StatsArgs) -> Result<i32, String> {
+fn cmd_stats(a: StatsArgs) -> Result<i32, CliError> {
     let sock = control_socket(&a.name)?;
     loop {
-        let reply =
-            match vmsight_launcher::control::call(&sock, &serde_json::json!({"cmd": "status"})) {
-                Ok(r) => r,
-                // The VM ended while we were watching it.
-                Err(_) if a.watch.is_some() && !sock.exists() => return Ok(0),
-                Err(e) => return Err(e.to_string()),
-            };
+        let reply = match vmsight_launcher::control::request(&sock, ControlRequest::Status) {
+            Ok(r) => r,
+            // The VM ended while we were watching it.
+            Err(_) if a.watch.is_some() && !sock.exists() => return Ok(0),
+            Err(e) => return Err(e.into()),
+        };
+        let status = match &reply {
+            ControlReply::Status(s) | ControlReply::StreamStarted { status: s, .. } => s,
+            ControlReply::Refused(why) => return Err(CliError::Other(why.clone())),
+        };
         if a.json {
-            print_stdout(&reply.to_string())?;
+            print_stdout(&reply.to_line())?;
         } else {
-            print_stdout(format_stats(&reply).trim_end_matches('\n'))?;
+            print_stdout(format_stats(status).trim_end_matches('\n'))?;
         }
         match a.watch {
             Some(secs) if secs > 0.0 => {
@@ -703,7 +746,7 @@ fn cmd_stats(a: StatsArgs) -> Result<i32, String> {
 }
 
 /// Readable lines of a control `status` reply.
-fn format_stats(v: &serde_json::Value) -> String {
+fn format_stats(v: &VmStatus) -> String {
     let mut out = String::new();
     let tally = |m: &serde_json::Value| -> String {
         m.as_object()
@@ -715,8 +758,7 @@ fn format_stats(v: &serde_json::Value) -> String {
             })
             .unwrap_or_default()
     };
-    let ins = &v["insights"];
-    if !ins.is_null() {
+    if let Some(ins) = v.insights.as_ref().filter(|i| !i.is_null()) {
         out.push_str(&format!(
             "insights: data chunks {} / metadata chunks {} | writes by class {} | reads by class {}\n",
             ins["write_chunks_data"],
@@ -725,48 +767,56 @@ fn format_stats(v: &serde_json::Value) -> String {
             tally(&ins["reads"])
         ));
     }
-    for d in v["disks"].as_array().into_iter().flatten() {
-        let mut line = format!("disk{}:", d["disk"]);
-        if d["streaming"].as_bool() == Some(true) {
-            line.push_str(&format!(
-                " file events {}",
-                d["inference"]["events"].as_u64().unwrap_or(0)
-            ));
+    for d in &v.disks {
+        let mut line = format!("disk{}:", d.disk);
+        if d.streaming {
+            let events = d
+                .inference
+                .as_ref()
+                .and_then(|i| i["events"].as_u64())
+                .unwrap_or(0);
+            line.push_str(&format!(" file events {events}"));
         }
         out.push_str(&line);
         out.push('\n');
         // One summary line per reporting stage (the stage registry's own words).
-        for l in d["stages"].as_array().into_iter().flatten() {
-            out.push_str(&format!("  {}\n", l.as_str().unwrap_or("")));
+        for l in &d.stages {
+            out.push_str(&format!("  {l}\n"));
         }
     }
     out
 }
 
-fn cmd_stream(a: StreamArgs) -> Result<i32, String> {
+fn cmd_stream(a: StreamArgs) -> Result<i32, CliError> {
     let sock = control_socket(&a.name)?;
-    let cmd = if a.status { "status" } else { "stream-start" };
-    let reply = vmsight_launcher::control::call(&sock, &serde_json::json!({ "cmd": cmd }))
-        .map_err(|e| e.to_string())?;
-    let disks = reply["disks"].as_array().cloned().unwrap_or_default();
-    for d in &disks {
+    let req = if a.status {
+        ControlRequest::Status
+    } else {
+        ControlRequest::StreamStart
+    };
+    let (status, attached) = match vmsight_launcher::control::request(&sock, req)? {
+        ControlReply::Status(s) => (s, None),
+        ControlReply::StreamStarted { status, attached } => (status, Some(attached)),
+        ControlReply::Refused(why) => return Err(CliError::Other(why)),
+    };
+    for d in &status.disks {
         println!(
             "disk{}: {}; tap {} events, inference {} events",
-            d["disk"],
-            if d["streaming"].as_bool() == Some(true) {
+            d.disk,
+            if d.streaming {
                 "streaming"
             } else {
                 "not streaming"
             },
-            d["tap"]["events"],
-            d["inference"]["events"].as_u64().unwrap_or(0)
+            d.tap["events"],
+            d.inference
+                .as_ref()
+                .and_then(|i| i["events"].as_u64())
+                .unwrap_or(0)
         );
     }
-    if !a.status {
-        let attached = reply["attached"].as_array().map_or(0, Vec::len);
-        if attached == 0 {
-            println!("already streaming; nothing to attach");
-        }
+    if attached.is_some_and(|v| v.is_empty()) {
+        println!("already streaming; nothing to attach");
     }
     Ok(0)
 }
@@ -785,7 +835,7 @@ struct ReplayArgs {
     data: bool,
 }
 
-fn cmd_replay(a: ReplayArgs) -> Result<i32, String> {
+fn cmd_replay(a: ReplayArgs) -> Result<i32, CliError> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let s = vmsight_launcher::stream::replay(
@@ -805,13 +855,11 @@ fn cmd_replay(a: ReplayArgs) -> Result<i32, String> {
 
 /// Prints `text` and a newline; a reader that went away (`vmsight ... | head`) is not an error
 /// (println! would panic on the broken pipe).
-fn print_stdout(text: &str) -> Result<(), String> {
+fn print_stdout(text: &str) -> Result<(), CliError> {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
     match writeln!(out, "{text}").and_then(|()| out.flush()) {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
-            Err(format!("cannot write to stdout: {e}"))
-        }
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(CliError::Stdout(e)),
         _ => Ok(()),
     }
 }

@@ -28,29 +28,40 @@ pub enum TraceTarget {
     Comm(String),
 }
 
+/// A `--trace` / `--insight-target` value that names no traceable process.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TraceTargetError {
+    #[error("unknown trace target @{0} (use @cmd, a PID or a command name)")]
+    UnknownSpecial(String),
+    #[error("PID {0} is out of range")]
+    PidRange(String),
+    #[error("PID 0 cannot be traced")]
+    PidZero,
+    #[error("command name {0:?} is longer than the kernel's 15-character comm")]
+    CommTooLong(String),
+}
+
 impl std::str::FromStr for TraceTarget {
-    type Err = String;
+    type Err = TraceTargetError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         if s.is_empty() || s == "@cmd" {
             return Ok(TraceTarget::Command);
         }
         if let Some(rest) = s.strip_prefix('@') {
-            return Err(format!(
-                "unknown trace target @{rest} (use @cmd, a PID or a command name)"
-            ));
+            return Err(TraceTargetError::UnknownSpecial(rest.into()));
         }
         if s.chars().all(|c| c.is_ascii_digit()) {
-            let pid: u32 = s.parse().map_err(|_| format!("PID {s} is out of range"))?;
+            let pid: u32 = s
+                .parse()
+                .map_err(|_| TraceTargetError::PidRange(s.into()))?;
             if pid == 0 {
-                return Err("PID 0 cannot be traced".into());
+                return Err(TraceTargetError::PidZero);
             }
             return Ok(TraceTarget::Pid(pid));
         }
         if s.len() > 15 {
-            return Err(format!(
-                "command name {s:?} is longer than the kernel's 15-character comm"
-            ));
+            return Err(TraceTargetError::CommTooLong(s.into()));
         }
         Ok(TraceTarget::Comm(s.to_string()))
     }

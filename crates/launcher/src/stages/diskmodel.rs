@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use vmsight_blockdev::stages::{DiskModel, DiskModelConfig, DiskModelMetrics};
 
-use super::{BuiltStage, DiskCtx, Sample, StageEntry, StageMetrics};
+use super::{BuiltStage, DiskCtx, OptionsError, Sample, StageEntry, StageMetrics};
 use crate::error::LaunchError;
 
 pub static ENTRY: StageEntry = StageEntry {
@@ -19,13 +19,13 @@ pub static ENTRY: StageEntry = StageEntry {
     build,
 };
 
-fn parse(options: &str) -> Result<DiskModelConfig, String> {
+fn parse(options: &str) -> Result<DiskModelConfig, OptionsError> {
     options
         .parse::<DiskModelConfig>()
-        .map_err(|e| e.to_string())
+        .map_err(|e| OptionsError(e.to_string()))
 }
 
-fn check(options: &str) -> Result<(), String> {
+fn check(options: &str) -> Result<(), OptionsError> {
     parse(options).map(|_| ())
 }
 
@@ -39,7 +39,7 @@ fn build(ctx: &DiskCtx<'_>) -> Result<Option<BuiltStage>, LaunchError> {
         stage: ENTRY.name,
         reason,
     };
-    let cfg = parse(options).map_err(err)?;
+    let cfg = parse(options).map_err(|e| err(e.0))?;
     if cfg == DiskModelConfig::None {
         return Ok(None);
     }

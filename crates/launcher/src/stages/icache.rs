@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use vmsight_blockdev::stages::{CacheConfig, CacheMetrics, CacheSnapshot, ICache};
 
-use super::{BuiltStage, DiskCtx, Sample, StageEntry, StageMetrics};
+use super::{BuiltStage, DiskCtx, OptionsError, Sample, StageEntry, StageMetrics};
 use crate::error::LaunchError;
 
 pub static ENTRY: StageEntry = StageEntry {
@@ -20,7 +20,7 @@ pub static ENTRY: StageEntry = StageEntry {
 };
 
 /// Parses `size=MIB,policy=...,mode=...`.
-pub fn parse(options: &str) -> Result<CacheConfig, String> {
+pub fn parse(options: &str) -> Result<CacheConfig, OptionsError> {
     let mut size: Option<u64> = None;
     let mut cfg = CacheConfig::from_mib(0);
     for kv in options.split(',').filter(|s| !s.is_empty()) {
@@ -28,30 +28,37 @@ pub fn parse(options: &str) -> Result<CacheConfig, String> {
             Some(("size", v)) => {
                 size = Some(
                     v.parse()
-                        .map_err(|_| format!("size {v:?} is not a number of MiB"))?,
+                        .map_err(|_| OptionsError(format!("size {v:?} is not a number of MiB")))?,
                 )
             }
-            Some(("policy", v)) => cfg.policy = v.parse().map_err(|e| format!("{e}"))?,
-            Some(("mode", v)) => cfg.mode = v.parse().map_err(|e| format!("{e}"))?,
+            Some(("policy", v)) => cfg.policy = v.parse().map_err(reason)?,
+            Some(("mode", v)) => cfg.mode = v.parse().map_err(reason)?,
             _ => {
-                return Err(format!(
+                return Err(OptionsError(format!(
                     "unknown option {kv:?} (expected {})",
                     ENTRY.options
-                ))
+                )))
             }
         }
     }
     let Some(mib) = size.filter(|&m| m > 0) else {
-        return Err(format!("needs a size in MiB: {}", ENTRY.options));
+        return Err(OptionsError(format!(
+            "needs a size in MiB: {}",
+            ENTRY.options
+        )));
     };
     let mut sized = CacheConfig::from_mib(mib);
     sized.policy = cfg.policy;
     sized.mode = cfg.mode;
-    sized.validate().map_err(|e| e.to_string())?;
+    sized.validate().map_err(reason)?;
     Ok(sized)
 }
 
-fn check(options: &str) -> Result<(), String> {
+fn reason(e: impl std::fmt::Display) -> OptionsError {
+    OptionsError(e.to_string())
+}
+
+fn check(options: &str) -> Result<(), OptionsError> {
     parse(options).map(|_| ())
 }
 
@@ -65,7 +72,7 @@ fn build(ctx: &DiskCtx<'_>) -> Result<Option<BuiltStage>, LaunchError> {
         stage: ENTRY.name,
         reason,
     };
-    let cfg = parse(options).map_err(err)?;
+    let cfg = parse(options).map_err(|e| err(e.0))?;
     let (stage, m) = ICache::stage(cfg).map_err(|e| err(e.to_string()))?;
     Ok(Some(BuiltStage {
         stage,
@@ -175,12 +182,14 @@ mod tests {
             (c.policy, c.mode),
             (CachePolicy::Priority, CacheMode::WriteBack)
         );
-        assert!(parse("").expect_err("no size").contains("needs a size"));
+        assert!(parse("").expect_err("no size").0.contains("needs a size"));
         assert!(parse("size=8,colour=red")
             .expect_err("unknown")
+            .0
             .contains("unknown option"));
         assert!(parse("size=8,policy=fifo")
             .expect_err("policy")
+            .0
             .contains("policy"));
     }
 }

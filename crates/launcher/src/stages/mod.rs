@@ -53,7 +53,7 @@ pub struct StageEntry {
     /// enabled by other features (insights, streaming) refuse `--stage`.
     pub requested: bool,
     /// Checks the options of a `--stage` request when the VM is prepared.
-    pub check: fn(&str) -> Result<(), String>,
+    pub check: fn(&str) -> Result<(), OptionsError>,
     /// Builds the stage for one disk, or `None` when it does not apply to that disk.
     pub build: fn(&DiskCtx<'_>) -> Result<Option<BuiltStage>, LaunchError>,
 }
@@ -66,6 +66,11 @@ impl std::fmt::Debug for StageEntry {
             .finish()
     }
 }
+
+/// Why a stage's options are not acceptable: one sentence naming the option.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct OptionsError(pub String);
 
 /// Everything an entry may look at when building its stage for one disk.
 pub struct DiskCtx<'a> {
@@ -228,7 +233,7 @@ pub fn check_requests(requests: &[StageRequest]) -> Result<(), LaunchError> {
         if requests[..i].iter().any(|o| o.name == r.name) {
             return Err(bad("it is requested twice".into()));
         }
-        (e.check)(&r.options).map_err(bad)?;
+        (e.check)(&r.options).map_err(|e| bad(e.0))?;
     }
     Ok(())
 }
