@@ -163,6 +163,11 @@ fn start_stream(
             }
             Err(e) => {
                 tracing::info!("no file-update streaming for disk {}: {e}", ds.index);
+                // Nothing would use the copies: keep the tap idle unless the stream is
+                // recorded (`vmsight stream` can still attach it later).
+                if !cfg.stream.record.iter().any(|(n, _)| *n == ds.index) {
+                    ds.queue().set_enabled(false);
+                }
                 if ds.index > 0 && (cfg.stream.events_file.is_some() || cfg.stream.redis.is_some())
                 {
                     eprintln!(
