@@ -39,13 +39,22 @@ wait_vm() { # wait until VM $1 answers on its control socket (or its vmsight pro
 
 echo
 echo "== storage insights + iCache: varmail on an extra ext4 disk, classified block by block"
-echo "   (live counters read from outside the guest every 2 s: vmsight stats NAME --watch 2)"
+echo "   (live counters read from outside the guest every 2 s: vmsight stats NAME --watch 2,"
+echo "    and once from the Prometheus endpoint of --metrics)"
 truncate -s 512M "$TMP/data.img" && mkfs.ext4 -q -F "$TMP/data.img"
-"$VMSIGHT" run --name demo-icache --disk "$TMP/data.img",mount=/mnt/data \
-  --insights "$TMP/insights.jsonl" --cache-size 16 --cache-policy priority --stats -- sh -c '
+MPORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+"$VMSIGHT" run --name demo-icache --disk "$TMP/data.img",mount=/mnt/data --metrics 127.0.0.1:$MPORT \
+  --insights "$TMP/insights.jsonl" --stage icache:size=16,policy=priority --stats -- sh -c '
   mkdir -p /mnt/data && mount /dev/vdb /mnt/data && varmail -d /mnt/data/mail -o 4000 && sync' > "$TMP/icache.out" 2>&1 &
 pid=$!
 if wait_vm demo-icache $pid; then
+  echo "-- GET http://127.0.0.1:$MPORT/metrics (selected lines)"
+  python3 - "$MPORT" <<'PY' || true
+import sys, urllib.request
+text = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=5).read().decode()
+keep = ("vmsight_block_bytes_total", "vmsight_block_in_flight", "vmsight_icache_hits_total", "vmsight_stage_info")
+print("\n".join(l for l in text.splitlines() if l.startswith(keep)))
+PY
   "$VMSIGHT" stats demo-icache --watch 2 || true
 fi
 wait $pid || true
