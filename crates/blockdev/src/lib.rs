@@ -4,9 +4,13 @@
 //! `vhost-user-blk-pci` device. Requests flow through a pipeline of stages:
 //!
 //! ```text
-//! virtqueue ─► request.rs (parse + validate) ─► Stage … ─► RawFile (pread/pwrite/fallocate)
-//!                      │ invalid                                     │
-//!                      └──────────── status byte / used ring ◄───────┘
+//! virtqueue ─► request.rs (parse + validate) ─► flush-order ─► Stage … ─► FileStage
+//!                      │ invalid                 (completion hooks run  │ I/O threads:
+//!                      │                          on the way back up)   │ preadv/pwritev/
+//!                      └──────── status byte / used ring ◄──────────────┘ fdatasync/fallocate
+//!
+//! Requests are asynchronous (`pipeline::Io`): several are in flight per queue and they
+//! complete out of order, from whichever thread finishes them.
 //! ```
 //!
 //! ```no_run

@@ -91,7 +91,9 @@ struct RunArgs {
     /// Guest RAM (MiB, or with M/G suffix), a shared memfd backend.
     #[arg(long, default_value = "1G", value_parser = parse_mem_mib)]
     mem: u64,
-    /// Extra disk, served by vmsight's vhost-user-blk backend: PATH[,ro][,direct][,serial=ID][,queues=N]; `direct` bypasses the host page cache like QEMU cache=none.
+    /// Extra disk, served by vmsight's vhost-user-blk backend:
+    /// PATH[,ro][,direct][,serial=ID][,queues=N][,io_threads=N][,mount=PATH]; `direct` bypasses
+    /// the host page cache like QEMU cache=none; `mount` is the guest mount point (event paths).
     #[arg(long = "disk", value_name = "SPEC")]
     disks: Vec<DiskSpec>,
     /// Kernel to boot instead of the default image's.

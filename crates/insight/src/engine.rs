@@ -1,6 +1,7 @@
 //! The insight engine: per-process fd tables, file sizes, the checksum indexes and the
 //! pending-classification queue shared by the syscall side (a [`SyscallObserver`] on the
-//! trace thread) and the block side ([`crate::Classifier`] on the queue thread).
+//! trace thread) and the block side ([`crate::Classifier`]: writes on the queue thread, reads
+//! in a completion hook on whichever thread completes them, an I/O thread or a timer).
 //!
 //! Both sides lock one mutex for short, bounded work (hash lookups, no I/O): log records go
 //! to [`InsightLog`]'s writer thread through a non-blocking queue.

@@ -9,7 +9,7 @@ use crate::stages::StageRequest;
 /// A VM configuration value that is not acceptable, with the sentence the user sees.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
-    #[error("a disk needs a path: --disk PATH[,ro][,serial=ID][,queues=N]")]
+    #[error("a disk needs a path: --disk PATH[,ro][,direct][,serial=ID][,queues=N][,io_threads=N][,mount=PATH]")]
     DiskPath,
     #[error("disk serial {0:?} must be 1 to 20 ASCII characters")]
     DiskSerial(String),
@@ -35,7 +35,7 @@ pub enum ConfigError {
     TooManyDisks(usize),
 }
 
-/// One extra disk from `--disk PATH[,ro][,serial=ID][,queues=N][,direct][,mount=PATH]`.
+/// One extra disk from `--disk PATH[,ro][,serial=ID][,queues=N][,direct][,io_threads=N][,mount=PATH]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DiskSpec {
     pub path: PathBuf,

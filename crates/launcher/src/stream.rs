@@ -3,9 +3,9 @@
 //! resulting events (docs/filestream.md).
 //!
 //! ```text
-//! disk worker: ... -> WriteTap -> RawFile
-//!                        └─ TapQueue ─► consumer thread ─► Recorder (--record-writes)
-//!                                                       └► inference engine ─► event sinks
+//! pipeline: ... -> WriteTap -> [disk-model] -> raw file (I/O threads)
+//!                    └─ completion hook: TapQueue ─► consumer thread ─► Recorder (--record-writes)
+//!                                                                    └► inference engine ─► event sinks
 //! ```
 
 use std::fs::File;

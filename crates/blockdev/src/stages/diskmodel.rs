@@ -2,10 +2,11 @@
 //! each request to the service time the model computes.
 //!
 //! It goes below the cache, just above the raw file, so it only sees requests the cache sends
-//! down. Each request is executed for real first; the stage then sleeps for the rest of the
-//! modelled time (`modelled - host`, when positive), so host I/O time counts towards the
-//! modelled time instead of adding to it. Requests are served one at a time (the backend's
-//! single worker), as on a disk without command queueing.
+//! down. Each request is executed on the host at once; its completion is held on a timer until
+//! the modelled disk would have finished it, so host I/O time counts towards the modelled time
+//! instead of adding to it. The modelled disk serves one request at a time in arrival order
+//! (no command queueing): a request starts when the previous one is modelled to end. Nothing
+//! sleeps; other requests keep flowing while completions wait.
 //!
 //! HDD (`DiskModelConfig::hdd()`, defaults of a 7200 rpm SATA disk):
 //!
@@ -320,7 +321,7 @@ pub struct DiskModelMetrics {
     pub modelled_busy_ns: AtomicU64,
     /// Sum of host I/O times, ns.
     pub host_ns: AtomicU64,
-    /// Sum of sleeps added, ns.
+    /// Sum of the time completions were held past their host I/O, ns.
     pub slept_ns: AtomicU64,
     /// Requests that needed a head move.
     pub seeks: AtomicU64,
@@ -363,7 +364,7 @@ pub struct DiskModelSnapshot {
     pub modelled_busy_ns: u64,
     /// Sum of host I/O times, ns.
     pub host_ns: u64,
-    /// Sum of sleeps added, ns.
+    /// Sum of the time completions were held past their host I/O, ns.
     pub slept_ns: u64,
     /// Requests that needed a head move.
     pub seeks: u64,
