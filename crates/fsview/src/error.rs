@@ -19,7 +19,7 @@ pub enum Error {
         source: std::io::Error,
     },
     /// A read went past the end of the device or partition.
-    #[error("Read of {len} bytes at offset {offset} goes past the end of the device ({device_len} bytes); the image may be truncated.")]
+    #[error("read of {len} bytes at offset {offset} goes past the end of the device ({device_len} bytes); the image may be truncated")]
     OutOfBounds {
         /// Byte offset of the read.
         offset: u64,
@@ -29,10 +29,10 @@ pub enum Error {
         device_len: u64,
     },
     /// The partition table is malformed.
-    #[error("The partition table is invalid: {0}.")]
+    #[error("the partition table is invalid: {0}")]
     Partition(String),
     /// The requested partition does not exist.
-    #[error("Partition {index} does not exist (the disk has {count} partitions).")]
+    #[error("partition {index} does not exist (the disk has {count} partitions)")]
     NoSuchPartition {
         /// Requested partition index (1-based).
         index: usize,
@@ -40,16 +40,16 @@ pub enum Error {
         count: usize,
     },
     /// No ext2/3/4 superblock magic was found.
-    #[error("No ext2/ext3/ext4 file system found: the superblock magic is {found:#06x}, expected 0xef53.")]
+    #[error("no ext2/ext3/ext4 file system found: the superblock magic is {found:#06x}, expected 0xef53")]
     BadMagic {
         /// The magic that was read.
         found: u16,
     },
     /// The superblock is inconsistent or uses unsupported features.
-    #[error("The superblock is invalid: {0}.")]
+    #[error("the superblock is invalid: {0}")]
     Superblock(String),
     /// A group descriptor is inconsistent.
-    #[error("Group descriptor {group} is invalid: {reason}.")]
+    #[error("group descriptor {group} is invalid: {reason}")]
     GroupDescriptor {
         /// Block group number.
         group: u32,
@@ -57,7 +57,7 @@ pub enum Error {
         reason: String,
     },
     /// An inode is corrupt (bad extent tree, block map, directory, inline data, ...).
-    #[error("Inode {ino} is corrupt: {reason}.")]
+    #[error("inode {ino} is corrupt: {reason}")]
     Inode {
         /// Inode number.
         ino: u32,
@@ -65,13 +65,13 @@ pub enum Error {
         reason: String,
     },
     /// The directory tree is inconsistent (loops, dangling entries).
-    #[error("The directory tree is inconsistent: {0}.")]
+    #[error("the directory tree is inconsistent: {0}")]
     DirectoryTree(String),
     /// A configured resource limit was reached.
-    #[error("Limit exceeded: {0}.")]
+    #[error("limit exceeded: {0}")]
     Limit(String),
     /// A stored index could not be decoded.
-    #[error("The stored index is invalid: {0}.")]
+    #[error("the stored index is invalid: {0}")]
     IndexFormat(String),
 }
 

@@ -31,32 +31,32 @@ const ERROR_TAIL_LINES: usize = 30;
 /// Errors of this crate.
 #[derive(Debug, Error)]
 pub enum ImageError {
-    #[error("The guest image is not built (no {0}); run `vmsight image build`.")]
+    #[error("the guest image is not built (no {0}); run `vmsight image build`")]
     NotBuilt(PathBuf),
-    #[error("The guest image in {dir} is incomplete ({file} is missing); run `vmsight image build --force`.")]
+    #[error("the guest image in {dir} is incomplete ({file} is missing); run `vmsight image build --force`")]
     Incomplete { dir: PathBuf, file: &'static str },
-    #[error("Cannot find the cache directory: set VMSIGHT_CACHE or HOME.")]
+    #[error("cannot find the cache directory: set VMSIGHT_CACHE or HOME")]
     NoCacheDir,
-    #[error("Building the guest image needs root (debootstrap, mknod, root-owned files); run `sudo vmsight image build`.")]
+    #[error("building the guest image needs root (debootstrap, mknod, root-owned files); run `sudo vmsight image build`")]
     NotRoot,
-    #[error("Cannot {action} {path}: {source}")]
+    #[error("cannot {action} {path}: {source}")]
     Io {
         action: &'static str,
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("Cannot lock {path} against concurrent builds: {source}")]
+    #[error("cannot lock {path} against concurrent builds: {source}")]
     Lock { path: PathBuf, source: Errno },
-    #[error("Cannot start bash for the image build: {0}")]
+    #[error("cannot start bash for the image build: {0}")]
     Spawn(std::io::Error),
-    #[error("The image build script failed ({status}). Last output:\n{tail}")]
+    #[error("the image build script failed ({status}). Last output:\n{tail}")]
     BuildFailed { status: ExitStatus, tail: String },
     #[error("{path} is not a valid image manifest: {source}")]
     Manifest {
         path: PathBuf,
         source: serde_json::Error,
     },
-    #[error("Cannot create the kernel profile: {0}")]
+    #[error("cannot create the kernel profile: {0}")]
     Generate(#[from] GenerateError),
     /// Reading, writing or using a profile (the message names the file).
     #[error(transparent)]

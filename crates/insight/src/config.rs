@@ -6,10 +6,10 @@ use std::time::Duration;
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ConfigError {
     /// `--insight-paths` has an entry that is not absolute.
-    #[error("The insight path prefix {0:?} is not an absolute guest path.")]
+    #[error("the insight path prefix {0:?} is not an absolute guest path")]
     RelativePrefix(String),
     /// The size-class table is not increasing.
-    #[error("The size-class thresholds must be strictly increasing (got {0:?}).")]
+    #[error("the size-class thresholds must be strictly increasing (got {0:?})")]
     Thresholds(Vec<u64>),
 }
 

@@ -14,23 +14,23 @@ use thiserror::Error;
 /// Problems with a BTF blob.
 #[derive(Debug, Error)]
 pub enum BtfError {
-    #[error("The BTF data is too short ({0} bytes) to hold a header.")]
+    #[error("the BTF data is too short ({0} bytes) to hold a header")]
     TooShort(usize),
-    #[error("The BTF magic is {0:#06x}, not 0xeb9f; this is not (little-endian) BTF.")]
+    #[error("the BTF magic is {0:#06x}, not 0xeb9f; this is not (little-endian) BTF")]
     BadMagic(u16),
-    #[error("The BTF header describes sections outside the {len}-byte blob ({what}).")]
+    #[error("the BTF header describes sections outside the {len}-byte blob ({what})")]
     BadHeader { what: &'static str, len: usize },
-    #[error("BTF type {id} is truncated at byte {offset} of the type section.")]
+    #[error("BTF type {id} is truncated at byte {offset} of the type section")]
     Truncated { id: u32, offset: usize },
-    #[error("BTF type {id} has unknown kind {kind}; this BTF is newer than this reader.")]
+    #[error("BTF type {id} has unknown kind {kind}; this BTF is newer than this reader")]
     UnknownKind { id: u32, kind: u32 },
-    #[error("BTF type id {0} does not exist.")]
+    #[error("BTF type id {0} does not exist")]
     BadTypeId(u32),
-    #[error("BTF string offset {0} is outside the string section.")]
+    #[error("BTF string offset {0} is outside the string section")]
     BadString(u32),
-    #[error("BTF type chain starting at id {0} is too deep (a loop?).")]
+    #[error("BTF type chain starting at id {0} is too deep (a loop?)")]
     TooDeep(u32),
-    #[error("BTF type {0} has no size (void, function or forward declaration).")]
+    #[error("BTF type {0} has no size (void, function or forward declaration)")]
     Unsized(u32),
 }
 

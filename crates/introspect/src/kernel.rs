@@ -32,19 +32,19 @@ const KERNEL_HALF_5: u64 = 0xff00_0000_0000_0000;
 /// Problems reading kernel objects.
 #[derive(Debug, Error)]
 pub enum KernelError {
-    #[error("The kernel profile lacks something this needs: {0}")]
+    #[error("the kernel profile lacks something this needs: {0}")]
     Profile(#[from] ProfileError),
-    #[error("Cannot read {what} at {addr:#x}: {source}")]
+    #[error("cannot read {what} at {addr:#x}: {source}")]
     Read {
         what: &'static str,
         addr: u64,
         source: MemError,
     },
-    #[error("The guest kernel was not found in guest RAM: no \"Linux version\" banner at any 2 MiB-aligned load address. Is the guest booted, and is the profile that of the running kernel?")]
+    #[error("the guest kernel was not found in guest RAM: no \"Linux version\" banner at any 2 MiB-aligned load address. Is the guest booted, and is the profile that of the running kernel?")]
     KernelNotFound,
-    #[error("page_offset_base is {0:#x}, which is not a direct-map base of 4- or 5-level paging; the kernel is not initialized yet or the profile does not match.")]
+    #[error("page_offset_base is {0:#x}, which is not a direct-map base of 4- or 5-level paging; the kernel is not initialized yet or the profile does not match")]
     BadPageOffset(u64),
-    #[error("The kernel page tables at {root:#x} ({levels}-level) do not map the kernel image: {detail}")]
+    #[error("the kernel page tables at {root:#x} ({levels}-level) do not map the kernel image: {detail}")]
     PageTables {
         root: u64,
         levels: u8,
@@ -52,11 +52,13 @@ pub enum KernelError {
     },
     #[error("{what} is NULL.")]
     Null { what: &'static str },
-    #[error("{what} is {value:#x}, which is not a kernel address; the structure is corrupt or changing.")]
+    #[error(
+        "{what} is {value:#x}, which is not a kernel address; the structure is corrupt or changing"
+    )]
     BadPointer { what: &'static str, value: u64 },
-    #[error("The {what} list has more than {max} entries; the structure is corrupt or changing.")]
+    #[error("the {what} list has more than {max} entries; the structure is corrupt or changing")]
     ListTooLong { what: &'static str, max: usize },
-    #[error("The {what} list loops at {addr:#x} without returning to its head; the structure is corrupt or changing.")]
+    #[error("the {what} list loops at {addr:#x} without returning to its head; the structure is corrupt or changing")]
     ListLoop { what: &'static str, addr: u64 },
     #[error(
         "A path has more than {max} components; the dentry/mount chain is corrupt or changing."
@@ -70,9 +72,9 @@ pub enum KernelError {
         value: u64,
         max: u64,
     },
-    #[error("No task with pid {0} in the guest.")]
+    #[error("no task with pid {0} in the guest")]
     NoSuchTask(i32),
-    #[error("CPU {cpu} does not exist; the guest has {count} CPU(s).")]
+    #[error("CPU {cpu} does not exist; the guest has {count} CPU(s)")]
     NoSuchCpu { cpu: u32, count: u32 },
 }
 

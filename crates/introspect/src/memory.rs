@@ -40,32 +40,32 @@ const PTE_NX: u64 = 1 << 63;
 /// Problems reading guest memory.
 #[derive(Debug, Error)]
 pub enum MemError {
-    #[error("Guest-physical address {gpa:#x} is not guest RAM (a hole or beyond the end of RAM).")]
+    #[error("guest-physical address {gpa:#x} is not guest RAM (a hole or beyond the end of RAM)")]
     Unmapped { gpa: u64 },
     #[error(
         "Virtual address {va:#x} is not mapped: its level-{level} page-table entry is not present."
     )]
     NotPresent { va: u64, level: u8 },
-    #[error("Virtual address {va:#x} is not canonical for {levels}-level paging.")]
+    #[error("virtual address {va:#x} is not canonical for {levels}-level paging")]
     NonCanonical { va: u64, levels: u8 },
-    #[error("The level-{level} page-table entry {entry:#x} for {va:#x} sets the page-size bit, which is reserved at that level.")]
+    #[error("the level-{level} page-table entry {entry:#x} for {va:#x} sets the page-size bit, which is reserved at that level")]
     BadEntry { va: u64, level: u8, entry: u64 },
-    #[error("x86-64 paging has 4 or 5 levels, not {0}.")]
+    #[error("x86-64 paging has 4 or 5 levels, not {0}")]
     BadLevels(u8),
-    #[error("Cannot open guest RAM {path}: {source}")]
+    #[error("cannot open guest RAM {path}: {source}")]
     Open {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("Cannot map guest RAM {path} ({len} bytes): {source}")]
+    #[error("cannot map guest RAM {path} ({len} bytes): {source}")]
     Map {
         path: PathBuf,
         len: u64,
         source: std::io::Error,
     },
-    #[error("The RAM layout needs {need} bytes of backing memory but {path} has {have}.")]
+    #[error("the RAM layout needs {need} bytes of backing memory but {path} has {have}")]
     TooSmall { path: PathBuf, need: u64, have: u64 },
-    #[error("Cannot list the open files of QEMU process {pid} in /proc/{pid}/fd: {source}")]
+    #[error("cannot list the open files of QEMU process {pid} in /proc/{pid}/fd: {source}")]
     ProcFd { pid: u32, source: std::io::Error },
     #[error("QEMU process {pid} has no open file \"/memfd:{name} (deleted)\"{}; is guest RAM a memory-backend-memfd object?", size.map(|s| format!(" of {s} bytes")).unwrap_or_default())]
     NoMemfd {

@@ -26,35 +26,35 @@ pub use vmsight_proto::profile::{
 /// [`vmsight_proto::profile`].)
 #[derive(Debug, Error)]
 pub enum GenerateError {
-    #[error("Cannot read {path}: {source}")]
+    #[error("cannot read {path}: {source}")]
     Read {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
-    #[error("Line {line} of {path} is not a System.map line (\"ADDRESS TYPE NAME\").")]
+    #[error("line {line} of {path} is not a System.map line (\"ADDRESS TYPE NAME\").")]
     BadSystemMap { path: PathBuf, line: usize },
-    #[error("{0} looks like Debian's placeholder System.map; the real one is in the linux-image-*-dbg package.")]
+    #[error("{0} looks like Debian's placeholder System.map; the real one is in the linux-image-*-dbg package")]
     PlaceholderSystemMap(PathBuf),
-    #[error("The kernel symbol {0} is missing from System.map.")]
+    #[error("the kernel symbol {0} is missing from System.map")]
     MissingSymbol(String),
-    #[error("The struct {0} is missing from the kernel's BTF.")]
+    #[error("the struct {0} is missing from the kernel's BTF")]
     MissingStruct(String),
-    #[error("The member {0}.{1} is missing from the kernel's BTF.")]
+    #[error("the member {0}.{1} is missing from the kernel's BTF")]
     MissingMember(String, String),
     #[error(
         "The member {0}.{1} is a bitfield or not byte-aligned; the profile records bytes only."
     )]
     BitfieldMember(String, String),
-    #[error("The kernel's BTF in {path} is unusable: {source}")]
+    #[error("the kernel's BTF in {path} is unusable: {source}")]
     Btf {
         path: PathBuf,
         #[source]
         source: BtfError,
     },
-    #[error("{path} does not contain a .BTF section.")]
+    #[error("{path} does not contain a .BTF section")]
     NoBtfSection { path: PathBuf },
-    #[error("System.map and the BTF do not belong to the same kernel: __stop_BTF - __start_BTF is {map} bytes, the BTF blob has {blob}.")]
+    #[error("the System.map and the BTF do not belong to the same kernel: __stop_BTF - __start_BTF is {map} bytes, the BTF blob has {blob}")]
     Mismatch { map: u64, blob: u64 },
 }
 
@@ -520,7 +520,7 @@ mod tests {
         let e = generate_from(&crafted_map(), &btf, Path::new("t.btf"), "").expect_err("must fail");
         assert_eq!(
             e.to_string(),
-            "The member dentry.d_parent is missing from the kernel's BTF."
+            "the member dentry.d_parent is missing from the kernel's BTF"
         );
 
         let mut map = crafted_map();

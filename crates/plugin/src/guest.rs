@@ -30,13 +30,13 @@ const PAGE: u64 = 4096;
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum MemError {
     /// Zero-length reads are rejected by QEMU.
-    #[error("A guest memory read of zero bytes was requested.")]
+    #[error("A guest memory read of zero bytes was requested")]
     Empty,
     /// Above [`MAX_GUEST_READ`].
-    #[error("A guest memory read of {0} bytes exceeds the limit of {MAX_GUEST_READ} bytes.")]
+    #[error("A guest memory read of {0} bytes exceeds the limit of {MAX_GUEST_READ} bytes")]
     TooLong(usize),
     /// `vaddr + len` wraps around the address space.
-    #[error("The guest range {vaddr:#x}+{len} wraps around the address space.")]
+    #[error("the guest range {vaddr:#x}+{len} wraps around the address space")]
     Wraps {
         /// Start address.
         vaddr: u64,
@@ -44,7 +44,7 @@ pub enum MemError {
         len: usize,
     },
     /// The first page of the range is not readable (not mapped or not present).
-    #[error("The guest address {0:#x} is not mapped.")]
+    #[error("the guest address {0:#x} is not mapped")]
     Unmapped(u64),
 }
 

@@ -34,13 +34,13 @@ pub(crate) const USAGE: &str = "usage: -plugin libvmsight_plugin.so,shm=PATH[,pr
 #[derive(Debug, thiserror::Error)]
 pub enum PluginError {
     /// The mandatory `shm=` argument is absent.
-    #[error("The argument shm=PATH (the channel file created by vmsight) is missing.")]
+    #[error("the argument shm=PATH (the channel file created by vmsight) is missing")]
     MissingShm,
     /// An argument is not `key=value`.
-    #[error("The plugin argument {0:?} is not of the form key=value.")]
+    #[error("the plugin argument {0:?} is not of the form key=value")]
     Malformed(String),
     /// An argument has an unusable value.
-    #[error("The plugin argument {key}={value:?} is invalid: {reason}.")]
+    #[error("the plugin argument {key}={value:?} is invalid: {reason}")]
     BadValue {
         /// Argument name.
         key: String,
@@ -56,13 +56,13 @@ pub enum PluginError {
     )]
     Unknown(String),
     /// The channel file could not be attached.
-    #[error("Cannot attach the vmsight channel: {0}")]
+    #[error("cannot attach the vmsight channel: {0}")]
     Channel(#[from] vmsight_ring::Error),
     /// The kernel profile cannot be read.
-    #[error("Cannot use the kernel profile: {0}.")]
+    #[error("cannot use the kernel profile: {0}")]
     ProfileFile(#[source] ProfileError),
     /// The kernel profile lacks what the plugin needs.
-    #[error("Cannot use the kernel profile {path}: {source}.")]
+    #[error("cannot use the kernel profile {path}: {source}")]
     Profile {
         /// The profile file.
         path: PathBuf,
@@ -71,10 +71,10 @@ pub enum PluginError {
         source: LayoutError,
     },
     /// Loaded into user-mode QEMU.
-    #[error("The plugin needs full-system emulation (qemu-system-x86_64), not user mode.")]
+    #[error("the plugin needs full-system emulation (qemu-system-x86_64), not user mode")]
     NotSystemMode,
     /// Loaded into a QEMU for another architecture.
-    #[error("The plugin supports only x86_64 guests, but QEMU emulates {0}.")]
+    #[error("the plugin supports only x86_64 guests, but QEMU emulates {0}")]
     WrongTarget(String),
     /// The channel has fewer vCPU slots than the machine can have vCPUs.
     #[error(

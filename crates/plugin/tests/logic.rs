@@ -60,7 +60,7 @@ fn options_parse() {
         Err(PluginError::Malformed(_))
     ));
     let msg = PluginError::MissingShm.to_string();
-    assert!(msg.starts_with("The argument shm=PATH"), "{msg}");
+    assert!(msg.starts_with("the argument shm=PATH"), "{msg}");
 }
 
 const PROFILE: &str = r#"{
@@ -121,7 +121,7 @@ fn profile_parse() {
     .to_string();
     assert_eq!(
         msg,
-        "Cannot use the kernel profile /x/profile.json: it has no symbol current_task."
+        "cannot use the kernel profile /x/profile.json: it has no symbol current_task"
     );
     let e = KernelLayout::load(Path::new("/nonexistent/profile.json")).expect_err("no file");
     assert!(matches!(e, PluginError::ProfileFile(_)), "{e}");

@@ -20,23 +20,23 @@ use vmsight_proto::insight::{BlockRecord, Content, InsightRecord};
 /// Why a report could not be made.
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
-    #[error("Cannot read the insight log {path}: {source}.")]
+    #[error("cannot read the insight log {path}: {source}")]
     Read {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("The insight log {path} holds no records.")]
+    #[error("the insight log {path} holds no records")]
     Empty { path: PathBuf },
-    #[error("The insight log {path} holds no valid record: {count} malformed lines, the first at line {line}: {error}.")]
+    #[error("the insight log {path} holds no valid record: {count} malformed lines, the first at line {line}: {error}")]
     NothingParsed {
         path: PathBuf,
         count: u64,
         line: u64,
         error: String,
     },
-    #[error("Invalid file-system type '{0}': expected DISK=TYPE, e.g. 1=xfs.")]
+    #[error("invalid file-system type '{0}': expected DISK=TYPE, e.g. 1=xfs")]
     BadFsSpec(String),
-    #[error("Cannot write {path}: {source}.")]
+    #[error("cannot write {path}: {source}")]
     Write {
         path: PathBuf,
         source: std::io::Error,

@@ -37,10 +37,10 @@ const READ_RETRIES: usize = 64;
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum FilterError {
     /// Too many TGIDs.
-    #[error("A monitor filter can name at most {MAX_FILTER_TGIDS} TGIDs, not {0}.")]
+    #[error("A monitor filter can name at most {MAX_FILTER_TGIDS} TGIDs, not {0}")]
     TooManyTgids(usize),
     /// Too many command names.
-    #[error("A monitor filter can name at most {MAX_FILTER_COMMS} commands, not {0}.")]
+    #[error("A monitor filter can name at most {MAX_FILTER_COMMS} commands, not {0}")]
     TooManyComms(usize),
     /// A command name that cannot match a guest `comm`.
     #[error(
@@ -49,7 +49,7 @@ pub enum FilterError {
     )]
     BadComm(String),
     /// TGID 0 is the idle task and never makes syscalls.
-    #[error("TGID 0 cannot be monitored.")]
+    #[error("TGID 0 cannot be monitored")]
     ZeroTgid,
 }
 

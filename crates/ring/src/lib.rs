@@ -52,7 +52,7 @@ pub use record::{data, flags, fnv1a64, kind, ret, sums, syscall, Record, ReturnV
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// An I/O operation on the channel file failed.
-    #[error("Cannot {op} the channel file {path}: {source}.")]
+    #[error("cannot {op} the channel file {path}: {source}")]
     Io {
         /// What was attempted.
         op: &'static str,
@@ -63,7 +63,7 @@ pub enum Error {
         source: std::io::Error,
     },
     /// The requested or recorded geometry is out of range.
-    #[error("The channel geometry is invalid: {0}.")]
+    #[error("the channel geometry is invalid: {0}")]
     Geometry(#[source] layout::GeometryError),
     /// The file is too small to hold a header.
     #[error(
@@ -99,7 +99,7 @@ pub enum Error {
         found: u32,
     },
     /// A header field disagrees with the layout this build computes.
-    #[error("The channel file {path} has a corrupt header: {reason}.")]
+    #[error("the channel file {path} has a corrupt header: {reason}")]
     Corrupt {
         /// The channel file.
         path: PathBuf,
@@ -107,7 +107,7 @@ pub enum Error {
         reason: String,
     },
     /// A vCPU index beyond the channel's slots.
-    #[error("vCPU {vcpu} is out of range: the channel has {max_vcpus} vCPU slots.")]
+    #[error("vCPU {vcpu} is out of range: the channel has {max_vcpus} vCPU slots")]
     VcpuOutOfRange {
         /// The index asked for.
         vcpu: u32,
@@ -115,10 +115,10 @@ pub enum Error {
         max_vcpus: u32,
     },
     /// Invalid monitor filters.
-    #[error("Cannot set the monitor filters: {0}")]
+    #[error("cannot set the monitor filters: {0}")]
     Filters(#[from] FilterError),
     /// A second producer for the same ring was requested.
-    #[error("vCPU {vcpu} already has a producer; each ring has exactly one.")]
+    #[error("vCPU {vcpu} already has a producer; each ring has exactly one")]
     ProducerTaken {
         /// The vCPU index.
         vcpu: u32,
