@@ -89,8 +89,7 @@ def main():
     ap.add_argument("--configs", default=",".join(CONFIGS),
                     help="comma-separated, from: " + ", ".join(ALL_CONFIGS))
     a = ap.parse_args()
-    global CONFIGS
-    CONFIGS = [c for c in a.configs.split(",") if c]
+    CONFIGS[:] = [c for c in a.configs.split(",") if c]
     unknown = set(CONFIGS) - set(ALL_CONFIGS)
     if unknown:
         sys.exit(f"unknown configurations: {', '.join(sorted(unknown))}")
