@@ -48,14 +48,20 @@ MPORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); p
   mkdir -p /mnt/data && mount /dev/vdb /mnt/data && varmail -d /mnt/data/mail -o 4000 && sync' > "$TMP/icache.out" 2>&1 &
 pid=$!
 if wait_vm demo-icache $pid; then
-  echo "-- GET http://127.0.0.1:$MPORT/metrics (selected lines)"
-  python3 - "$MPORT" <<'PY' || true
-import sys, urllib.request
-text = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=5).read().decode()
-keep = ("vmsight_block_bytes_total", "vmsight_block_in_flight", "vmsight_icache_hits_total", "vmsight_stage_info")
-print("\n".join(l for l in text.splitlines() if l.startswith(keep)))
+  ( sleep 8
+    echo "-- GET http://127.0.0.1:$MPORT/metrics, 8 s in (selected lines)"
+    python3 - "$MPORT" <<'PY' || true
+import re, sys, urllib.request
+try:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=5).read().decode()
+except OSError:
+    sys.exit("   (the VM had already stopped)")
+pat = re.compile(r'^vmsight_(block_bytes_total\{.*disk="1".*kind="(read|write)"|block_in_flight_requests|icache_(hits|misses)_total|stage_info)')
+print("\n".join(l for l in text.splitlines() if pat.match(l)))
 PY
+  ) &
   "$VMSIGHT" stats demo-icache --watch 2 || true
+  wait
 fi
 wait $pid || true
 grep -E "data_chunks|insights:|writes by class|cache:" "$TMP/icache.out" || cat "$TMP/icache.out"
