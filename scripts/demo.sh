@@ -60,8 +60,9 @@ pat = re.compile(r'^vmsight_(block_bytes_total\{.*disk="1".*kind="(read|write)"|
 print("\n".join(l for l in text.splitlines() if pat.match(l)))
 PY
   ) &
+  mpid=$!
   "$VMSIGHT" stats demo-icache --watch 2 || true
-  wait
+  wait $mpid
 fi
 wait $pid || true
 grep -E "data_chunks|insights:|writes by class|cache:" "$TMP/icache.out" || cat "$TMP/icache.out"

@@ -84,11 +84,11 @@ impl VmSource {
             for s in (d.samples)() {
                 push(sink, &s);
             }
-            for (pos, (stage, m)) in d.stages.iter().enumerate() {
-                let pos = pos.to_string();
+            for (stage, m) in &d.stages {
+                let pos = crate::stages::entry(stage).map_or(0, |e| e.position).to_string();
                 sink.gauge(
                     "vmsight_stage_info",
-                    "One per reporting stage in each disk's pipeline.",
+                    "One per reporting stage in each disk's pipeline; position as in the stage registry.",
                     &[(labels::STAGE, stage), ("position", &pos)],
                     1u64,
                 );
