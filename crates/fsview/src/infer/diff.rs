@@ -670,8 +670,8 @@ impl Engine {
                 let file_offset = (u64::from(r.logical) + (b - r.phys())) * bs;
                 let start = file_offset + u64::from(p.start);
                 let end = (file_offset + u64::from(p.end)).min(inode.meta.size);
-                let Some(path) = path.as_deref() else {
-                    // Still nameless: keep waiting.
+                // Still nameless, or nothing of the write inside the file yet: keep waiting.
+                let Some(path) = path.as_deref().filter(|_| start < end) else {
                     self.pending.insert(
                         b,
                         p.data,
@@ -682,17 +682,6 @@ impl Engine {
                     );
                     continue;
                 };
-                if start >= end {
-                    self.pending.insert(
-                        b,
-                        p.data,
-                        p.start,
-                        p.end,
-                        p.observed_ns,
-                        self.cfg.pending_max_bytes,
-                    );
-                    continue;
-                }
                 let n = (end - start) as usize;
                 // Without data capture only the length counts (the block was kept bare).
                 let filler;
