@@ -4,9 +4,9 @@
 
 use std::sync::Arc;
 
-use vmsight_blockdev::stages::{DiskModel, DiskModelConfig, DiskModelMetrics};
+use vmsight_blockdev::stages::{DiskModel, DiskModelConfig, DiskModelMetrics, DiskModelSnapshot};
 
-use super::{BuiltStage, DiskCtx, OptionsError, Sample, StageEntry, StageMetrics};
+use super::{BuiltStage, DiskCtx, OptionsError, Sample, Snapshotting, StageEntry};
 use crate::error::LaunchError;
 
 pub static ENTRY: StageEntry = StageEntry {
@@ -30,20 +30,15 @@ fn check(options: &str) -> Result<(), OptionsError> {
 }
 
 fn build(ctx: &DiskCtx<'_>) -> Result<Option<BuiltStage>, LaunchError> {
-    let (Some(options), true) = (ctx.options, ctx.index > 0) else {
+    let Some(options) = ctx.extra_disk_options() else {
         return Ok(None);
     };
-    let err = |reason: String| LaunchError::StageBuild {
-        index: ctx.index,
-        path: ctx.path.to_owned(),
-        stage: ENTRY.name,
-        reason,
-    };
-    let cfg = parse(options).map_err(|e| err(e.0))?;
+    let cfg = parse(options).map_err(|e| ctx.build_error(ENTRY.name, e))?;
     if cfg == DiskModelConfig::None {
         return Ok(None);
     }
-    let (stage, m) = DiskModel::stage(cfg, ctx.capacity_bytes).map_err(|e| err(e.to_string()))?;
+    let (stage, m) =
+        DiskModel::stage(cfg, ctx.capacity_bytes).map_err(|e| ctx.build_error(ENTRY.name, e))?;
     Ok(Some(BuiltStage {
         stage,
         metrics: Some(Arc::new(Metrics(m))),
@@ -53,17 +48,15 @@ fn build(ctx: &DiskCtx<'_>) -> Result<Option<BuiltStage>, LaunchError> {
 
 struct Metrics(Arc<DiskModelMetrics>);
 
-impl StageMetrics for Metrics {
-    fn key(&self) -> &'static str {
-        "model"
+impl Snapshotting for Metrics {
+    type Snapshot = DiskModelSnapshot;
+    const KEY: &'static str = "model";
+
+    fn take(&self) -> DiskModelSnapshot {
+        self.0.snapshot()
     }
 
-    fn snapshot(&self) -> serde_json::Value {
-        serde_json::to_value(self.0.snapshot()).unwrap_or_default()
-    }
-
-    fn summary(&self) -> String {
-        let m = self.0.snapshot();
+    fn line(m: &DiskModelSnapshot) -> String {
         format!(
             "disk model: {} ({} requests, {} seeks, {:.1} s modelled busy)",
             m.model,
@@ -73,8 +66,7 @@ impl StageMetrics for Metrics {
         )
     }
 
-    fn samples(&self) -> Vec<Sample> {
-        let m = self.0.snapshot();
+    fn samples_of(m: &DiskModelSnapshot) -> Vec<Sample> {
         vec![
             Sample::counter(
                 "disk_model_requests_total",

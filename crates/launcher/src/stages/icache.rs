@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use vmsight_blockdev::stages::{CacheConfig, CacheMetrics, CacheSnapshot, ICache};
 
-use super::{BuiltStage, DiskCtx, OptionsError, Sample, StageEntry, StageMetrics};
+use super::{BuiltStage, DiskCtx, OptionsError, Sample, Snapshotting, StageEntry};
 use crate::error::LaunchError;
 
 pub static ENTRY: StageEntry = StageEntry {
@@ -63,17 +63,11 @@ fn check(options: &str) -> Result<(), OptionsError> {
 }
 
 fn build(ctx: &DiskCtx<'_>) -> Result<Option<BuiltStage>, LaunchError> {
-    let (Some(options), true) = (ctx.options, ctx.index > 0) else {
+    let Some(options) = ctx.extra_disk_options() else {
         return Ok(None);
     };
-    let err = |reason: String| LaunchError::StageBuild {
-        index: ctx.index,
-        path: ctx.path.to_owned(),
-        stage: ENTRY.name,
-        reason,
-    };
-    let cfg = parse(options).map_err(|e| err(e.0))?;
-    let (stage, m) = ICache::stage(cfg).map_err(|e| err(e.to_string()))?;
+    let cfg = parse(options).map_err(|e| ctx.build_error(ENTRY.name, e))?;
+    let (stage, m) = ICache::stage(cfg).map_err(|e| ctx.build_error(ENTRY.name, e))?;
     Ok(Some(BuiltStage {
         stage,
         metrics: Some(Arc::new(Metrics(m))),
@@ -83,21 +77,19 @@ fn build(ctx: &DiskCtx<'_>) -> Result<Option<BuiltStage>, LaunchError> {
 
 struct Metrics(Arc<CacheMetrics>);
 
-impl StageMetrics for Metrics {
-    fn key(&self) -> &'static str {
-        "cache"
+impl Snapshotting for Metrics {
+    type Snapshot = CacheSnapshot;
+    const KEY: &'static str = "cache";
+
+    fn take(&self) -> CacheSnapshot {
+        self.0.snapshot()
     }
 
-    fn snapshot(&self) -> serde_json::Value {
-        serde_json::to_value(self.0.snapshot()).unwrap_or_default()
+    fn line(s: &CacheSnapshot) -> String {
+        format!("cache: {}", summary_line(s))
     }
 
-    fn summary(&self) -> String {
-        format!("cache: {}", summary_line(&self.0.snapshot()))
-    }
-
-    fn samples(&self) -> Vec<Sample> {
-        let s = self.0.snapshot();
+    fn samples_of(s: &CacheSnapshot) -> Vec<Sample> {
         let mut v = vec![
             Sample::counter("icache_hits_total", "Cache hits (4 KiB blocks).", s.hits),
             Sample::counter(

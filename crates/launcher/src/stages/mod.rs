@@ -101,6 +101,56 @@ pub struct BuiltStage {
     pub direct_io: bool,
 }
 
+impl DiskCtx<'_> {
+    /// The error of `stage` failing to build for this disk.
+    pub fn build_error(&self, stage: &'static str, reason: impl std::fmt::Display) -> LaunchError {
+        LaunchError::StageBuild {
+            index: self.index,
+            path: self.path.to_owned(),
+            stage,
+            reason: reason.to_string(),
+        }
+    }
+
+    /// The options of a requested stage that applies to extra disks only (`None` on the root
+    /// disk or when the stage was not requested).
+    pub fn extra_disk_options(&self) -> Option<&str> {
+        self.options.filter(|_| self.index > 0)
+    }
+}
+
+/// A stage's live counters with a serialisable snapshot; [`StageMetrics`] follows from it.
+pub trait Snapshotting: Send + Sync {
+    /// The typed snapshot.
+    type Snapshot: serde::Serialize;
+    /// Key of the snapshot in stats and control replies.
+    const KEY: &'static str;
+    /// Reads the counters.
+    fn take(&self) -> Self::Snapshot;
+    /// One human-readable line.
+    fn line(s: &Self::Snapshot) -> String;
+    /// Metric samples.
+    fn samples_of(s: &Self::Snapshot) -> Vec<Sample>;
+}
+
+impl<T: Snapshotting> StageMetrics for T {
+    fn key(&self) -> &'static str {
+        T::KEY
+    }
+
+    fn snapshot(&self) -> serde_json::Value {
+        serde_json::to_value(self.take()).unwrap_or_default()
+    }
+
+    fn summary(&self) -> String {
+        T::line(&self.take())
+    }
+
+    fn samples(&self) -> Vec<Sample> {
+        T::samples_of(&self.take())
+    }
+}
+
 /// What a stage reports while it runs and at the end.
 pub trait StageMetrics: Send + Sync {
     /// Key of the snapshot in a disk's `--stats-json` object and control-socket status.
