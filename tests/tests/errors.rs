@@ -115,6 +115,32 @@ fn bad_storage_and_streaming_options_are_one_line_errors() {
             1,
             "Redis",
         ),
+        (
+            vec!["run", "--stage", "dedup", "--", "true"],
+            1,
+            "no such stage",
+        ),
+        (
+            vec!["run", "--stage", "icache:size=x", "--", "true"],
+            1,
+            "size \"x\"",
+        ),
+        (
+            vec!["run", "--stage", "write-tap", "--", "true"],
+            1,
+            "cannot be requested",
+        ),
+        (vec!["run", "--stage=", "--", "true"], 2, "needs a name"),
+        (
+            vec!["run", "--disk", "x.img,io_threads=0", "--", "true"],
+            2,
+            "io_threads",
+        ),
+        (
+            vec!["run", "--metrics", "not-an-address", "--", "true"],
+            1,
+            "not-an-address",
+        ),
         (vec!["stats", "no-such-vm"], 1, "no running VM"),
         (vec!["stream", "no-such-vm"], 1, "no running VM"),
         (
@@ -133,4 +159,25 @@ fn bad_storage_and_streaming_options_are_one_line_errors() {
         let line = one_line_error(&r);
         assert!(line.contains(needle), "{args:?}: {line}");
     }
+}
+
+#[test]
+fn a_metrics_port_in_use_fails_before_the_guest_runs_and_leaves_nothing() {
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = busy.local_addr().unwrap().to_string();
+    let r = run(&[
+        "run",
+        "--name",
+        "metrics-busy",
+        "--metrics",
+        &addr,
+        "--",
+        "true",
+    ]);
+    assert_eq!(r.code, Some(1), "{r:?}");
+    let line = one_line_error(&r);
+    assert!(line.contains(&addr) && line.contains("in use"), "{line}");
+    // No VM is left behind: `vmsight ps` does not list it.
+    let ps = run(&["ps", "--json"]);
+    assert!(!ps.stdout.contains("metrics-busy"), "{ps:?}");
 }

@@ -33,6 +33,8 @@ pub enum LaunchError {
     Delivery(#[from] crate::stream::DeliveryError),
     #[error(transparent)]
     Invalid(#[from] crate::config::ConfigError),
+    #[error(transparent)]
+    Metrics(#[from] vmsight_metrics::MetricsError),
     #[error("a VM named {0:?} is already running (its runtime directory {1} is in use)")]
     NameInUse(String, PathBuf),
     #[error("cannot prepare the runtime directory {path}: {source}")]

@@ -47,8 +47,7 @@ pub fn serve(
             })
             .collect(),
     };
-    let server = MetricsServer::start(addr, Arc::new(source))
-        .map_err(|e| LaunchError::Config(e.to_string()))?;
+    let server = MetricsServer::start(addr, Arc::new(source))?;
     tracing::info!("metrics at {}", server.url());
     Ok(Some(server))
 }
