@@ -8,3 +8,4 @@ python3 interception.py
 bash fsview-crawl.sh
 python3 filestream.py
 python3 icache.py
+bash stream-memory.sh
