@@ -283,8 +283,10 @@ fn recorded_guest_stream_yields_events_at_commit_time() {
 
 /// A larger workload: the guest copies /usr/share/doc (about a thousand files and directories,
 /// enough to wrap the journal of a 256 MiB file system several times), renames the copy and
-/// deletes half of it. Every surviving file was announced by a create under its original path,
-/// every deleted top-level entry by a delete or rmdir, and the view equals a fresh crawl.
+/// deletes half of it, then copies and deletes the tree once more (so the journal wraps
+/// however fast the disk is: faster I/O means fewer, larger commits). Every surviving file was
+/// announced by a create under its original path, every deleted top-level entry by a delete or
+/// rmdir, and the view equals a fresh crawl.
 #[test]
 fn recorded_copy_rename_delete_of_a_tree() {
     let dir = tempfile::tempdir().unwrap();
@@ -304,6 +306,7 @@ fn recorded_copy_rename_delete_of_a_tree() {
         &["--disk", img.to_str().unwrap(), "--record-writes", &spec],
         "set -e; mount /dev/vdb /mnt; cp -a /usr/share/doc /mnt/doc; sync; \
          mv /mnt/doc /mnt/doc2; sync; ls /mnt/doc2 | head -c 0; rm -rf /mnt/doc2/[a-m]*; sync; \
+         cp -a /usr/share/doc /mnt/tmp; sync; rm -rf /mnt/tmp; sync; \
          umount /mnt; echo done",
     );
     assert_eq!(r.code, Some(0), "{r:?}");
