@@ -4,6 +4,6 @@
 //! keep their paths.
 
 pub use vmsight_proto::insight::{
-    BlockRecord, Content, FileRecord, InsightRecord, Pattern, RequestInsight, CLASS_DEFAULT,
-    CLASS_METADATA, CLASS_SKIP_DEDUP,
+    BlockRecord, Content, DedupHint, FileRecord, InsightRecord, Pattern, RequestInsight,
+    CLASS_DEFAULT, CLASS_METADATA, CLASS_SKIP_DEDUP,
 };

@@ -78,6 +78,62 @@ impl RequestInsight {
     }
 }
 
+/// What a deduplicating stage may do with a request (Sky §8), derived from its insight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DedupHint {
+    /// Nothing known: the full lookup and insertion.
+    None,
+    /// Read by (or written by) a process copying a file: a read's chunks enter the in-memory
+    /// hint cache, a write looks there before the on-disk index.
+    Copy,
+    /// A write whose payload is known to be unique (encrypted output, file-system metadata,
+    /// application class 32): no lookup, no insertion.
+    Unique,
+}
+
+impl RequestInsight {
+    /// The dedup hint of the request as a whole (Sky §8.1): for reads, `Copy` when the
+    /// reading process copies; for writes, `Unique` for encrypted output, metadata and the
+    /// application class 32, `Copy` for a copying process, else `None`.
+    pub fn dedup_hint(&self, write: bool) -> DedupHint {
+        let copy = self.pattern == Some(Pattern::Copy);
+        if !write {
+            return if copy {
+                DedupHint::Copy
+            } else {
+                DedupHint::None
+            };
+        }
+        if self.class == CLASS_SKIP_DEDUP
+            || self.app_class == Some(CLASS_SKIP_DEDUP)
+            || self.pattern == Some(Pattern::Encrypt)
+            || self.content == Content::Metadata
+        {
+            DedupHint::Unique
+        } else if copy {
+            DedupHint::Copy
+        } else {
+            DedupHint::None
+        }
+    }
+
+    /// The dedup hint of the 4 KiB block `i` of a write: in a request of data and metadata
+    /// (`Content::Mixed`), a block of the metadata class is `Unique` and the others follow the
+    /// request.
+    pub fn dedup_hint_of_block(&self, i: usize) -> DedupHint {
+        let whole = self.dedup_hint(true);
+        if self.content == Content::Mixed
+            && self.app_class.is_none()
+            && self.class_of_block(i) == CLASS_METADATA
+            && !self.block_classes.is_empty()
+        {
+            return DedupHint::Unique;
+        }
+        whole
+    }
+}
+
 impl RequestInsight {
     /// An insight for a request nothing is known about: metadata, class 5. Unmatched block
     /// I/O is metadata by Sky's rule.
