@@ -289,9 +289,42 @@ pub fn spawn_backend_with(
     socket: &Path,
     stages: Vec<Box<dyn Stage>>,
 ) -> Result<BackendHandle, BlockError> {
+    spawn_backend_on(cfg, socket, Backing::Image, stages)
+}
+
+/// What the last stage of a disk's pipeline is.
+pub enum Backing {
+    /// `DiskConfig::path` as a raw image ([`FileStage`], opened and locked here).
+    Image,
+    /// A terminal stage that owns its storage itself (e.g. a dedup volume), serving a disk of
+    /// `capacity_bytes` (a multiple of 512).
+    Stage {
+        /// The terminal.
+        terminal: Box<dyn Stage>,
+        /// Size of the disk the guest sees.
+        capacity_bytes: u64,
+    },
+}
+
+/// Like [`spawn_backend_with`], over `backing`.
+pub fn spawn_backend_on(
+    cfg: DiskConfig,
+    socket: &Path,
+    backing: Backing,
+    stages: Vec<Box<dyn Stage>>,
+) -> Result<BackendHandle, BlockError> {
     cfg.validate()?;
-    let file = RawFile::open(&cfg.path, cfg.read_only, cfg.direct_io)?;
-    let capacity_sectors = file.capacity_sectors();
+    let (terminal, capacity_sectors): (Box<dyn Stage>, u64) = match backing {
+        Backing::Image => {
+            let file = RawFile::open(&cfg.path, cfg.read_only, cfg.direct_io)?;
+            let sectors = file.capacity_sectors();
+            (Box::new(FileStage::new(file, cfg.io_threads)?), sectors)
+        }
+        Backing::Stage {
+            terminal,
+            capacity_bytes,
+        } => (terminal, capacity_bytes / SECTOR_SIZE),
+    };
     let mut serial = [0u8; request::ID_BYTES];
     for (d, s) in serial.iter_mut().zip(cfg.serial.as_bytes()) {
         *d = *s;
@@ -306,7 +339,7 @@ pub fn spawn_backend_with(
         path: cfg.path.clone(),
         reason: e.to_string(),
     };
-    let mut pipeline = Pipeline::with_terminal(Box::new(FileStage::new(file, cfg.io_threads)?));
+    let mut pipeline = Pipeline::with_terminal(terminal);
     pipeline
         .push(Box::new(stages::FlushOrder::new()))
         .map_err(path_err)?;

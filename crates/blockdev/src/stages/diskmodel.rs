@@ -311,6 +311,78 @@ fn service(
     }
 }
 
+/// A modelled disk for a synchronous owner that issues its own I/Os at byte positions of one
+/// address space (e.g. a dedup volume's data and metadata files laid out on one spindle):
+/// [`ModelClock::charge`] adds each I/O's service time to the disk's busy period, and the
+/// owner waits with [`ModelClock::wait`] before it answers the guest. One request at a time,
+/// in the order charged, as [`DiskModel`] does.
+#[derive(Debug)]
+pub struct ModelClock {
+    cfg: DiskModelConfig,
+    span: u64,
+    head: Head,
+    busy_until: Option<Instant>,
+    /// Sum of the modelled service times, ns.
+    pub modelled_ns: u64,
+    /// I/Os that needed a head move.
+    pub seeks: u64,
+}
+
+impl ModelClock {
+    /// A model of `cfg` over an address space of `span_bytes` (the HDD's full stroke unless
+    /// its `span_gib` is set).
+    pub fn new(cfg: DiskModelConfig, span_bytes: u64) -> Self {
+        let span = match cfg {
+            DiskModelConfig::Hdd(p) => p.span_bytes.unwrap_or(span_bytes),
+            _ => span_bytes,
+        };
+        Self {
+            cfg,
+            span,
+            head: Head::default(),
+            busy_until: None,
+            modelled_ns: 0,
+            seeks: 0,
+        }
+    }
+
+    /// Whether the model delays anything.
+    pub fn is_active(&self) -> bool {
+        !matches!(self.cfg, DiskModelConfig::None)
+    }
+
+    /// Charges one I/O of `len` bytes at `offset` (reads, writes and write-zeroes cost; FLUSH
+    /// and DISCARD are free) and returns its modelled service time.
+    pub fn charge(&mut self, kind: RequestKind, offset: u64, len: u64) -> Duration {
+        let svc = service(&self.cfg, self.span, &mut self.head, kind, offset, len);
+        let d = Duration::from_nanos(svc.ns.max(0.0) as u64);
+        if d.is_zero() {
+            return d;
+        }
+        let now = Instant::now();
+        let start = self.busy_until.map_or(now, |b| b.max(now));
+        self.busy_until = Some(start + d);
+        self.modelled_ns += d.as_nanos() as u64;
+        self.seeks += u64::from(svc.seek);
+        d
+    }
+
+    /// Sleeps until the modelled disk has finished everything charged so far; returns how
+    /// long it slept. Only for threads that may block.
+    pub fn wait(&mut self) -> Duration {
+        let Some(due) = self.busy_until else {
+            return Duration::ZERO;
+        };
+        let now = Instant::now();
+        if due <= now {
+            return Duration::ZERO;
+        }
+        let d = due - now;
+        std::thread::sleep(d);
+        d
+    }
+}
+
 /// Live counters of a disk model.
 #[derive(Debug)]
 pub struct DiskModelMetrics {

@@ -19,6 +19,6 @@ pub use cache::{
 };
 pub use diskmodel::{
     DiskModel, DiskModelConfig, DiskModelError, DiskModelMetrics, DiskModelSnapshot, HddParams,
-    SsdParams,
+    ModelClock, SsdParams,
 };
 pub use order::FlushOrder;
