@@ -55,6 +55,12 @@ enum Cmd {
     Mount(MountArgs),
     /// List the block stages of the stage registry: name, position, options, what it does.
     Stages,
+    /// Deduplicated volumes (iDedup): create, info, check, gc, export. Serve one with
+    /// `vmsight run --disk VOL,dedup`.
+    Dedup {
+        #[command(subcommand)]
+        action: crate::dedup::DedupCmd,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -262,6 +268,7 @@ pub fn main() -> i32 {
         Cmd::Replay(a) => cmd_replay(a),
         Cmd::Mount(a) => cmd_mount(a),
         Cmd::Stages => cmd_stages(),
+        Cmd::Dedup { action } => crate::dedup::run(action),
     };
     match res {
         Ok(code) => code,
@@ -274,7 +281,7 @@ pub fn main() -> i32 {
 
 /// Why a command failed. Library errors keep their cause chain; `main` prints it once.
 #[derive(Debug, thiserror::Error)]
-enum CliError {
+pub(crate) enum CliError {
     #[error(transparent)]
     Launch(#[from] vmsight_launcher::LaunchError),
     #[error(transparent)]
@@ -283,6 +290,8 @@ enum CliError {
     RunArgs(#[from] RunArgsError),
     #[error(transparent)]
     Config(#[from] vmsight_launcher::config::ConfigError),
+    #[error(transparent)]
+    Dedup(#[from] vmsight_dedup::DedupError),
     #[error("cannot write to stdout")]
     Stdout(#[source] std::io::Error),
     #[error("no running VM named {0:?} (see `vmsight ps`)")]
@@ -329,7 +338,7 @@ fn parse_disk_model(s: &str) -> Result<String, vmsight_blockdev::stages::DiskMod
 
 /// Why `vmsight run`'s options do not make a VM configuration.
 #[derive(Debug, thiserror::Error)]
-enum RunArgsError {
+pub(crate) enum RunArgsError {
     #[error("{option} needs {needs}")]
     Needs {
         option: &'static str,
@@ -857,7 +866,7 @@ fn cmd_replay(a: ReplayArgs) -> Result<i32, CliError> {
 
 /// Prints `text` and a newline; a reader that went away (`vmsight ... | head`) is not an error
 /// (println! would panic on the broken pipe).
-fn print_stdout(text: &str) -> Result<(), CliError> {
+pub(crate) fn print_stdout(text: &str) -> Result<(), CliError> {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
     match writeln!(out, "{text}").and_then(|()| out.flush()) {

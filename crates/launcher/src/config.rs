@@ -9,8 +9,10 @@ use crate::stages::StageRequest;
 /// A VM configuration value that is not acceptable, with the sentence the user sees.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
-    #[error("a disk needs a path: --disk PATH[,ro][,direct][,serial=ID][,queues=N][,io_threads=N][,mount=PATH]")]
+    #[error("a disk needs a path: --disk PATH[,ro][,direct][,serial=ID][,queues=N][,io_threads=N][,mount=PATH][,dedup[,meta-cache=N%|SIZE][,flush-every=N][,hints=on|off]]")]
     DiskPath,
+    #[error("disk option {0}")]
+    Dedup(String),
     #[error("disk serial {0:?} must be 1 to 20 ASCII characters")]
     DiskSerial(String),
     #[error("disk queues {0:?} must be a number from 1 to 16")]
@@ -19,7 +21,7 @@ pub enum ConfigError {
     DiskMount(String),
     #[error("disk io_threads {0:?} must be a number from 1 to 64")]
     DiskIoThreads(String),
-    #[error("unknown disk option {0:?} (known: ro, rw, direct, serial=ID, queues=N, io_threads=N, mount=PATH)")]
+    #[error("unknown disk option {0:?} (known: ro, rw, direct, serial=ID, queues=N, io_threads=N, mount=PATH, dedup, meta-cache=N%|SIZE, flush-every=N, hints=on|off)")]
     DiskOption(String),
     #[error("VM name {0:?} must be 1-48 characters of letters, digits, '-' or '_', starting with a letter or digit")]
     Name(String),
@@ -36,7 +38,7 @@ pub enum ConfigError {
 }
 
 /// One extra disk from `--disk PATH[,ro][,serial=ID][,queues=N][,direct][,io_threads=N][,mount=PATH]`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct DiskSpec {
     pub path: PathBuf,
     pub read_only: bool,
@@ -51,6 +53,30 @@ pub struct DiskSpec {
     pub mount: Option<String>,
     /// I/O threads serving the image (`io_threads=N`, 1..=64; default 4).
     pub io_threads: Option<usize>,
+    /// The path is a dedup volume (`dedup`, see docs/dedup.md) opened with these settings.
+    pub dedup: Option<DedupSpec>,
+}
+
+/// How a dedup volume is served (`--disk VOL,dedup[,meta-cache=..][,flush-every=N][,hints=..]`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DedupSpec {
+    /// Metadata buffer cache: percent of the volume's metadata or a size (default 1 %).
+    pub meta_cache: vmsight_dedup::MetaCache,
+    /// Commit after this many block writes without a FLUSH (default 4096).
+    pub flush_every: u64,
+    /// Use the insight engine's copy and unique hints (default on; they need `--insights`).
+    pub hints: bool,
+}
+
+impl Default for DedupSpec {
+    fn default() -> Self {
+        let o = vmsight_dedup::VolumeOptions::default();
+        Self {
+            meta_cache: o.meta_cache,
+            flush_every: o.flush_every,
+            hints: true,
+        }
+    }
 }
 
 impl FromStr for DiskSpec {
@@ -70,9 +96,30 @@ impl FromStr for DiskSpec {
             direct: false,
             mount: None,
             io_threads: None,
+            dedup: None,
         };
+        let mut dedup_opts = Vec::new();
         for opt in parts {
-            spec.apply(opt)?;
+            if opt == "dedup" {
+                spec.dedup = Some(DedupSpec::default());
+            } else if ["meta-cache=", "flush-every=", "hints="]
+                .iter()
+                .any(|p| opt.starts_with(p))
+            {
+                dedup_opts.push(opt);
+            } else {
+                spec.apply(opt)?;
+            }
+        }
+        match spec.dedup.as_mut() {
+            Some(d) => dedup_opts.iter().try_for_each(|o| d.apply(o))?,
+            None => {
+                if let Some(o) = dedup_opts.first() {
+                    return Err(ConfigError::Dedup(format!(
+                        "{o:?} needs \"dedup\" (--disk VOL,dedup,{o})"
+                    )));
+                }
+            }
         }
         Ok(spec)
     }
@@ -106,6 +153,33 @@ impl DiskSpec {
                 self.mount = Some(v.trim_end_matches('/').to_string());
             }
             _ => return Err(ConfigError::DiskOption(opt.into())),
+        }
+        Ok(())
+    }
+}
+
+impl DedupSpec {
+    fn apply(&mut self, opt: &str) -> Result<(), ConfigError> {
+        let bad = |m: String| ConfigError::Dedup(m);
+        match opt.split_once('=') {
+            Some(("meta-cache", v)) => {
+                self.meta_cache = vmsight_dedup::MetaCache::parse(v).map_err(bad)?;
+            }
+            Some(("flush-every", v)) => match v.parse::<u64>() {
+                Ok(n) if n > 0 => self.flush_every = n,
+                _ => {
+                    return Err(bad(format!(
+                        "flush-every={v:?} must be a positive number of writes"
+                    )))
+                }
+            },
+            Some(("hints", "on")) => self.hints = true,
+            Some(("hints", "off")) => self.hints = false,
+            _ => {
+                return Err(bad(format!(
+                    "{opt:?} is not meta-cache=N%|SIZE, flush-every=N or hints=on|off"
+                )))
+            }
         }
         Ok(())
     }
@@ -272,6 +346,24 @@ mod tests {
             Ok(Some(1))
         );
         assert!("a.img,io_threads=0".parse::<DiskSpec>().is_err());
+        let d: DiskSpec = "vol,dedup,meta-cache=10%,flush-every=64,hints=off"
+            .parse()
+            .unwrap();
+        let dd = d.dedup.unwrap();
+        assert_eq!(dd.meta_cache, vmsight_dedup::MetaCache::Percent(10.0));
+        assert_eq!((dd.flush_every, dd.hints), (64, false));
+        let d: DiskSpec = "vol,meta-cache=4MiB,dedup".parse().unwrap();
+        assert_eq!(
+            d.dedup.unwrap().meta_cache,
+            vmsight_dedup::MetaCache::Bytes(4 << 20)
+        );
+        let e = "vol,meta-cache=4MiB"
+            .parse::<DiskSpec>()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("needs \"dedup\""), "{e}");
+        assert!("vol,dedup,meta-cache=0%".parse::<DiskSpec>().is_err());
+        assert!("vol,dedup,hints=maybe".parse::<DiskSpec>().is_err());
         assert!("a.img,io_threads=65".parse::<DiskSpec>().is_err());
     }
 

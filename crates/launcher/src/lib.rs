@@ -5,6 +5,7 @@ pub mod accel;
 pub mod config;
 pub mod control;
 pub mod devices;
+pub mod disksource;
 pub mod error;
 pub mod guestio;
 pub mod process;

@@ -519,13 +519,12 @@ impl FsRead for EngineSlot {
 /// Crawls the ext2/3/4 file system on `image` (first partition, or the whole disk) and makes
 /// an engine for it.
 pub fn make_engine(image: &Path, data: bool) -> vmsight_fsview::Result<Engine> {
-    let src = vmsight_fsview::FileSource::open(image)?;
-    let part = vmsight_fsview::read_partitions(&src)?
+    let disk = crate::disksource::open(image)?;
+    let part = vmsight_fsview::read_partitions(&*disk)?
         .partitions
         .first()
         .cloned();
-    let index = vmsight_fsview::Index::crawl(&src, part.as_ref())?;
-    let disk: Arc<dyn vmsight_fsview::BlockSource> = Arc::new(src);
+    let index = vmsight_fsview::Index::crawl(&*disk, part.as_ref())?;
     Engine::new(
         disk,
         index,

@@ -4,7 +4,8 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use vmsight_blockdev::{spawn_backend_with, BackendHandle, BlockMetrics, DiskConfig};
+use vmsight_blockdev::{spawn_backend_on, BackendHandle, Backing, BlockMetrics, DiskConfig};
+use vmsight_dedup::{DedupHandle, DedupStage, Volume, VolumeOptions};
 
 use super::{Device, DeviceEntry, DeviceEnv, DeviceMetrics, DeviceReport};
 use crate::error::LaunchError;
@@ -53,7 +54,7 @@ fn start(env: &DeviceEnv<'_>) -> Result<Vec<Box<dyn Device>>, LaunchError> {
 
 fn start_disk(env: &DeviceEnv<'_>, d: &DiskPlan) -> Result<BlkDevice, LaunchError> {
     let socket = env.prep.rt.paths().disk_socket(d.index);
-    let ctx = DiskCtx {
+    let mut ctx = DiskCtx {
         index: d.index,
         path: &d.path,
         read_only: d.read_only,
@@ -62,9 +63,27 @@ fn start_disk(env: &DeviceEnv<'_>, d: &DiskPlan) -> Result<BlkDevice, LaunchErro
         options: None,
         insight: env.insight,
         stream: env.streams.iter().find(|s| s.index == d.index),
+        dedup: None,
     };
+    let volume = match &d.dedup {
+        Some(spec) => Some(open_volume(&ctx, spec, env.insight.is_some())?),
+        None => None,
+    };
+    let (backing, handle) = match volume {
+        Some((stage, handle)) => {
+            ctx.capacity_bytes = handle.capacity_bytes();
+            crate::disksource::register(&d.path, handle.clone());
+            let backing = Backing::Stage {
+                terminal: Box::new(stage),
+                capacity_bytes: handle.capacity_bytes(),
+            };
+            (backing, Some(handle))
+        }
+        None => (Backing::Image, None),
+    };
+    ctx.dedup = handle.as_ref();
     let built = stages::assemble(&ctx, &env.cfg.stages)?;
-    let handle = spawn_backend_with(
+    let backend = spawn_backend_on(
         DiskConfig {
             path: d.path.clone(),
             read_only: d.read_only,
@@ -75,6 +94,7 @@ fn start_disk(env: &DeviceEnv<'_>, d: &DiskPlan) -> Result<BlkDevice, LaunchErro
             io_threads: d.io_threads,
         },
         &socket,
+        backing,
         built.stages,
     )
     .map_err(|source| LaunchError::Backend {
@@ -85,10 +105,28 @@ fn start_disk(env: &DeviceEnv<'_>, d: &DiskPlan) -> Result<BlkDevice, LaunchErro
     Ok(BlkDevice {
         plan: d.clone(),
         socket,
-        metrics: handle.metrics(),
-        handle,
+        metrics: backend.metrics(),
+        handle: backend,
         stages: built.metrics,
     })
+}
+
+/// Opens the dedup volume of disk `ctx` as its pipeline's terminal, modelled like the disk
+/// model stage would model the disk.
+fn open_volume(
+    ctx: &DiskCtx<'_>,
+    spec: &crate::config::DedupSpec,
+    insights: bool,
+) -> Result<(DedupStage, DedupHandle), LaunchError> {
+    let opts = VolumeOptions {
+        meta_cache: spec.meta_cache,
+        flush_every: spec.flush_every,
+        model: stages::diskmodel::requested(ctx)?,
+        hints: spec.hints && insights,
+        ..VolumeOptions::default()
+    };
+    let volume = Volume::open(ctx.path, opts).map_err(|e| ctx.build_error("dedup", e))?;
+    DedupStage::start(volume).map_err(|e| ctx.build_error("dedup", e))
 }
 
 impl Device for BlkDevice {
@@ -133,6 +171,9 @@ impl Device for BlkDevice {
             .wait()
             .err()
             .map(|e| format!("{}: {e}", self.plan.path.display()));
+        if self.plan.dedup.is_some() {
+            crate::disksource::unregister(&self.plan.path);
+        }
         let mut ds = DiskStats::from_metrics(self.plan.path.clone(), &self.metrics);
         for (_, m) in &self.stages {
             ds.stages.insert(m.key().to_owned(), m.snapshot());

@@ -29,12 +29,22 @@ fn check(options: &str) -> Result<(), OptionsError> {
     parse(options).map(|_| ())
 }
 
+/// The model requested for disk `ctx` (a dedup volume models its data and metadata I/O
+/// itself, so it asks here instead of getting the stage).
+pub(crate) fn requested(ctx: &DiskCtx<'_>) -> Result<DiskModelConfig, LaunchError> {
+    let options = ctx.cfg.stages.iter().find(|r| r.name == ENTRY.name);
+    match options {
+        Some(r) if ctx.index > 0 => parse(&r.options).map_err(|e| ctx.build_error(ENTRY.name, e)),
+        _ => Ok(DiskModelConfig::None),
+    }
+}
+
 fn build(ctx: &DiskCtx<'_>) -> Result<Option<BuiltStage>, LaunchError> {
     let Some(options) = ctx.extra_disk_options() else {
         return Ok(None);
     };
     let cfg = parse(options).map_err(|e| ctx.build_error(ENTRY.name, e))?;
-    if cfg == DiskModelConfig::None {
+    if cfg == DiskModelConfig::None || ctx.dedup.is_some() {
         return Ok(None);
     }
     let (stage, m) =

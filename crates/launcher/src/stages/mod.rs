@@ -17,7 +17,8 @@
 //! first), not a choice.
 
 mod classifier;
-mod diskmodel;
+mod dedup;
+pub(crate) mod diskmodel;
 mod icache;
 mod tap;
 
@@ -33,6 +34,7 @@ use crate::stream::DiskStream;
 
 /// Every block stage vmsight knows, in no particular order (`position` orders them).
 pub static STAGES: &[&StageEntry] = &[
+    &dedup::ENTRY,
     &classifier::ENTRY,
     &icache::ENTRY,
     &tap::ENTRY,
@@ -89,6 +91,8 @@ pub struct DiskCtx<'a> {
     pub insight: Option<&'a vmsight_insight::InsightEngine>,
     /// This disk's file-update stream, when it has one (writable disks).
     pub stream: Option<&'a DiskStream>,
+    /// The dedup volume served as this disk, when it is one.
+    pub dedup: Option<&'a vmsight_dedup::DedupHandle>,
 }
 
 /// A stage built for one disk.
@@ -329,13 +333,13 @@ pub fn assemble(ctx: &DiskCtx<'_>, requests: &[StageRequest]) -> Result<DiskStag
 /// disk has no file system vmsight can read): the classifier marks writes there so the
 /// priority cache does not keep them (Sky §7).
 pub(crate) fn journal_ranges(path: &std::path::Path) -> Vec<std::ops::Range<u64>> {
-    let Ok(src) = vmsight_fsview::FileSource::open(path) else {
+    let Ok(src) = crate::disksource::open(path) else {
         return Vec::new();
     };
-    let part = vmsight_fsview::read_partitions(&src)
+    let part = vmsight_fsview::read_partitions(&*src)
         .ok()
         .and_then(|t| t.partitions.first().cloned());
-    let Ok(index) = vmsight_fsview::Index::crawl(&src, part.as_ref()) else {
+    let Ok(index) = vmsight_fsview::Index::crawl(&*src, part.as_ref()) else {
         return Vec::new();
     };
     let fs = index.fs_info();

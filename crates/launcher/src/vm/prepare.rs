@@ -37,6 +37,8 @@ pub struct DiskPlan {
     pub direct: bool,
     /// I/O threads of the image file stage.
     pub io_threads: usize,
+    /// The path is a dedup volume served with these settings.
+    pub dedup: Option<crate::config::DedupSpec>,
 }
 
 /// What the later phases need, decided once.
@@ -178,6 +180,21 @@ fn check_files(cfg: &VmConfig, guest: &GuestFiles) -> Result<(), LaunchError> {
         });
     }
     for d in &cfg.disks {
+        if d.dedup.is_some() {
+            if d.read_only {
+                return Err(LaunchError::DiskUnusable {
+                    path: d.path.clone(),
+                    reason: "a dedup volume cannot be served read-only".into(),
+                });
+            }
+            if !vmsight_dedup::Volume::is_volume(&d.path) {
+                return Err(LaunchError::DiskUnusable {
+                    path: d.path.clone(),
+                    reason: "it is not a dedup volume (create one with `vmsight dedup create VOL --size SIZE`)".into(),
+                });
+            }
+            continue;
+        }
         if let Err(e) = std::fs::OpenOptions::new()
             .read(true)
             .write(!d.read_only)
@@ -248,6 +265,7 @@ fn disk_plans(cfg: &VmConfig, root: &Path) -> Vec<DiskPlan> {
         num_queues: 2,
         direct: false,
         io_threads: vmsight_blockdev::file::DEFAULT_IO_THREADS,
+        dedup: None,
     }];
     for (i, d) in cfg.disks.iter().enumerate() {
         v.push(DiskPlan {
@@ -263,6 +281,7 @@ fn disk_plans(cfg: &VmConfig, root: &Path) -> Vec<DiskPlan> {
             io_threads: d
                 .io_threads
                 .unwrap_or(vmsight_blockdev::file::DEFAULT_IO_THREADS),
+            dedup: d.dedup,
         });
     }
     v
