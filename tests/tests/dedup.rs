@@ -1,0 +1,400 @@
+//! iDedup (issue 10, Sky §8) in real guests: data integrity against the guest's own files and
+//! the host's e2fsck/debugfs, dedup really sharing chunks, garbage collection after the guest
+//! discards, hints engaging (and not engaging without insights), crash consistency under
+//! SIGKILL, and corrupt metadata refused with a clear error.
+#![allow(clippy::unwrap_used)] // Test code: a failed unwrap is a failed test.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use vmsight_tests::*;
+
+/// A 256 MiB dedup volume holding a fresh ext4 file system (made on the host, imported).
+fn volume_with_ext4(dir: &Path) -> PathBuf {
+    let raw = dir.join("fs.img");
+    make_ext4(&raw, 256);
+    let vol = dir.join("vol");
+    let r = run(&[
+        "dedup",
+        "create",
+        vol.to_str().unwrap(),
+        "--size",
+        "256MiB",
+        "--from",
+        raw.to_str().unwrap(),
+    ]);
+    assert_eq!(r.code, Some(0), "{r:?}");
+    std::fs::remove_file(&raw).unwrap();
+    vol
+}
+
+fn info(vol: &Path) -> Value {
+    let r = run(&["dedup", "info", "--json", vol.to_str().unwrap()]);
+    assert_eq!(r.code, Some(0), "{r:?}");
+    serde_json::from_str(&r.stdout).unwrap()
+}
+
+fn used(vol: &Path) -> u64 {
+    info(vol)["used_chunks"].as_u64().unwrap()
+}
+
+fn check_clean(vol: &Path) {
+    let r = run(&["dedup", "check", vol.to_str().unwrap()]);
+    assert_eq!(r.code, Some(0), "dedup check: {r:?}");
+    assert!(r.stdout.contains("clean"), "{r:?}");
+}
+
+/// Exports the volume and returns the raw image after checking it with `e2fsck -fn`.
+fn export_checked(vol: &Path, dir: &Path) -> PathBuf {
+    let raw = dir.join("export.img");
+    let r = run(&[
+        "dedup",
+        "export",
+        vol.to_str().unwrap(),
+        raw.to_str().unwrap(),
+    ]);
+    assert_eq!(r.code, Some(0), "{r:?}");
+    let (ok, out) = fsck_clean(&raw);
+    assert!(ok, "e2fsck -fn of the exported volume: {out}");
+    raw
+}
+
+/// sha256 of a file dumped from an ext4 image with debugfs.
+fn debugfs_sha(image: &Path, path: &str, dir: &Path) -> String {
+    let out = dir.join("dump.bin");
+    let _ = std::fs::remove_file(&out);
+    debugfs(image, &format!("dump {path} {}", out.display()));
+    let o = Command::new("sha256sum").arg(&out).output().unwrap();
+    String::from_utf8_lossy(&o.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
+fn stats_json(path: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// The guest's `sha256sum` lines as (name, hash).
+fn guest_sums(stdout: &str) -> Vec<(String, String)> {
+    stdout
+        .lines()
+        .filter_map(|l| {
+            let (h, n) = l.split_once("  ")?;
+            (h.len() == 64).then(|| (n.trim().to_string(), h.to_string()))
+        })
+        .collect()
+}
+
+#[test]
+fn a_copied_file_is_stored_once_reads_back_exactly_and_gc_frees_it_once_the_guest_discards() {
+    let d = tempfile::tempdir().unwrap();
+    let vol = volume_with_ext4(d.path());
+    let disk = format!("{},dedup", vol.display());
+    // Boot 1: a file of random data, and the same bytes again under another name.
+    let r = guest_sh(
+        &["--disk", &disk],
+        "set -e; mount /dev/vdb /mnt; head -c 64M /dev/urandom > /mnt/a; \
+         head -c 3M /dev/urandom > /tmp/r; cat /tmp/r > /mnt/twice1; cat /tmp/r > /mnt/twice2; \
+         sync; umount /mnt",
+    );
+    assert_eq!(r.code, Some(0), "{r:?}");
+    let before = used(&vol);
+    // Boot 2: copy the 64 MiB file; the guest's own sha256sum is the oracle.
+    let r = guest_sh(
+        &["--disk", &disk],
+        "set -e; mount /dev/vdb /mnt; cp /mnt/a /mnt/b; sync; echo 3 > /proc/sys/vm/drop_caches; \
+         cd /mnt; sha256sum a b twice1 twice2; cd /; umount /mnt",
+    );
+    assert_eq!(r.code, Some(0), "{r:?}");
+    let after = used(&vol);
+    assert!(
+        after < before + 256,
+        "copying 64 MiB took {} new chunks (limit 256 = 1 MiB)",
+        after.saturating_sub(before)
+    );
+    let sums = guest_sums(&r.stdout);
+    assert_eq!(sums.len(), 4, "{r:?}");
+    assert_eq!(sums[0].1, sums[1].1, "the copy differs from its source");
+    assert_eq!(sums[2].1, sums[3].1);
+    // The host's view of the same volume: e2fsck clean, debugfs dumps equal the guest's files.
+    check_clean(&vol);
+    let raw = export_checked(&vol, d.path());
+    for (name, sha) in &sums {
+        assert_eq!(
+            &debugfs_sha(&raw, &format!("/{name}"), d.path()),
+            sha,
+            "{name}"
+        );
+    }
+    // Boot 3: delete everything and discard; gc then frees the chunks the index still held.
+    let r = guest_sh(
+        &["--disk", &disk],
+        "set -e; mount /dev/vdb /mnt; rm /mnt/a /mnt/b /mnt/twice1 /mnt/twice2; sync; \
+         fstrim -v /mnt; umount /mnt",
+    );
+    assert_eq!(r.code, Some(0), "{r:?}");
+    let held = used(&vol);
+    let g = run(&["dedup", "gc", vol.to_str().unwrap()]);
+    assert_eq!(g.code, Some(0), "{g:?}");
+    let freed = held - used(&vol);
+    assert!(
+        freed >= 16_384 + 768,
+        "gc freed {freed} chunks; the 67 MiB of deleted files are {} chunks",
+        16_384 + 768
+    );
+    check_clean(&vol);
+    export_checked(&vol, d.path());
+}
+
+#[test]
+fn a_tar_of_usr_overwrites_and_discards_on_a_dedup_disk_read_back_as_the_source() {
+    let d = tempfile::tempdir().unwrap();
+    let vol = volume_with_ext4(d.path());
+    let disk = format!("{},dedup,meta-cache=64KiB", vol.display());
+    let script = "set -e; mount /dev/vdb /mnt; \
+        tar -C / -cf - usr/bin usr/sbin usr/lib/x86_64-linux-gnu | tar -C /mnt -xf -; \
+        head -c 8M /dev/urandom > /mnt/r; dd if=/dev/urandom of=/mnt/r bs=4k count=300 seek=100 conv=notrunc 2>/dev/null; \
+        cp /mnt/r /mnt/r2; rm /mnt/r2; fstrim /mnt; \
+        sync; echo 3 > /proc/sys/vm/drop_caches; \
+        (cd /usr && find bin sbin lib/x86_64-linux-gnu -type f -print0 | sort -z | xargs -0 sha256sum) > /tmp/src; \
+        (cd /mnt/usr && find bin sbin lib/x86_64-linux-gnu -type f -print0 | sort -z | xargs -0 sha256sum) > /tmp/dst; \
+        cmp /tmp/src /tmp/dst && echo SAME $(wc -l < /tmp/src); sha256sum /mnt/r; umount /mnt";
+    let r = guest_sh(&["--disk", &disk], script);
+    assert_eq!(r.code, Some(0), "{r:?}");
+    let n: u64 = r
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("SAME "))
+        .unwrap_or_else(|| panic!("the copy of /usr differs: {r:?}"))
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(n > 500, "only {n} files compared");
+    check_clean(&vol);
+    let raw = export_checked(&vol, d.path());
+    let sums = guest_sums(&r.stdout);
+    let (_, rsha) = sums.iter().find(|(n, _)| n == "/mnt/r").unwrap();
+    assert_eq!(&debugfs_sha(&raw, "/r", d.path()), rsha);
+    let bash = debugfs_sha(&raw, "/usr/bin/bash", d.path());
+    assert_eq!(bash.len(), 64);
+}
+
+/// The dedup counters of disk 1 in `--stats-json`.
+fn dedup_stats(st: &Path) -> Value {
+    stats_json(st)["disks"][1]["dedup"].clone()
+}
+
+#[test]
+fn copy_and_unique_hints_engage_with_insights_and_not_without() {
+    let d = tempfile::tempdir().unwrap();
+    let script = "set -e; mount /dev/vdb /mnt; head -c 32M /dev/urandom > /mnt/src; sync; \
+        echo 3 > /proc/sys/vm/drop_caches; cp /mnt/src /mnt/dst; sync; \
+        gpg --batch --yes --pinentry-mode loopback --passphrase x -c -o /mnt/src.gpg /mnt/src; sync; \
+        stat -c 'SIZE %s' /mnt/src.gpg; cmp /mnt/src /mnt/dst && echo COPY-OK; umount /mnt";
+    let mut results = Vec::new();
+    for hinted in [true, false] {
+        let vol = volume_with_ext4(&d.path().join(if hinted { "h" } else { "u" }));
+        let st = d.path().join(format!("st-{hinted}.json"));
+        let log = d.path().join("ins.log");
+        let disk = format!("{},dedup", vol.display());
+        let mut args = vec!["--disk", &disk, "--stats-json", st.to_str().unwrap()];
+        if hinted {
+            args.extend([
+                "--insights",
+                log.to_str().unwrap(),
+                "--insight-target",
+                "@cmd",
+            ]);
+        }
+        std::fs::create_dir_all(d.path()).unwrap();
+        let r = guest_sh(&args, script);
+        assert_eq!(r.code, Some(0), "hinted={hinted}: {r:?}");
+        assert!(r.stdout.contains("COPY-OK"), "{r:?}");
+        let gpg_bytes: u64 = r
+            .stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("SIZE "))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        check_clean(&vol);
+        results.push((hinted, dedup_stats(&st), gpg_bytes));
+    }
+    let (_, h, gpg_bytes) = &results[0];
+    let (_, u, _) = &results[1];
+    let g = |v: &Value, k: &str| v[k].as_u64().unwrap_or_else(|| panic!("no {k} in {v}"));
+    // Copy: the classifier hinted cp's reads, the copy's writes found their chunks in the hint
+    // cache instead of the on-disk index.
+    assert!(g(h, "copy_hints") >= 4096, "copy hints: {h}");
+    assert!(g(h, "hint_hits") >= 7000, "hint-cache hits: {h}");
+    // Unique: gpg's output chunks (and metadata) skipped the index.
+    assert!(
+        g(h, "unique_hints") >= gpg_bytes / 4096,
+        "unique hints {} < gpg's {} chunks: {h}",
+        g(h, "unique_hints"),
+        gpg_bytes / 4096
+    );
+    // Fewer index lookups than the unhinted run, by at least the copy and the gpg output.
+    assert!(
+        g(h, "index_lookups") + 8192 + gpg_bytes / 4096 / 2 <= g(u, "index_lookups"),
+        "lookups hinted {} vs unhinted {}",
+        g(h, "index_lookups"),
+        g(u, "index_lookups")
+    );
+    // Without insights: none of that.
+    for k in [
+        "copy_hints",
+        "hint_hits",
+        "unique_hints",
+        "copy_write_hints",
+    ] {
+        assert_eq!(g(u, k), 0, "{k} without insights: {u}");
+    }
+    // Both dedup the copy.
+    for s in [h, u] {
+        assert!(g(s, "index_hits") + g(s, "hint_hits") >= 7000, "{s}");
+    }
+}
+
+/// Boots a writer on the volume, kills vmsight with SIGKILL once `wait_lines` files were
+/// reported synced plus a random delay, and returns the (name, sha256) of the synced files.
+fn run_and_kill(disk: &str, round: u32, delay: Duration) -> Vec<(String, String)> {
+    let script = format!(
+        "mount /dev/vdb /mnt || exit 9; mkdir -p /mnt/r{round}; i=0; \
+         while true; do i=$((i+1)); f=/mnt/r{round}/f$i; \
+         head -c $(( (i % 7 + 1) * 131072 )) /dev/urandom > $f; \
+         cp $f $f.copy; sync; echo SYNCED $(sha256sum $f) $(sha256sum $f.copy); done"
+    );
+    let mut child = vmsight()
+        .args(["run", "--disk", disk, "--", "sh", "-c", &script])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut synced = Vec::new();
+    let start = Instant::now();
+    let mut deadline: Option<Instant> = None;
+    loop {
+        if deadline.is_some_and(|t| Instant::now() >= t) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(240),
+            "the writer never synced"
+        );
+        if let Ok(line) = rx.recv_timeout(Duration::from_millis(20)) {
+            let w: Vec<&str> = line.split_whitespace().collect();
+            if w.first() == Some(&"SYNCED") && w.len() == 5 {
+                synced.push((w[2].to_string(), w[1].to_string()));
+                synced.push((w[4].to_string(), w[3].to_string()));
+                deadline.get_or_insert_with(|| Instant::now() + delay);
+            }
+        }
+    }
+    child.kill().unwrap();
+    let _ = child.wait();
+    // QEMU dies with vmsight (PDEATHSIG); give it a moment to release the runtime directory.
+    std::thread::sleep(Duration::from_millis(500));
+    synced
+}
+
+#[test]
+fn after_sigkill_at_random_moments_the_volume_checks_clean_and_synced_files_are_intact() {
+    let d = tempfile::tempdir().unwrap();
+    let vol = volume_with_ext4(d.path());
+    let disk = format!("{},dedup,meta-cache=64KiB,flush-every=64", vol.display());
+    let mut seed = std::process::id() as u64 ^ 0x9e37_79b9_7f4a_7c15;
+    for round in 0..20u32 {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let delay = Duration::from_millis(seed % 3000);
+        let synced = run_and_kill(&disk, round, delay);
+        assert!(!synced.is_empty(), "round {round}: nothing synced");
+        check_clean(&vol);
+        // The file system as the guest left it: recover its journal on a copy of the export,
+        // then it must be clean and hold every synced file exactly.
+        let raw = d.path().join("export.img");
+        let r = run(&[
+            "dedup",
+            "export",
+            vol.to_str().unwrap(),
+            raw.to_str().unwrap(),
+        ]);
+        assert_eq!(r.code, Some(0), "{r:?}");
+        let fix = Command::new("e2fsck")
+            .args(["-fy"])
+            .arg(&raw)
+            .output()
+            .unwrap();
+        assert!(
+            fix.status.code().unwrap_or(8) <= 1,
+            "round {round}: e2fsck -fy: {}",
+            String::from_utf8_lossy(&fix.stdout)
+        );
+        let (ok, out) = fsck_clean(&raw);
+        assert!(
+            ok,
+            "round {round}: after journal recovery, e2fsck -fn: {out}"
+        );
+        for (name, sha) in &synced {
+            let path = name.strip_prefix("/mnt").unwrap();
+            assert_eq!(
+                &debugfs_sha(&raw, path, d.path()),
+                sha,
+                "round {round}: {name}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_corrupt_or_truncated_metadata_file_is_refused_with_a_clear_error() {
+    let d = tempfile::tempdir().unwrap();
+    let vol = d.path().join("vol");
+    let r = run(&["dedup", "create", vol.to_str().unwrap(), "--size", "64MiB"]);
+    assert_eq!(r.code, Some(0), "{r:?}");
+    let meta = vol.join("meta");
+    let good = std::fs::read(&meta).unwrap();
+    let disk = format!("{},dedup", vol.display());
+    for (what, bytes) in [
+        ("truncated", good[..good.len() / 3].to_vec()),
+        ("no valid superblock", vec![0xA5; good.len()]),
+    ] {
+        std::fs::write(&meta, &bytes).unwrap();
+        for args in [
+            vec!["dedup", "info", vol.to_str().unwrap()],
+            vec!["dedup", "check", vol.to_str().unwrap()],
+            vec!["run", "--disk", &disk, "--", "true"],
+        ] {
+            let r = run(&args);
+            assert_eq!(r.code, Some(1), "{args:?}: {r:?}");
+            assert!(r.stderr.contains(what), "{args:?}: {r:?}");
+            assert!(!r.stderr.contains("panicked"), "{r:?}");
+        }
+    }
+    let r = run(&[
+        "run",
+        "--disk",
+        &format!("{},dedup", d.path().display()),
+        "--",
+        "true",
+    ]);
+    assert_eq!(r.code, Some(1), "{r:?}");
+    assert!(r.stderr.contains("not a dedup volume"), "{r:?}");
+}
