@@ -1266,7 +1266,22 @@ impl Ctx<'_> {
         }
     }
 
-    /// Captures the string and buffer arguments of syscall `nr` into `pieces`.
+    /// Reads the 8 bytes at `addr` (a `loff_t` argument) into `strbuf`; returns the DATA end
+    /// flags (`FAULT` with nothing read when the page is not present).
+    fn read_u64_arg(&mut self, addr: u64) -> u16 {
+        let h = &mut *self.hot;
+        h.strbuf.clear();
+        h.strbuf.resize(8, 0);
+        match h.membuf.read_guest(addr, &mut h.strbuf[..8]) {
+            Ok(8) => 0,
+            _ => {
+                h.strbuf.clear();
+                flags::FAULT
+            }
+        }
+    }
+
+    /// Captures the string, buffer and offset-pointer arguments of syscall `nr` into `pieces`.
     fn capture(&mut self, ts: u64, cr3: u64, nr: u32, args: &[u64; 6]) -> Option<Retry> {
         self.hot.pieces.clear();
         let mut retry = Retry {
@@ -1298,6 +1313,17 @@ impl Ctx<'_> {
                     self.count(Counter::MemReadErrors, 1);
                 }
                 self.emit_pieces(ts, cr3, addr, p as u8, f);
+            }
+        }
+        // The offsets a copy starts at (NULL: the fd's position, which vmsight follows).
+        for a in offset_args(nr) {
+            let addr = args[usize::from(a)];
+            if addr != 0 {
+                let f = self.read_u64_arg(addr);
+                if f & flags::FAULT != 0 {
+                    self.count(Counter::MemReadErrors, 1);
+                }
+                self.emit_pieces(ts, cr3, addr, a, f);
             }
         }
         (retry.n > 0).then_some(retry)

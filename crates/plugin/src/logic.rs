@@ -446,6 +446,12 @@ pub fn string_args(nr: u32) -> impl Iterator<Item = u8> {
     vmsight_proto::syscall::string_args(u64::from(nr))
 }
 
+/// Indices of the `loff_t *` arguments of syscall `nr` (sendfile, splice, copy_file_range)
+/// whose 8-byte value is captured at entry when the pointer is not NULL.
+pub fn offset_args(nr: u32) -> impl Iterator<Item = u8> {
+    vmsight_proto::syscall::offset_args(u64::from(nr))
+}
+
 /// For syscalls whose buffer the plugin captures: `(pointer arg, length arg)`.
 pub fn buffer_arg(nr: u32) -> Option<(usize, usize)> {
     vmsight_proto::syscall::buffer_arg(u64::from(nr))

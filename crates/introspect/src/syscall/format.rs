@@ -144,6 +144,15 @@ pub fn decode_arg(c: &Completed, i: usize, kind: ArgKind) -> String {
                 None => format!("{v:#x}"),
             }
         }
+        // strace's form: the offset the call started at, in brackets.
+        ArgKind::OffPtr => match e
+            .arg_data(i as u8)
+            .and_then(|d| vmsight_proto::syscall::offset_value(&d.bytes))
+        {
+            _ if v == 0 => "NULL".into(),
+            Some(off) => format!("[{off}]"),
+            None => format!("{v:#x}"),
+        },
         ArgKind::OpenFlags => open_flags(v),
         ArgKind::Mode => format!("0{:03o}", v & 0o7777),
         ArgKind::Signal => signal_name(v),
@@ -302,6 +311,25 @@ mod tests {
         assert_eq!(
             strace_line(&c),
             "7 8 openat(AT_FDCWD, \"/etc/passwd\", O_RDONLY|O_CLOEXEC) = 3"
+        );
+    }
+
+    #[test]
+    fn copy_file_range_shows_offsets_like_strace() {
+        let c = completed(
+            326,
+            [3, 0x7ff0, 4, 0, 1 << 20, 0],
+            vec![ArgData {
+                arg: 1,
+                bytes: 8192u64.to_le_bytes().to_vec(),
+                truncated: false,
+                fault: false,
+            }],
+            Outcome::Returned(4096),
+        );
+        assert_eq!(
+            strace_line(&c),
+            "7 8 copy_file_range(3, [8192], 4, NULL, 1048576, NULL) = 4096"
         );
     }
 

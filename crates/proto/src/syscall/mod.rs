@@ -40,6 +40,10 @@ pub enum ArgKind {
     Signal,
     /// lseek whence.
     Whence,
+    /// A pointer to a 64-bit file offset the call reads and updates (`loff_t *` of
+    /// `sendfile`, `splice`, `copy_file_range`): the plugin captures the 8 bytes at entry
+    /// (the offset the call starts at); NULL means the fd's own position.
+    OffPtr,
 }
 
 impl ArgKind {
@@ -109,6 +113,23 @@ pub fn string_args(nr: u64) -> impl Iterator<Item = u8> {
         .map(|(_, i)| i)
 }
 
+/// Indices of the offset-pointer arguments ([`ArgKind::OffPtr`]) of syscall `nr`, whose
+/// 64-bit value the plugin captures at entry when the pointer is not NULL.
+pub fn offset_args(nr: u64) -> impl Iterator<Item = u8> {
+    known_args(nr)
+        .unwrap_or(&[])
+        .iter()
+        .zip(0u8..)
+        .filter(|(k, _)| matches!(k, OffPtr))
+        .map(|(_, i)| i)
+}
+
+/// The value an offset-pointer argument pointed to at entry, from its captured bytes
+/// (`None`: not captured, e.g. an unreadable page).
+pub fn offset_value(bytes: &[u8]) -> Option<u64> {
+    bytes.try_into().ok().map(u64::from_le_bytes)
+}
+
 /// For syscalls whose input buffer the plugin captures at entry: `(pointer arg, length arg)`.
 pub fn buffer_arg(nr: u64) -> Option<(usize, usize)> {
     known_args(nr)?
@@ -119,6 +140,9 @@ pub fn buffer_arg(nr: u64) -> Option<(usize, usize)> {
             _ => None,
         })
 }
+
+/// splice and copy_file_range: fd_in, *off_in, fd_out, *off_out, len, flags.
+const COPY_ARGS: &[ArgKind] = &[Fd, OffPtr, Fd, OffPtr, Size, Hex];
 
 /// The arguments of the syscalls worth decoding, by number (a jump table: the plugin asks on
 /// every monitored syscall entry). Any other syscall is shown with [`UNKNOWN_ARGS`].
@@ -151,7 +175,7 @@ fn known_args(nr: u64) -> Option<&'static [ArgKind]> {
         33 => &[Fd, Fd],                         // dup2
         34 => &[],                               // pause
         39 => &[],                               // getpid
-        40 => &[Fd, Fd, Hex, Size],              // sendfile
+        40 => &[Fd, Fd, OffPtr, Size],           // sendfile
         57 => &[],                               // fork
         58 => &[],                               // vfork
         59 => &[Path, Hex, Hex],                 // execve
@@ -224,6 +248,7 @@ fn known_args(nr: u64) -> Option<&'static [ArgKind]> {
         267 => &[DirFd, Path, OutBuf, Size],     // readlinkat
         268 => &[DirFd, Path, Mode],             // fchmodat
         269 => &[DirFd, Path, Int, Hex],         // faccessat
+        275 => COPY_ARGS,                        // splice
         280 => &[DirFd, Path, Hex, Hex],         // utimensat
         285 => &[Fd, Hex, Int, Int],             // fallocate
         292 => &[Fd, Fd, Hex],                   // dup3
@@ -236,7 +261,7 @@ fn known_args(nr: u64) -> Option<&'static [ArgKind]> {
         316 => &[DirFd, Path, DirFd, Path, Hex], // renameat2
         319 => &[Str, Hex],                      // memfd_create
         322 => &[DirFd, Path, Hex, Hex, Hex],    // execveat
-        326 => &[Fd, Hex, Fd, Hex, Size, Hex],   // copy_file_range
+        326 => COPY_ARGS,                        // copy_file_range
         327 => &[Fd, Hex, Int, Int, Int, Hex],   // preadv2
         328 => &[Fd, Hex, Int, Int, Int, Hex],   // pwritev2
         332 => &[DirFd, Path, Hex, Hex, Hex],    // statx
@@ -319,6 +344,18 @@ mod tests {
             let got: Vec<u8> = string_args(nr).collect();
             assert_eq!(got, former_plugin_string_args(nr), "syscall {nr}");
         }
+    }
+
+    #[test]
+    fn offset_pointers_are_those_of_the_copy_calls() {
+        let with: Vec<(u64, Vec<u8>)> = (0..1024)
+            .map(|nr| (nr, offset_args(nr).collect::<Vec<u8>>()))
+            .filter(|(_, a)| !a.is_empty())
+            .collect();
+        assert_eq!(with, [(40, vec![2]), (275, vec![1, 3]), (326, vec![1, 3])]);
+        assert_eq!(spec(275).name, "splice");
+        assert_eq!(offset_value(&7u64.to_le_bytes()), Some(7));
+        assert_eq!(offset_value(&[1, 2, 3]), None);
     }
 
     #[test]
