@@ -4,10 +4,11 @@
 //! in a completion hook on whichever thread completes them, an I/O thread or a timer).
 //!
 //! Both sides lock one mutex for short, bounded work (hash lookups, no I/O): log records go
-//! to [`InsightLog`]'s writer thread through a non-blocking queue.
+//! to [`InsightLog`]'s writer thread through a non-blocking queue. The [`FileBlocks`]
+//! resolver of copies without a user buffer (module `copy`) is called without that lock.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use serde::Serialize;
 use vmsight_blockdev::insight::{
@@ -17,10 +18,13 @@ use vmsight_introspect::syscall::event::{HEAD_ARG, TAIL_ARG};
 use vmsight_introspect::syscall::{ArgData, Completed, EntryEvent, IoSums, SyscallObserver};
 use vmsight_ring::fnv1a64;
 
+use crate::blocks::{DiskRange, FileBlocks};
 use crate::config::InsightConfig;
 use crate::hint::hint_of;
 use crate::log::InsightLog;
 use crate::CHUNK;
+
+mod copy;
 
 /// Source of "now" in host CLOCK_MONOTONIC ns (injectable for tests).
 pub type Clock = Arc<dyn Fn() -> u64 + Send + Sync>;
@@ -39,6 +43,9 @@ pub struct ChunkMeta {
     pub app_class: Option<u8>,
     /// When the syscall was seen (host ns).
     pub at: u64,
+    /// An expected destination chunk of a copy without a user buffer (`copy_file_range`,
+    /// `sendfile`, `splice`): indexed from the block read of its source.
+    pub copied: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -77,6 +84,22 @@ pub struct ClassCounters {
     pub evicted: u64,
     /// Write sums superseded by a newer write of the same file chunk.
     pub superseded: u64,
+    /// `copy_file_range`, `sendfile` and `splice` calls followed (they copied bytes of a file
+    /// the process opened by path).
+    pub copy_calls: u64,
+    /// Followed copies whose source range was mapped to disk ranges / could not be (file not
+    /// found on any disk's file system, blocks not known, no index).
+    pub copy_ranges_mapped: u64,
+    pub copy_ranges_unmapped: u64,
+    /// Block read requests given the copy hint when classified (data of a file being copied).
+    pub copy_reads: u64,
+    /// Block read requests of a copy's source classified before the copy was known (the trace
+    /// thread lags): only their log records say copy.
+    pub copy_reads_late: u64,
+    /// 4 KiB chunks read from a copy's source and indexed as expected writes of its
+    /// destination / block-write chunks that matched one.
+    pub copy_expected_chunks: u64,
+    pub copy_write_chunks: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -164,6 +187,12 @@ pub struct Engine {
     /// Recent-I/O cache: last known contents of file chunks (Sky §3.4.4).
     chunks: HashMap<(u64, u64), Box<[u8]>>,
     chunk_order: VecDeque<(u64, u64)>,
+    /// Pending block reads by position: (disk, offset, pending id).
+    pending_reads: BTreeSet<(u32, u64, u64)>,
+    /// Longest pending block read (bounds the position queries).
+    pending_read_max: u64,
+    /// Copies without a user buffer being followed.
+    copies: copy::Copies,
     counters: ClassCounters,
 }
 
@@ -206,6 +235,9 @@ impl Engine {
             next_pending: 0,
             chunks: HashMap::new(),
             chunk_order: VecDeque::new(),
+            pending_reads: BTreeSet::new(),
+            pending_read_max: 0,
+            copies: copy::Copies::default(),
             counters: ClassCounters::default(),
         }
     }
@@ -218,6 +250,12 @@ impl Engine {
     /// The counters so far.
     pub fn counters(&self) -> &ClassCounters {
         &self.counters
+    }
+
+    /// The tracked position of `pid`'s fd `fd` (tests).
+    #[cfg(test)]
+    pub(crate) fn fd_offset(&self, pid: u32, fd: u32) -> Option<u64> {
+        Some(self.procs.get(&pid)?.fds.get(&fd)?.offset)
     }
 
     /// Sets a process's working directory (e.g. read from the guest's `fs_struct`).
@@ -307,6 +345,7 @@ impl Engine {
             pattern: self.pattern_for(&e.comm, path.as_deref()),
             app_class: hint_of(e),
             at: now,
+            copied: false,
         };
         for c in &io.chunks {
             let mut m = base.clone();
@@ -504,6 +543,7 @@ impl Engine {
             pattern: self.pattern_for(&e.comm, path.as_deref()),
             app_class: hint_of(e),
             at: now,
+            copied: false,
         };
         for c in &io.chunks {
             let mut m = base.clone();
@@ -555,8 +595,22 @@ impl Engine {
         }
     }
 
+    /// A completed call: fd tables and file sizes, copies without a user buffer, mounts.
+    /// Returns what must be done outside the lock (resolving a copy's blocks, telling the
+    /// resolver about a mount).
+    fn on_complete(&mut self, c: &Completed) -> Option<copy::Followup> {
+        match c.entry.nr {
+            copy::COPY_FILE_RANGE | copy::SENDFILE | copy::SPLICE => self.on_copy_complete(c),
+            copy::MOUNT | copy::UMOUNT2 => self.on_mount(c),
+            _ => {
+                self.update_tables(c);
+                None
+            }
+        }
+    }
+
     /// Updates fd tables and file sizes from a completed call.
-    fn on_complete(&mut self, c: &Completed) {
+    fn update_tables(&mut self, c: &Completed) {
         let e = &c.entry;
         let pid = e.tgid;
         let a = e.args;
@@ -843,13 +897,18 @@ impl Engine {
     /// at a syscall recently, else metadata.
     pub fn classify_read(&mut self, disk: u32, offset: u64, data: &[u8]) -> RequestInsight {
         let now = self.now();
-        let chunks: Vec<(u64, Option<ChunkMeta>)> = data
+        let mut chunks: Vec<(u64, Option<ChunkMeta>)> = data
             .chunks(CHUNK as usize)
             .map(|c| {
                 let fnv = fnv1a64(c);
                 (fnv, self.known.get(&fnv).cloned())
             })
             .collect();
+        // Data of a file being copied without a user buffer (no read syscall will match it).
+        self.expire_copies(now);
+        if self.copy_hint_read(disk, offset, data.len() as u64, &mut chunks, now) {
+            self.counters.copy_reads += 1;
+        }
         let insight = self.insight_of(&chunks, false);
         let record = BlockRecord {
             ts_ns: now.saturating_sub(self.t0),
@@ -882,6 +941,10 @@ impl Engine {
     ) {
         let id = self.next_pending;
         self.next_pending += 1;
+        if !write {
+            self.pending_reads.insert((record.disk, record.offset, id));
+            self.pending_read_max = self.pending_read_max.max(record.len);
+        }
         for (f, m) in &chunks {
             if m.is_none() {
                 self.pending_by_fnv.entry(*f).or_default().push(id);
@@ -911,6 +974,10 @@ impl Engine {
 
     fn finish_pending(&mut self, id: u64) {
         if let Some(p) = self.pending.remove(&id) {
+            if !p.write {
+                self.pending_reads
+                    .remove(&(p.record.disk, p.record.offset, id));
+            }
             for (f, _) in &p.chunks {
                 if let Some(v) = self.pending_by_fnv.get_mut(f) {
                     v.retain(|&x| x != id);
@@ -927,6 +994,7 @@ impl Engine {
 
     /// Finalises pending requests whose window or grace has passed.
     pub fn expire(&mut self, now: u64) {
+        self.expire_copies(now);
         let due: Vec<u64> = self
             .pending
             .iter()
@@ -981,6 +1049,12 @@ impl Engine {
         };
         *d += data;
         *m += meta;
+        if write {
+            self.counters.copy_write_chunks += chunks
+                .iter()
+                .filter(|c| c.1.as_ref().is_some_and(|m| m.copied))
+                .count() as u64;
+        }
         let t = tally.entry(r.insight.class).or_default();
         t.requests += 1;
         t.bytes += r.len;
@@ -1087,7 +1161,12 @@ impl Engine {
 /// The shared insight engine: register a clone as a [`SyscallObserver`] of the trace
 /// session and give clones to [`crate::Classifier`]s.
 #[derive(Clone)]
-pub struct InsightEngine(Arc<Mutex<Engine>>);
+pub struct InsightEngine {
+    inner: Arc<Mutex<Engine>>,
+    /// Where guest files live on the disks (copies without a user buffer); set once, when
+    /// the disks' file systems are known. Used without the engine's lock.
+    blocks: Arc<OnceLock<Arc<dyn FileBlocks>>>,
+}
 
 impl InsightEngine {
     /// An engine with the host monotonic clock.
@@ -1097,12 +1176,15 @@ impl InsightEngine {
 
     /// An engine with an injected clock (tests).
     pub fn with_clock(cfg: InsightConfig, log: InsightLog, clock: Clock) -> Self {
-        Self(Arc::new(Mutex::new(Engine::new(cfg, log, clock))))
+        Self {
+            inner: Arc::new(Mutex::new(Engine::new(cfg, log, clock))),
+            blocks: Arc::default(),
+        }
     }
 
     /// Locks the engine (a panic elsewhere does not make the data unusable).
     pub fn lock(&self) -> MutexGuard<'_, Engine> {
-        self.0
+        self.inner
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
@@ -1110,6 +1192,22 @@ impl InsightEngine {
     /// A copy of the counters.
     pub fn counters(&self) -> ClassCounters {
         self.lock().counters.clone()
+    }
+
+    /// Sets the resolver of guest files to disk ranges, with which copies without a user
+    /// buffer are followed down to their block reads (every clone shares it). `false` if
+    /// one was already set (it stays).
+    pub fn set_file_blocks(&self, blocks: Arc<dyn FileBlocks>) -> bool {
+        self.blocks.set(blocks).is_ok()
+    }
+
+    /// Resolves a copy's source outside the engine's lock and registers it.
+    fn begin_copy(&self, req: copy::CopyReq) {
+        let ranges: Vec<DiskRange> = match self.blocks.get() {
+            Some(b) => b.ranges(&req.src, req.off, req.len),
+            None => Vec::new(),
+        };
+        self.lock().copy_begin(req, ranges);
     }
 }
 
@@ -1121,14 +1219,41 @@ impl SyscallObserver for InsightEngine {
             let now = g.now();
             g.expire(now);
             g.on_write_entry(e, io);
+        } else if copy::is_copy(e.nr) {
+            // Registered at entry: the source's block reads happen during the call.
+            let req = {
+                let mut g = self.lock();
+                let now = g.now();
+                g.expire(now);
+                g.copy_request(e, None)
+            };
+            if let Some(req) = req {
+                self.begin_copy(req);
+            }
         }
     }
 
     fn on_complete(&mut self, c: &Completed) {
-        let mut g = self.lock();
-        let now = g.now();
-        g.expire(now);
-        g.on_complete(c);
+        let follow = {
+            let mut g = self.lock();
+            let now = g.now();
+            g.expire(now);
+            g.on_complete(c)
+        };
+        match follow {
+            Some(copy::Followup::Copy(req)) => self.begin_copy(req),
+            Some(copy::Followup::Mount { source, target }) => {
+                if let Some(b) = self.blocks.get() {
+                    b.note_mount(&source, &target);
+                }
+            }
+            Some(copy::Followup::Umount { target }) => {
+                if let Some(b) = self.blocks.get() {
+                    b.note_umount(&target);
+                }
+            }
+            None => {}
+        }
     }
 
     fn finish(&mut self) {

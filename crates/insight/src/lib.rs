@@ -8,13 +8,19 @@
 //! virtqueue -> Classifier (Stage) -------------+-> RequestInsight on the request -> next stage
 //!                         \-> insight log writer thread (JSON lines, --insights FILE)
 //! ```
+//!
+//! Copies without a user buffer (`copy_file_range`, `sendfile`, `splice`) are followed down to
+//! the source's block reads through a [`FileBlocks`] resolver (the launcher's, over each
+//! disk's file-system index).
 
+pub mod blocks;
 pub mod classifier;
 pub mod config;
 pub mod engine;
 pub mod hint;
 pub mod log;
 
+pub use blocks::{DiskRange, FileBlocks, WHOLE_FILE};
 pub use classifier::Classifier;
 pub use config::{ConfigError, InsightConfig, SizeClasses};
 pub use engine::{ClassCounters, Engine, InsightEngine, Tally};

@@ -540,3 +540,5 @@ fn a_request_merged_from_a_hinted_and_an_unhinted_file_keeps_each_blocks_hint() 
         ]
     );
 }
+
+mod copy;
