@@ -4,6 +4,7 @@
 pub mod accel;
 pub mod config;
 pub mod control;
+pub mod copymap;
 pub mod devices;
 pub mod disksource;
 pub mod error;

@@ -231,6 +231,19 @@ impl fmt::Display for RunStats {
                 c.read_chunks_metadata,
                 c.late_matches
             )?;
+            if c.copy_calls + c.copy_reads + c.copy_reads_late > 0 {
+                writeln!(
+                    f,
+                    "    copies without a user buffer: {} calls ({} mapped to disk ranges, {} not); {} reads hinted, {} late; {} chunks expected in destinations, {} matched",
+                    c.copy_calls,
+                    c.copy_ranges_mapped,
+                    c.copy_ranges_unmapped,
+                    c.copy_reads,
+                    c.copy_reads_late,
+                    c.copy_expected_chunks,
+                    c.copy_write_chunks
+                )?;
+            }
             writeln!(f, "    writes by class: {}", fmt(&c.writes))?;
             writeln!(f, "    reads by class: {}", fmt(&c.reads))?;
         }

@@ -109,6 +109,10 @@ pub fn start(
     for ds in streams.iter_mut() {
         start_stream(cfg, ds, &delivery)?;
     }
+    // Copies without a user buffer are followed to their blocks through the disks' indexes.
+    if let Some(engine) = insight {
+        engine.set_file_blocks(Arc::new(crate::copymap::CopyMap::for_vm(cfg, streams)));
+    }
     // The live read-only view (`vmsight mount`) shows the root disk's file system.
     let view = match streams.iter().find(|d| d.index == 0) {
         Some(d) => Some(
