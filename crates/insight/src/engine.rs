@@ -181,6 +181,8 @@ pub struct Engine {
     /// block reads of the same content.
     known: HashMap<u64, ChunkMeta>,
     known_order: VecDeque<u64>,
+    /// The same by place: file → file offset → checksum (a copy's source content).
+    known_at: HashMap<Arc<str>, BTreeMap<u64, u64>>,
     pending: BTreeMap<u64, Pending>,
     pending_by_fnv: HashMap<u64, Vec<u64>>,
     next_pending: u64,
@@ -230,6 +232,7 @@ impl Engine {
             latest: HashMap::new(),
             known: HashMap::new(),
             known_order: VecDeque::new(),
+            known_at: HashMap::new(),
             pending: BTreeMap::new(),
             pending_by_fnv: HashMap::new(),
             next_pending: 0,
@@ -512,11 +515,38 @@ impl Engine {
     }
 
     fn remember_known(&mut self, fnv: u64, m: ChunkMeta) {
-        if self.known.insert(fnv, m).is_none() {
-            self.known_order.push_back(fnv);
-            while self.known_order.len() > self.cfg.max_read_sums {
-                if let Some(old) = self.known_order.pop_front() {
-                    self.known.remove(&old);
+        let at = m.file.clone().map(|f| (f, m.offset));
+        match self.known.insert(fnv, m) {
+            Some(old) => {
+                if old.file.as_ref().map(|f| (f, old.offset)) != at.as_ref().map(|(f, o)| (f, *o)) {
+                    self.forget_known_at(&old, fnv);
+                }
+            }
+            None => {
+                self.known_order.push_back(fnv);
+                while self.known_order.len() > self.cfg.max_read_sums {
+                    if let Some(old) = self.known_order.pop_front() {
+                        if let Some(m) = self.known.remove(&old) {
+                            self.forget_known_at(&m, old);
+                        }
+                    }
+                }
+            }
+        }
+        if let Some((f, o)) = at {
+            self.known_at.entry(f).or_default().insert(o, fnv);
+        }
+    }
+
+    /// Drops the by-place entry of known chunk `fnv` (described by `m`), if it is still the
+    /// content known there.
+    fn forget_known_at(&mut self, m: &ChunkMeta, fnv: u64) {
+        let Some(f) = &m.file else { return };
+        if let Some(t) = self.known_at.get_mut(f) {
+            if t.get(&m.offset) == Some(&fnv) {
+                t.remove(&m.offset);
+                if t.is_empty() {
+                    self.known_at.remove(f);
                 }
             }
         }

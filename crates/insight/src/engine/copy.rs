@@ -17,9 +17,10 @@
 //!    log records change and their chunks are expected in the destination; the requests
 //!    themselves already went by.
 //!
-//! Without disk ranges (no resolver, file not found), a block read whose content the engine
-//! already knows as a chunk of the source file (written recently by a monitored process) is
-//! treated the same way.
+//! Chunks of the copied range whose content the engine already knows (written or read by a
+//! monitored process recently) are expected in the destination at once, whether or not their
+//! block reads come (a source in the page cache is not read from the disk); without disk
+//! ranges (no resolver, file not found), a block read of such content is hinted all the same.
 
 use super::*;
 use crate::blocks::WHOLE_FILE;
@@ -317,7 +318,39 @@ impl Engine {
             self.remove_copy(oldest);
         }
         if self.copies.calls.contains_key(&id) {
+            self.copy_expect_known(id, now);
             self.copy_retro(id, now);
+        }
+    }
+
+    /// Expects in the destination every chunk of the copied range whose content is known
+    /// (written or read by a monitored process recently): its block reads may have gone by
+    /// before the copy was known, or never come (a source in the page cache).
+    fn copy_expect_known(&mut self, id: u64, now: u64) {
+        let Some(call) = self.copies.calls.get(&id) else {
+            return;
+        };
+        let Some(t) = self.known_at.get(&call.src) else {
+            return;
+        };
+        let expected: Vec<(u64, ChunkMeta)> = t
+            .range(call.src_start..call.src_end)
+            .filter_map(|(&fo, &fnv)| call.dst_meta(fo, now).map(|d| (fnv, d)))
+            .collect();
+        for (fnv, d) in expected {
+            self.expect_copy(fnv, d);
+        }
+    }
+
+    /// Indexes `d` as an expected write of chunk `fnv`, unless exactly that is expected
+    /// already (the source's chunk read twice, or known and read).
+    fn expect_copy(&mut self, fnv: u64, d: ChunkMeta) {
+        let dup = self.writes.get(&fnv).is_some_and(|ix| {
+            ix.meta.copied && ix.meta.file == d.file && ix.meta.offset == d.offset
+        });
+        if !dup {
+            self.index_write(fnv, d);
+            self.counters.copy_expected_chunks += 1;
         }
     }
 
@@ -478,8 +511,7 @@ impl Engine {
             }
         }
         for (fnv, d) in expected {
-            self.index_write(fnv, d);
-            self.counters.copy_expected_chunks += 1;
+            self.expect_copy(fnv, d);
         }
         hinted
     }
@@ -532,8 +564,7 @@ impl Engine {
                     self.finish_pending(pid);
                 }
                 for (fnv, d) in expected {
-                    self.index_write(fnv, d);
-                    self.counters.copy_expected_chunks += 1;
+                    self.expect_copy(fnv, d);
                 }
             }
         }

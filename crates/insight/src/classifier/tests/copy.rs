@@ -410,3 +410,29 @@ fn mounts_reach_the_resolver() {
         &[("/dev/vdb".to_string(), "/mnt/dd".to_string())]
     );
 }
+
+#[test]
+fn a_source_in_the_page_cache_is_expected_in_the_destination_from_what_is_known() {
+    // The source was written by a monitored process and written back: its content is known.
+    let (mut w, _) = src_world();
+    w.open(PID, "mk", "/data/src", 3, 0o101);
+    let data = content(51, 16384);
+    let c = w.io_event(PID, "mk", 3, 0, &data, 0, false);
+    w.syscall(&c);
+    assert_eq!(w.block_write(SRC_AT, &data).content, Content::Data);
+    // cp copies bytes 4096.. from the page cache: no block read at all.
+    w.open(PID, "cp", "/data/src", 5, 0);
+    w.open(PID, "cp", "/data/dst", 4, 0o1101);
+    let c = w.copy_call(CFR, [5, 0x7f00, 4, 0, 1 << 30, 0], 12288, &[(1, 4096)]);
+    w.syscall(&c);
+    assert_eq!(w.engine.counters().copy_expected_chunks, 3);
+    let d = w.block_write(900 << 20, &data[4096..]);
+    assert!(is_copy_data(&d, "/data/dst"), "{d:?}");
+    assert_eq!(d.file_offset, Some(0));
+    // Chunk 0 was not copied: not expected.
+    assert_eq!(
+        w.block_write(901 << 20, &data[..4096]).content,
+        Content::Metadata
+    );
+    assert_eq!(w.engine.counters().copy_write_chunks, 3);
+}
