@@ -378,7 +378,13 @@ mod tests {
         );
         assert_eq!(
             names,
-            vec!["classifier", "icache", "write-tap", "disk-model"]
+            vec![
+                "dedup-hints",
+                "classifier",
+                "icache",
+                "write-tap",
+                "disk-model"
+            ]
         );
     }
 
