@@ -5,7 +5,7 @@ use serde::Serialize;
 use crate::error::Result;
 use crate::format::{
     hash_chunk, u16_at, u32_at, u64_at, Hash, BLOCK, BUCKET_HEADER, BUCKET_OVERFLOW,
-    ENTRIES_PER_BUCKET, ENTRY_BYTES, L2P_PER_PAGE, RC_PER_PAGE,
+    ENTRIES_PER_BUCKET, ENTRY_BYTES, RC_PER_PAGE,
 };
 use crate::volume::Volume;
 
@@ -55,30 +55,22 @@ pub(crate) fn run(v: &mut Volume) -> Result<CheckReport> {
         ..CheckReport::default()
     };
     let mut expected = vec![0u64; geo.physical_blocks as usize];
-    let mut page = vec![0u8; BLOCK as usize];
-    for p in 0..geo.l2p_pages() {
-        v.raw_table_page(geo.l2p_start() + p, &mut page)?;
-        for i in 0..L2P_PER_PAGE as usize {
-            let lba = p * L2P_PER_PAGE + i as u64;
-            let e = u64_at(&page, i * 8);
-            if e == 0 {
-                continue;
-            }
-            if lba >= geo.logical_blocks {
-                r.problem(format!("L2P slot {lba} beyond the volume is mapped"));
-                continue;
-            }
-            r.mapped_blocks += 1;
-            match expected.get_mut((e - 1) as usize) {
-                Some(c) => *c += 1,
-                None => r.problem(format!(
-                    "logical block {lba} maps to chunk {} beyond the volume",
-                    e - 1
-                )),
-            }
+    v.raw_mappings(|lba, e| {
+        if lba >= geo.logical_blocks {
+            r.problem(format!("L2P slot {lba} beyond the volume is mapped"));
+            return;
         }
-    }
+        r.mapped_blocks += 1;
+        match expected.get_mut((e - 1) as usize) {
+            Some(c) => *c += 1,
+            None => r.problem(format!(
+                "logical block {lba} maps to chunk {} beyond the volume",
+                e - 1
+            )),
+        }
+    })?;
     check_index(v, &mut r, &mut expected)?;
+    let mut page = vec![0u8; BLOCK as usize];
     for p in 0..geo.rc_pages() {
         v.raw_table_page(geo.rc_start() + p, &mut page)?;
         for i in 0..RC_PER_PAGE as usize {

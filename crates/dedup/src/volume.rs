@@ -399,24 +399,21 @@ impl Volume {
     /// cache, and not charged to the model: this is mount time).
     fn scan(&mut self) -> Result<()> {
         let geo = self.geo;
-        let mut page = vec![0u8; BLOCK as usize];
-        for p in 0..geo.l2p_pages() {
-            self.raw_page(geo.l2p_start() + p, &mut page)?;
-            for i in 0..L2P_PER_PAGE as usize {
-                let lba = p * L2P_PER_PAGE + i as u64;
-                let v = u64_at(&page, i * 8);
-                if v == 0 {
-                    continue;
-                }
-                if lba >= geo.logical_blocks || v > geo.physical_blocks {
-                    return Err(self.corrupt(format!(
-                        "logical block {lba} maps to chunk {} beyond the volume",
-                        v - 1
-                    )));
-                }
-                self.mapped += 1;
+        let mut bad = None;
+        let mut mapped = 0;
+        self.raw_mappings(|lba, v| {
+            if lba >= geo.logical_blocks || v > geo.physical_blocks {
+                bad.get_or_insert((lba, v - 1));
             }
+            mapped += 1;
+        })?;
+        if let Some((lba, pba)) = bad {
+            return Err(self.corrupt(format!(
+                "logical block {lba} maps to chunk {pba} beyond the volume"
+            )));
         }
+        self.mapped = mapped;
+        let mut page = vec![0u8; BLOCK as usize];
         for p in 0..geo.rc_pages() {
             self.raw_page(geo.rc_start() + p, &mut page)?;
             for i in 0..RC_PER_PAGE as usize {
@@ -436,6 +433,22 @@ impl Volume {
                 return Err(self.corrupt(format!("index page {b} claims {n} entries")));
             }
             self.index_entries += n as u64;
+        }
+        Ok(())
+    }
+
+    /// Calls `f(lba, entry)` for every non-zero L2P entry (entry = chunk + 1), reading the
+    /// table pages directly (mount-time scan, `check`).
+    pub(crate) fn raw_mappings(&mut self, mut f: impl FnMut(u64, u64)) -> Result<()> {
+        let mut page = vec![0u8; BLOCK as usize];
+        for p in 0..self.geo.l2p_pages() {
+            self.raw_page(self.geo.l2p_start() + p, &mut page)?;
+            for i in 0..L2P_PER_PAGE as usize {
+                let v = u64_at(&page, i * 8);
+                if v != 0 {
+                    f(p * L2P_PER_PAGE + i as u64, v);
+                }
+            }
         }
         Ok(())
     }
