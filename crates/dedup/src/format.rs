@@ -4,8 +4,8 @@
 //!
 //! | pages | what |
 //! |---|---|
-//! | 0, 1 | superblock slots: the one with a valid checksum and the highest generation wins; commit `g` writes slot `g % 2` |
-//! | 2 ..= 2 + [`MAX_COMMIT_PAGES`] | journal: a header page (sequence number, page numbers, BLAKE3 of everything) and the page images of the last commit |
+//! | 0, 1 | superblock slots: the one with a valid checksum and the highest generation wins; a checkpoint writes the slot not holding the current one |
+//! | 2 ..= 2 + [`MAX_COMMIT_PAGES`] | journal: the records appended since the last checkpoint, each a header page (sequence number, page numbers, BLAKE3 of everything) and the page images of one commit |
 //! | L2P | logical block → physical chunk + 1 (0 = unmapped, reads as zeros), 512 per page |
 //! | refcounts | per physical chunk: references from the L2P map plus one if the hash index holds it, `u32`, 1024 per page |
 //! | index | hash buckets: a page holds 102 entries of (BLAKE3 hash, chunk); a full page sets its overflow flag and the probe continues on the next page |
@@ -162,7 +162,7 @@ impl Geometry {
     }
 }
 
-/// The superblock: geometry and the generation of the last applied commit.
+/// The superblock: geometry and the generation of the last checkpointed commit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Superblock {
     pub geometry: Geometry,

@@ -48,6 +48,12 @@ pub struct DedupSnapshot {
     pub meta_cache_hits: u64,
     pub meta_cache_misses: u64,
     pub meta_commits: u64,
+    /// Checkpoints (committed pages written in place), and pages read ahead of sequential
+    /// misses.
+    pub meta_checkpoints: u64,
+    pub meta_readahead_pages: u64,
+    /// Misses on table pages known to be empty (served without a read).
+    pub meta_empty_misses: u64,
     pub meta_pages_read: u64,
     pub meta_pages_written: u64,
     /// Data chunks read and written on the data file.
@@ -355,6 +361,9 @@ impl Worker {
             meta_cache_hits: m.hits,
             meta_cache_misses: m.misses,
             meta_commits: m.commits,
+            meta_checkpoints: m.checkpoints,
+            meta_readahead_pages: m.readahead_pages,
+            meta_empty_misses: m.empty_misses,
             meta_pages_read: d.meta_reads,
             meta_pages_written: d.meta_writes,
             data_chunks_read: d.data_reads,

@@ -145,42 +145,270 @@ fn writes_after_the_last_flush_vanish_on_a_crash_and_earlier_ones_stay() {
     assert!(v.check().unwrap().is_clean());
 }
 
+/// Meta-file offset of the header of journal record `seq`.
+fn record_offset(meta: &[u8], seq: u64) -> usize {
+    let j = crate::format::JOURNAL_START as usize;
+    (j..j + crate::format::JOURNAL_PAGES as usize)
+        .map(|pg| pg * BLOCK as usize)
+        .find(|&o| {
+            crate::format::JournalHeader::decode(&meta[o..o + BLOCK as usize])
+                .is_some_and(|h| h.seq == seq)
+        })
+        .unwrap_or_else(|| panic!("journal record {seq} not found"))
+}
+
 #[test]
-fn a_committed_journal_is_replayed_and_a_torn_one_ignored() {
+fn a_chain_of_committed_records_is_replayed_and_a_torn_record_ends_it() {
     let d = tempfile::tempdir().unwrap();
     let dir = d.path().join("v");
     {
         let mut v = new_volume(&dir, 4 * MIB);
         v.write(0, &block(1), &none).unwrap();
         v.flush().unwrap();
-    }
-    // Simulate a crash after the journal write of commit 2 but before its in-place writes:
-    // roll the superblocks back to generation 1 by restoring slot 1 to its old image.
-    let meta = dir.join(META_FILE);
-    let before = std::fs::read(&meta).unwrap();
-    {
-        let mut v = Volume::open(&dir, opts()).unwrap();
         v.write(BLOCK, &block(2), &none).unwrap();
         v.flush().unwrap();
+        // Dropped without a checkpoint: both commits live only in the journal.
+        assert_eq!(
+            v.meta_counters().checkpoints,
+            0,
+            "commits must not checkpoint here"
+        );
+        assert!(v.meta_counters().commits >= 2);
     }
-    let after = std::fs::read(&meta).unwrap();
-    let mut crashed = before.clone();
-    let j = (2 * BLOCK) as usize..((2 + crate::format::JOURNAL_PAGES) * BLOCK) as usize;
-    crashed[j.clone()].copy_from_slice(&after[j.clone()]);
-    std::fs::write(&meta, &crashed).unwrap();
+    let meta = dir.join(META_FILE);
+    let crashed = std::fs::read(&meta).unwrap();
+    let gen_of = |bytes: &[u8]| {
+        let sb = |slot: usize| {
+            crate::format::Superblock::decode(&bytes[slot * 4096..(slot + 1) * 4096])
+                .map(|s| s.generation)
+                .unwrap_or(0)
+        };
+        sb(0).max(sb(1))
+    };
+    let g0 = gen_of(&crashed);
     let mut v = Volume::open(&dir, opts()).unwrap();
     assert!(v.replayed());
+    assert!(read_block(&mut v, 0) == block(1));
     assert!(read_block(&mut v, 1) == block(2));
     assert!(v.check().unwrap().is_clean());
     drop(v);
-    // A torn record (one image byte flipped) is not replayed: the old state remains.
-    crashed[j.start + 4096 + 100] ^= 1;
-    std::fs::write(&meta, &crashed).unwrap();
+    assert!(gen_of(&std::fs::read(&meta).unwrap()) >= g0 + 2);
+
+    // A torn second record (one image byte flipped) ends the chain: the first commit is
+    // replayed, the second is not.
+    let mut torn = crashed.clone();
+    let second = record_offset(&torn, g0 + 2);
+    torn[second + 4096 + 100] ^= 1;
+    std::fs::write(&meta, &torn).unwrap();
     let mut v = Volume::open(&dir, opts()).unwrap();
-    assert!(!v.replayed());
+    assert!(v.replayed());
     assert!(read_block(&mut v, 0) == block(1));
     assert!(read_block(&mut v, 1) == vec![0u8; 4096]);
     assert!(v.check().unwrap().is_clean());
+    drop(v);
+
+    // A torn first record: nothing is replayed; the state of the create remains.
+    let mut torn = crashed.clone();
+    let first = record_offset(&torn, g0 + 1);
+    torn[first + 4096 + 100] ^= 1;
+    std::fs::write(&meta, &torn).unwrap();
+    let mut v = Volume::open(&dir, opts()).unwrap();
+    assert!(!v.replayed());
+    assert!(read_block(&mut v, 0) == vec![0u8; 4096]);
+    assert!(v.check().unwrap().is_clean());
+}
+
+#[test]
+fn a_crash_in_the_middle_of_a_checkpoint_replays_the_journal_again() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("v");
+    let meta = dir.join(META_FILE);
+    let before;
+    {
+        let mut v = new_volume(&dir, 4 * MIB);
+        v.write(0, &block(1), &none).unwrap();
+        v.flush().unwrap();
+        before = std::fs::read(&meta).unwrap();
+        v.commit().unwrap(); // checkpoint: pages in place, then the superblock
+        assert_eq!(v.meta_counters().checkpoints, 1);
+    }
+    // The in-place pages of the checkpoint landed, its superblock did not.
+    let mut crashed = std::fs::read(&meta).unwrap();
+    crashed[..2 * BLOCK as usize].copy_from_slice(&before[..2 * BLOCK as usize]);
+    std::fs::write(&meta, &crashed).unwrap();
+    let mut v = Volume::open(&dir, opts()).unwrap();
+    assert!(v.replayed());
+    assert!(read_block(&mut v, 0) == block(1));
+    assert!(v.check().unwrap().is_clean());
+    // After the checkpoint the journal starts over, and new records follow the new
+    // superblock; the old record left in the journal is never replayed again.
+    v.write(BLOCK, &block(3), &none).unwrap();
+    v.flush().unwrap();
+    drop(v);
+    let mut v = Volume::open(&dir, opts()).unwrap();
+    assert!(v.replayed());
+    assert!(read_block(&mut v, 0) == block(1));
+    assert!(read_block(&mut v, 1) == block(3));
+    assert!(v.check().unwrap().is_clean());
+}
+
+#[test]
+fn a_full_journal_checkpoints_and_every_flushed_write_survives_a_crash() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("v");
+    Volume::create(&dir, 64 * MIB).unwrap();
+    let mut big = opts();
+    big.meta_cache = MetaCache::Percent(100.0);
+    let blocks = 64 * MIB / BLOCK;
+    {
+        let mut v = Volume::open(&dir, big).unwrap();
+        // Each flush dirties L2P pages far apart: records of several pages fill the journal.
+        for i in 0..300u64 {
+            let lba = (i * 2053) % blocks;
+            v.write(lba * BLOCK, &block(i + 1000), &none).unwrap();
+            v.flush().unwrap();
+        }
+        assert!(
+            v.meta_counters().checkpoints > 0,
+            "the journal never filled"
+        );
+        // Dropped without a final checkpoint.
+    }
+    let mut v = Volume::open(&dir, big).unwrap();
+    assert!(v.replayed());
+    for i in 0..300u64 {
+        let lba = (i * 2053) % blocks;
+        assert!(
+            read_block(&mut v, lba) == block(i + 1000),
+            "block {lba} of write {i}"
+        );
+    }
+    assert!(v.check().unwrap().is_clean());
+}
+
+#[test]
+fn tables_known_empty_at_open_are_not_read_from_disk() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("v");
+    {
+        let mut v = new_volume(&dir, 64 * MIB);
+        v.write(0, &block(1), &none).unwrap();
+        v.commit().unwrap();
+    }
+    let mut v = Volume::open(&dir, opts()).unwrap();
+    let reads = v.disk_counters().meta_reads;
+    // Far from block 0: its L2P page and the reference counts of fresh chunks are empty.
+    v.write(40 * MIB, &block(2), &|_| DedupHint::Unique)
+        .unwrap();
+    assert!(read_block(&mut v, 40 * MIB / BLOCK) == block(2));
+    assert!(
+        v.meta_counters().empty_misses >= 1,
+        "{:?}",
+        v.meta_counters()
+    );
+    // The new chunk's reference count shares a page with chunk 0's (not empty): that page
+    // is the only one read.
+    assert_eq!(
+        v.disk_counters().meta_reads,
+        reads + 1,
+        "an empty table page was read"
+    );
+    // The changed page is no longer empty: after a checkpoint and a reopen it reads back.
+    v.commit().unwrap();
+    drop(v);
+    let mut v = Volume::open(&dir, opts()).unwrap();
+    assert!(read_block(&mut v, 40 * MIB / BLOCK) == block(2));
+    assert!(read_block(&mut v, 0) == block(1));
+    assert!(v.check().unwrap().is_clean());
+}
+
+#[test]
+fn a_checkpoint_forced_by_a_full_cache_writes_only_committed_images() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("v");
+    Volume::create(&dir, 64 * MIB).unwrap();
+    let mut tiny = opts();
+    tiny.meta_cache = MetaCache::Bytes(8 * BLOCK);
+    let per_page = 512u64; // L2P entries per page: each write below dirties its own page
+    let mut durable = Vec::new();
+    let mut v = Volume::open(&dir, tiny).unwrap();
+    for i in 0..4u64 {
+        v.write(i * per_page * BLOCK, &block(100 + i), &none)
+            .unwrap();
+        durable.push(i * per_page);
+    }
+    v.flush().unwrap();
+    // Change the committed pages again (their committed images go aside), then touch more
+    // pages until a miss finds the cache full of pinned pages and checkpoints.
+    for i in 0..4u64 {
+        v.write((i * per_page + 1) * BLOCK, &block(200 + i), &none)
+            .unwrap();
+    }
+    let mut k = 4u64;
+    while v.meta_counters().demand_checkpoints == 0 && k < 100 {
+        v.write(k * per_page * BLOCK, &block(300 + k), &none)
+            .unwrap();
+        k += 1;
+    }
+    assert!(
+        v.meta_counters().demand_checkpoints > 0,
+        "{:?}",
+        v.meta_counters()
+    );
+    drop(v); // crash: nothing after the flush (or a pressure commit) may be half applied
+    let mut v = Volume::open(&dir, tiny).unwrap();
+    assert!(v.check().unwrap().is_clean());
+    for (i, lba) in durable.iter().enumerate() {
+        assert!(
+            read_block(&mut v, *lba) == block(100 + i as u64),
+            "block {lba}"
+        );
+    }
+    // The second writes either all survived (a pressure commit took them) or read as zeros
+    // or as their new contents, never anything else.
+    for i in 0..4u64 {
+        let got = read_block(&mut v, i * per_page + 1);
+        assert!(
+            got == block(200 + i) || got == vec![0u8; 4096],
+            "block {}",
+            i * per_page + 1
+        );
+    }
+}
+
+#[test]
+fn sequential_metadata_misses_read_ahead_in_one_io() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("v");
+    Volume::create(&dir, 64 * MIB).unwrap();
+    let mut v = Volume::open(&dir, opts()).unwrap();
+    // 64 MiB of distinct blocks, in order: the L2P map is walked page after page.
+    for lba in 0..(64 * MIB / BLOCK) {
+        v.write(lba * BLOCK, &block(lba + 7), &none).unwrap();
+    }
+    v.commit().unwrap();
+    drop(v);
+    let mut small = opts();
+    small.meta_cache = MetaCache::Bytes(8 * BLOCK);
+    let mut v = Volume::open(&dir, small).unwrap();
+    let before = v.meta_counters();
+    let mut buf = vec![0u8; 64 * 1024];
+    for off in (0..64 * MIB).step_by(buf.len()) {
+        v.read(off, &mut buf).unwrap();
+    }
+    let m = v.meta_counters();
+    let l2p_pages = 64 * MIB / BLOCK / 512;
+    assert!(
+        m.readahead_pages > before.readahead_pages,
+        "no readahead engaged: {m:?}"
+    );
+    assert!(
+        m.misses - before.misses < l2p_pages,
+        "{} misses for {l2p_pages} L2P pages read in order",
+        m.misses - before.misses
+    );
+    // Every block still reads back.
+    assert!(read_block(&mut v, 5) == block(12));
 }
 
 #[test]
@@ -288,16 +516,28 @@ enum Op {
         n: u64,
     },
     Flush,
+    Checkpoint,
     Gc,
     Crash,
 }
 
+/// Blocks of the property-test volume: 8 L2P pages, so that a cache of 8 pages runs full of
+/// pinned pages and checkpoints on demand.
+const PROP_BLOCKS: u64 = 4096;
+
+fn prop_opts() -> VolumeOptions {
+    let mut o = opts();
+    o.meta_cache = MetaCache::Bytes(8 * BLOCK);
+    o
+}
+
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        6 => (0u64..200, 1u64..8, 0u64..12, any::<bool>())
+        6 => (0u64..PROP_BLOCKS - 8, 1u64..8, 0u64..12, any::<bool>())
             .prop_map(|(lba, n, seed, unique)| Op::Write { lba, n, seed, unique }),
-        2 => (0u64..200, 1u64..16).prop_map(|(lba, n)| Op::Discard { lba, n }),
+        2 => (0u64..PROP_BLOCKS - 16, 1u64..16).prop_map(|(lba, n)| Op::Discard { lba, n }),
         2 => Just(Op::Flush),
+        1 => Just(Op::Checkpoint),
         1 => Just(Op::Gc),
         1 => Just(Op::Crash),
     ]
@@ -313,31 +553,39 @@ proptest! {
     fn a_volume_behaves_like_a_plain_disk_through_crashes(ops in prop::collection::vec(op(), 1..60)) {
         let d = tempfile::tempdir().unwrap();
         let dir = d.path().join("v");
-        Volume::create(&dir, MIB).unwrap();
-        let mut v = Some(Volume::open(&dir, opts()).unwrap());
+        Volume::create(&dir, PROP_BLOCKS * BLOCK).unwrap();
+        let mut v = Some(Volume::open(&dir, prop_opts()).unwrap());
         let mut live: HashMap<u64, u64> = HashMap::new();
         let mut durable = live.clone();
         for op in ops {
             let vol = v.as_mut().unwrap();
+            // A commit (dirty-page pressure in a small cache) makes everything so far durable,
+            // so blocks go one at a time and the model follows every commit.
+            let commits = |vol: &Volume| vol.meta_counters().commits;
             match op {
                 Op::Write { lba, n, seed, unique } => {
-                    let mut buf = Vec::new();
-                    for k in 0..n {
-                        buf.extend(block(seed + k));
-                        live.insert(lba + k, seed + k);
-                    }
                     let h = move |_| if unique { DedupHint::Unique } else { DedupHint::None };
-                    vol.write(lba * BLOCK, &buf, &h).unwrap();
+                    for k in 0..n {
+                        let c0 = commits(vol);
+                        vol.write((lba + k) * BLOCK, &block(seed + k), &h).unwrap();
+                        live.insert(lba + k, seed + k);
+                        if commits(vol) != c0 { durable = live.clone(); }
+                    }
                 }
                 Op::Discard { lba, n } => {
-                    vol.discard(lba * BLOCK, n * BLOCK, false).unwrap();
-                    for k in 0..n { live.remove(&(lba + k)); }
+                    for k in 0..n {
+                        let c0 = commits(vol);
+                        vol.discard((lba + k) * BLOCK, BLOCK, false).unwrap();
+                        live.remove(&(lba + k));
+                        if commits(vol) != c0 { durable = live.clone(); }
+                    }
                 }
                 Op::Flush => { vol.flush().unwrap(); durable = live.clone(); }
+                Op::Checkpoint => { vol.commit().unwrap(); durable = live.clone(); }
                 Op::Gc => { vol.gc().unwrap(); durable = live.clone(); }
                 Op::Crash => {
                     drop(v.take());
-                    let mut w = Volume::open(&dir, opts()).unwrap();
+                    let mut w = Volume::open(&dir, prop_opts()).unwrap();
                     let r = w.check().unwrap();
                     prop_assert!(r.is_clean(), "{:?}", r.problems);
                     live = durable.clone();
@@ -346,7 +594,7 @@ proptest! {
             }
         }
         let vol = v.as_mut().unwrap();
-        for lba in 0..256u64 {
+        for lba in 0..PROP_BLOCKS {
             let want = live.get(&lba).map_or(vec![0u8; 4096], |s| block(*s));
             prop_assert!(read_block(vol, lba) == want, "block {}", lba);
         }

@@ -401,9 +401,13 @@ impl Volume {
         let geo = self.geo;
         let mut bad = None;
         let mut mapped = 0;
+        let mut used_l2p = vec![false; geo.l2p_pages() as usize];
         self.raw_mappings(|lba, v| {
             if lba >= geo.logical_blocks || v > geo.physical_blocks {
                 bad.get_or_insert((lba, v - 1));
+            }
+            if let Some(u) = used_l2p.get_mut((lba / L2P_PER_PAGE) as usize) {
+                *u = true;
             }
             mapped += 1;
         })?;
@@ -413,9 +417,15 @@ impl Volume {
             )));
         }
         self.mapped = mapped;
+        for (p, _) in used_l2p.iter().enumerate().filter(|(_, u)| !**u) {
+            self.meta.mark_empty(geo.l2p_start() + p as u64);
+        }
         let mut page = vec![0u8; BLOCK as usize];
         for p in 0..geo.rc_pages() {
             self.raw_page(geo.rc_start() + p, &mut page)?;
+            if page.iter().all(|b| *b == 0) {
+                self.meta.mark_empty(geo.rc_start() + p);
+            }
             for i in 0..RC_PER_PAGE as usize {
                 let pba = p * RC_PER_PAGE + i as u64;
                 if pba >= geo.physical_blocks {
@@ -926,9 +936,11 @@ impl Volume {
         self.commit_inner()
     }
 
-    /// Makes everything durable (idle timer, shutdown).
+    /// Makes everything durable and checkpoints it, so the metadata file alone holds the
+    /// state (idle timer, shutdown, before `check`).
     pub fn commit(&mut self) -> Result<()> {
-        self.commit_inner()
+        self.commit_inner()?;
+        self.meta.checkpoint(&mut self.disk)
     }
 
     /// Frees chunks that only the index holds (nothing maps them): removes their entries and
@@ -966,7 +978,7 @@ impl Volume {
     /// L2P map and the index, chunks nobody references, index entries against the BLAKE3 of
     /// their chunk. Reads through the files directly.
     pub fn check(&mut self) -> Result<crate::check::CheckReport> {
-        self.commit_inner()?;
+        self.commit()?;
         crate::check::run(self)
     }
 

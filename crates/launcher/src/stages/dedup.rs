@@ -44,7 +44,7 @@ impl Snapshotting for Metrics {
         format!(
             "dedup: {} blocks written, ratio {:.2} ({} MiB saved); hints {} unique, {} copy reads, \
              {} hint-cache hits; index {} lookups ({} hits), {} inserts; metadata {} pages read, \
-             {} written, {} commits; {:.1} s in the stage, {:.1} s modelled ({})",
+             {} written, {} commits, {} checkpoints; {:.1} s in the stage, {:.1} s modelled ({})",
             c.blocks_written,
             s.dedup_ratio,
             s.saved_bytes >> 20,
@@ -57,6 +57,7 @@ impl Snapshotting for Metrics {
             s.meta_pages_read,
             s.meta_pages_written,
             s.meta_commits,
+            s.meta_checkpoints,
             s.stage_ns as f64 / 1e9,
             s.modelled_ns as f64 / 1e9,
             s.model
@@ -111,7 +112,21 @@ impl Snapshotting for Metrics {
                 "Metadata pages written (journal and in place).",
                 s.meta_pages_written,
             ),
-            Sample::counter("dedup_commits_total", "Metadata commits.", s.meta_commits),
+            Sample::counter(
+                "dedup_commits_total",
+                "Metadata commits (journal records).",
+                s.meta_commits,
+            ),
+            Sample::counter(
+                "dedup_checkpoints_total",
+                "Checkpoints (committed metadata written in place).",
+                s.meta_checkpoints,
+            ),
+            Sample::counter(
+                "dedup_meta_readahead_pages_total",
+                "Metadata pages read ahead of sequential misses.",
+                s.meta_readahead_pages,
+            ),
             Sample::seconds(
                 "dedup_stage_seconds_total",
                 "Time requests spent in the dedup stage.",
