@@ -91,7 +91,8 @@ fn guest_sums(stdout: &str) -> Vec<(String, String)> {
 }
 
 #[test]
-fn a_copied_file_is_stored_once_reads_back_exactly_and_gc_frees_it_once_the_guest_discards() {
+fn a_copied_file_is_stored_once_reads_back_exactly_and_online_gc_frees_it_once_the_guest_discards()
+{
     let d = tempfile::tempdir().unwrap();
     let vol = volume_with_ext4(d.path());
     let disk = format!("{},dedup", vol.display());
@@ -131,28 +132,63 @@ fn a_copied_file_is_stored_once_reads_back_exactly_and_gc_frees_it_once_the_gues
             "{name}"
         );
     }
-    // Boot 3: delete everything and discard; gc then frees the chunks the index still held.
-    let r = guest_sh(
-        &["--disk", &disk],
-        "set -e; mount /dev/vdb /mnt; rm /mnt/a /mnt/b /mnt/twice1 /mnt/twice2; sync; \
-         fstrim -v /mnt; umount /mnt",
-    );
-    assert_eq!(r.code, Some(0), "{r:?}");
+    // Boot 3: delete everything and discard; while the VM still runs, `vmsight dedup gc`
+    // asks it (control socket) to free the chunks the index still held.
     let held = used(&vol);
+    let mut vm = Command::new(vmsight_bin())
+        .args(["run", "--disk", &disk, "--", "sh", "-c"])
+        .arg(
+            "set -e; mount /dev/vdb /mnt; rm /mnt/a /mnt/b /mnt/twice1 /mnt/twice2; sync; \
+             fstrim -v /mnt; echo READY; read go; ls /mnt; umount /mnt",
+        )
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(vm.stdout.take().unwrap());
+    let mut line = String::new();
+    while out.read_line(&mut line).unwrap() > 0 && !line.contains("READY") {
+        line.clear();
+    }
+    assert!(line.contains("READY"), "the guest never got to the gc");
     let g = run(&["dedup", "gc", vol.to_str().unwrap()]);
+    {
+        use std::io::Write;
+        let mut stdin = vm.stdin.take().unwrap();
+        let _ = writeln!(stdin, "go");
+    }
+    let status = vm.wait().unwrap();
+    assert!(status.success(), "the VM failed after the online gc");
     assert_eq!(g.code, Some(0), "{g:?}");
-    let freed = held - used(&vol);
+    assert!(
+        g.stdout.contains("online, by VM"),
+        "not collected online: {g:?}"
+    );
+    let freed: u64 = g
+        .stdout
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count in {g:?}"));
     assert!(
         freed >= 16_384 + 768,
-        "gc freed {freed} chunks; the 67 MiB of deleted files are {} chunks",
+        "online gc freed {freed} chunks; the 67 MiB of deleted files are {} chunks",
         16_384 + 768
     );
+    assert!(
+        held - used(&vol) >= freed,
+        "the freed chunks are still in use"
+    );
+    // Nothing is left for an offline gc.
+    let g = run(&["dedup", "gc", vol.to_str().unwrap()]);
+    assert!(g.stdout.starts_with("freed 0 chunks"), "{g:?}");
     check_clean(&vol);
     export_checked(&vol, d.path());
 }
 
 #[test]
-fn a_tar_of_usr_overwrites_and_discards_on_a_dedup_disk_read_back_as_the_source() {
+fn a_tar_of_usr_a_dpkg_install_overwrites_and_discards_on_a_dedup_disk_read_back_as_the_source() {
     let d = tempfile::tempdir().unwrap();
     let vol = volume_with_ext4(d.path());
     let disk = format!("{},dedup,meta-cache=64KiB", vol.display());
@@ -160,10 +196,20 @@ fn a_tar_of_usr_overwrites_and_discards_on_a_dedup_disk_read_back_as_the_source(
         tar -C / -cf - usr/bin usr/sbin usr/lib/x86_64-linux-gnu | tar -C /mnt -xf -; \
         head -c 8M /dev/urandom > /mnt/r; dd if=/dev/urandom of=/mnt/r bs=4k count=300 seek=100 conv=notrunc 2>/dev/null; \
         cp /mnt/r /mnt/r2; rm /mnt/r2; fstrim /mnt; \
+        mkdir -p /tmp/pkg/DEBIAN /tmp/pkg/opt/docpkg; cp -a /usr/share/doc /tmp/pkg/opt/docpkg/; \
+        printf 'Package: docpkg\\nVersion: 1.0\\nArchitecture: all\\nMaintainer: t <t@example.com>\\nDescription: t\\n' > /tmp/pkg/DEBIAN/control; \
+        dpkg-deb --build /tmp/pkg /tmp/docpkg.deb >/dev/null; \
+        mkdir -p /mnt/root/var/lib/dpkg/info /mnt/root/var/lib/dpkg/updates; touch /mnt/root/var/lib/dpkg/status; \
+        dpkg --root=/mnt/root -i /tmp/docpkg.deb >/dev/null; \
+        dpkg --root=/mnt/root -s docpkg | grep -q 'install ok installed'; \
         sync; echo 3 > /proc/sys/vm/drop_caches; \
         (cd /usr && find bin sbin lib/x86_64-linux-gnu -type f -print0 | sort -z | xargs -0 sha256sum) > /tmp/src; \
         (cd /mnt/usr && find bin sbin lib/x86_64-linux-gnu -type f -print0 | sort -z | xargs -0 sha256sum) > /tmp/dst; \
-        cmp /tmp/src /tmp/dst && echo SAME $(wc -l < /tmp/src); sha256sum /mnt/r; umount /mnt";
+        cmp /tmp/src /tmp/dst && echo SAME $(wc -l < /tmp/src); \
+        (cd /usr/share/doc && find . -type f -print0 | sort -z | xargs -0 sha256sum) > /tmp/dsrc; \
+        (cd /mnt/root/opt/docpkg/doc && find . -type f -print0 | sort -z | xargs -0 sha256sum) > /tmp/ddst; \
+        cmp /tmp/dsrc /tmp/ddst && echo DPKG $(wc -l < /tmp/dsrc); \
+        sha256sum /mnt/r; umount /mnt";
     let r = guest_sh(&["--disk", &disk], script);
     assert_eq!(r.code, Some(0), "{r:?}");
     let n: u64 = r
@@ -175,6 +221,15 @@ fn a_tar_of_usr_overwrites_and_discards_on_a_dedup_disk_read_back_as_the_source(
         .parse()
         .unwrap();
     assert!(n > 500, "only {n} files compared");
+    let pkg: u64 = r
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("DPKG "))
+        .unwrap_or_else(|| panic!("the files dpkg installed differ from the package's: {r:?}"))
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(pkg > 50, "only {pkg} installed files compared");
     check_clean(&vol);
     let raw = export_checked(&vol, d.path());
     let sums = guest_sums(&r.stdout);

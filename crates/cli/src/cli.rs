@@ -741,6 +741,11 @@ fn cmd_stats(a: StatsArgs) -> Result<i32, CliError> {
         let status = match &reply {
             ControlReply::Status(s) | ControlReply::StreamStarted { status: s, .. } => s,
             ControlReply::Refused(why) => return Err(CliError::Other(why.clone())),
+            ControlReply::DedupGc { .. } => {
+                return Err(CliError::Other(
+                    "the VM answered a status request with a gc".into(),
+                ))
+            }
         };
         if a.json {
             print_stdout(&reply.to_line())?;
@@ -809,6 +814,11 @@ fn cmd_stream(a: StreamArgs) -> Result<i32, CliError> {
         ControlReply::Status(s) => (s, None),
         ControlReply::StreamStarted { status, attached } => (status, Some(attached)),
         ControlReply::Refused(why) => return Err(CliError::Other(why)),
+        ControlReply::DedupGc { .. } => {
+            return Err(CliError::Other(
+                "the VM answered a stream request with a gc".into(),
+            ))
+        }
     };
     for d in &status.disks {
         println!(

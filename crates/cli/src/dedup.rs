@@ -1,5 +1,6 @@
 //! `vmsight dedup`: create, inspect, check, garbage-collect, export and import dedup volumes
-//! (docs/dedup.md). A volume served by a running VM is locked; these commands then say so.
+//! (docs/dedup.md). A volume served by a running VM is locked; these commands then say so,
+//! except `gc`, which asks that VM (control socket) to collect online.
 
 use std::path::PathBuf;
 
@@ -42,7 +43,8 @@ pub enum DedupCmd {
         #[arg(long)]
         json: bool,
     },
-    /// Free chunks that nothing maps any more (the index still held them).
+    /// Free chunks that nothing maps any more (the index still held them); on a volume a
+    /// running VM serves, the VM does it online.
     Gc { vol: PathBuf },
     /// Write the volume's logical contents to a raw image (sparse) for e2fsck or debugfs.
     Export { vol: PathBuf, raw: PathBuf },
@@ -54,6 +56,38 @@ fn parse_size_arg(s: &str) -> Result<u64, String> {
 
 fn open(vol: &std::path::Path) -> Result<Volume, CliError> {
     Ok(Volume::open(vol, VolumeOptions::default())?)
+}
+
+/// Asks the running VM that serves `vol` (by its disk list) to collect the volume's garbage;
+/// `None` if no running VM lists it.
+fn online_gc(vol: &std::path::Path) -> Result<Option<(String, u64)>, CliError> {
+    use vmsight_proto::control::{ControlReply, ControlRequest};
+    let canon = |p: &std::path::Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_owned());
+    let want = canon(vol);
+    let base = vmsight_launcher::runtime::runtime_base();
+    let layout = vmsight_proto::layout::RuntimeLayout::at(&base);
+    for vm in vmsight_launcher::runtime::list_running(&base) {
+        if !vm.disks.iter().any(|d| canon(d) == want) {
+            continue;
+        }
+        let sock = layout.vm(&vm.name).control_socket();
+        let req = ControlRequest::DedupGc {
+            volume: want.clone(),
+        };
+        return match vmsight_launcher::control::request(&sock, req)? {
+            ControlReply::DedupGc { freed } => Ok(Some((vm.name, freed))),
+            ControlReply::Refused(why) => Err(CliError::Other(format!(
+                "VM {} serves {} but refused the garbage collection: {why}",
+                vm.name,
+                vol.display()
+            ))),
+            other => Err(CliError::Other(format!(
+                "VM {} answered the garbage collection with {other:?}",
+                vm.name
+            ))),
+        };
+    }
+    Ok(None)
 }
 
 fn info_text(i: &VolumeInfo) -> String {
@@ -138,9 +172,18 @@ pub fn run(cmd: DedupCmd) -> Result<i32, CliError> {
             Ok(if r.is_clean() { 0 } else { 1 })
         }
         DedupCmd::Gc { vol } => {
-            let mut v = open(&vol)?;
-            let n = v.gc()?;
-            print_stdout(&format!("freed {n} chunks ({} MiB)\n", (n * 4096) >> 20))?;
+            let (n, how) = match Volume::open(&vol, VolumeOptions::default()) {
+                Ok(mut v) => (v.gc()?, String::new()),
+                Err(e @ vmsight_dedup::DedupError::InUse { .. }) => match online_gc(&vol)? {
+                    Some((vm, n)) => (n, format!(" online, by VM {vm}")),
+                    None => return Err(e.into()),
+                },
+                Err(e) => return Err(e.into()),
+            };
+            print_stdout(&format!(
+                "freed {n} chunks ({} MiB){how}\n",
+                (n * 4096) >> 20
+            ))?;
             Ok(0)
         }
         DedupCmd::Export { vol, raw } => {

@@ -200,6 +200,7 @@ mod tests {
         let service: Service = Arc::new(|req| match req {
             ControlRequest::Status => ControlReply::Status(status(2)),
             ControlRequest::StreamStart => ControlReply::Refused("nothing to stream".into()),
+            ControlRequest::DedupGc { .. } => ControlReply::DedupGc { freed: 3 },
         });
         ControlServer::serve(sock, service).expect("binds")
     }
@@ -216,6 +217,13 @@ mod tests {
         );
         let e = request(&sock, ControlRequest::StreamStart).expect_err("refused");
         assert_eq!(e.to_string(), "nothing to stream");
+        let gc = ControlRequest::DedupGc {
+            volume: "/v".into(),
+        };
+        assert_eq!(
+            request(&sock, gc).expect("answers"),
+            ControlReply::DedupGc { freed: 3 }
+        );
         let v = call(&sock, &json!({"cmd": "status"})).expect("answers");
         assert_eq!(v["ok"], true);
         assert_eq!(v["disks"][1]["disk"], 1);

@@ -34,6 +34,19 @@ pub fn unregister(path: &Path) {
         .remove(path);
 }
 
+/// Runs the garbage collection of the served volume at `path` (compared after
+/// canonicalisation) on its worker; `None` if this process does not serve it.
+pub fn gc(path: &Path) -> Option<vmsight_dedup::Result<u64>> {
+    let want = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
+    let handle = volumes()
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .iter()
+        .find(|(p, _)| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf()) == want)
+        .map(|(_, h)| h.clone())?;
+    Some(handle.gc())
+}
+
 /// The disk at `path` as a block source.
 pub fn open(path: &Path) -> vmsight_fsview::Result<Arc<dyn BlockSource>> {
     let served = volumes()

@@ -2,8 +2,9 @@
 //! (`vmsight stats NAME`, `vmsight stream NAME`) ask a running `vmsight run`, and its answers.
 //!
 //! Wire format, unchanged from the untyped protocol: one JSON object per line, one request per
-//! connection. A request is `{"cmd":"status"}` or `{"cmd":"stream-start"}`; the reply is
-//! `{"ok":true, ...fields}` or `{"ok":false,"error":"sentence"}`. The framing (line length
+//! connection. A request is `{"cmd":"status"}`, `{"cmd":"stream-start"}` or
+//! `{"cmd":"dedup-gc","volume":"/abs/path"}`; the reply is `{"ok":true, ...fields}` or
+//! `{"ok":false,"error":"sentence"}`. The framing (line length
 //! limits, timeouts, the socket) is the launcher's `control` module.
 //!
 //! The counters inside a status (`tap`, `inference`, each block stage's snapshot, `insights`)
@@ -12,12 +13,13 @@
 //! depend on those subsystems.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// A request on the control socket.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "cmd", rename_all = "kebab-case")]
 pub enum ControlRequest {
     /// Counters of every disk and of the insight engine.
@@ -25,10 +27,16 @@ pub enum ControlRequest {
     /// Start file-update streaming on every disk that is not streaming yet (a VM started with
     /// `--no-stream`), wait (bounded) for the crawls, and answer with the new status.
     StreamStart,
+    /// Collect the garbage of a dedup volume this VM serves (`vmsight dedup gc VOL` on a
+    /// volume in use): the volume's worker frees the chunks only its index holds.
+    DedupGc {
+        /// The volume directory, absolute (as `vmsight ps` lists the VM's disks).
+        volume: PathBuf,
+    },
 }
 
 /// The `cmd` of every [`ControlRequest`] (a test checks the list against the enum).
-const COMMANDS: [&str; 2] = ["status", "stream-start"];
+const COMMANDS: [&str; 3] = ["status", "stream-start", "dedup-gc"];
 
 /// Why a request line is not a valid request.
 #[derive(Debug, thiserror::Error)]
@@ -76,7 +84,7 @@ impl ControlRequest {
 
     /// The request as one line of JSON (without the newline).
     pub fn to_line(&self) -> String {
-        // A unit-variant enum always serialises.
+        // Unit variants and a path always serialise.
         serde_json::to_string(self).unwrap_or_default()
     }
 }
@@ -126,6 +134,11 @@ pub enum ControlReply {
         /// Disks attached by this request (empty: every disk was streaming already).
         attached: Vec<usize>,
     },
+    /// The garbage collection of a dedup volume ran ([`ControlRequest::DedupGc`]).
+    DedupGc {
+        /// Chunks freed.
+        freed: u64,
+    },
     /// The request was refused; the sentence says why.
     Refused(String),
 }
@@ -157,6 +170,8 @@ struct WireReply {
     insights: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     attached: Option<Vec<usize>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    freed: Option<u64>,
 }
 
 impl From<ControlReply> for WireReply {
@@ -167,16 +182,26 @@ impl From<ControlReply> for WireReply {
             disks: Some(status.disks),
             insights: Some(status.insights.unwrap_or(Value::Null)),
             attached,
+            freed: None,
         };
         match r {
             ControlReply::Status(s) => ok(s, None),
             ControlReply::StreamStarted { status, attached } => ok(status, Some(attached)),
+            ControlReply::DedupGc { freed } => WireReply {
+                ok: true,
+                error: None,
+                disks: None,
+                insights: None,
+                attached: None,
+                freed: Some(freed),
+            },
             ControlReply::Refused(error) => WireReply {
                 ok: false,
                 error: Some(error),
                 disks: None,
                 insights: None,
                 attached: None,
+                freed: None,
             },
         }
     }
@@ -184,7 +209,7 @@ impl From<ControlReply> for WireReply {
 
 /// A reply with `"ok": true` but no status in it.
 #[derive(Debug, thiserror::Error)]
-#[error("the reply has neither \"error\" nor \"disks\"")]
+#[error("the reply has none of \"error\", \"disks\" and \"freed\"")]
 pub struct NoStatus;
 
 impl TryFrom<WireReply> for ControlReply {
@@ -196,6 +221,9 @@ impl TryFrom<WireReply> for ControlReply {
                 .error
                 .unwrap_or_else(|| "the VM refused the request without a reason".into());
             return Ok(ControlReply::Refused(reason));
+        }
+        if let (Some(freed), None) = (w.freed, &w.disks) {
+            return Ok(ControlReply::DedupGc { freed });
         }
         let status = VmStatus {
             disks: w.disks.ok_or(NoStatus)?,
@@ -234,6 +262,12 @@ mod tests {
         {
             assert_eq!(req.to_line(), format!(r#"{{"cmd":"{cmd}"}}"#));
         }
+        let gc = ControlRequest::DedupGc {
+            volume: "/v".into(),
+        };
+        assert_eq!(gc.to_line(), r#"{"cmd":"dedup-gc","volume":"/v"}"#);
+        assert_eq!(ControlRequest::parse(&gc.to_line()).expect("parses"), gc);
+        assert_eq!(COMMANDS[2], "dedup-gc");
     }
 
     #[test]
@@ -245,7 +279,7 @@ mod tests {
         let e = ControlRequest::parse(r#"{"cmd":"reboot"}"#).expect_err("bad");
         assert_eq!(
             e.to_string(),
-            "unknown command \"reboot\" (known: status, stream-start)"
+            "unknown command \"reboot\" (known: status, stream-start, dedup-gc)"
         );
     }
 
@@ -297,6 +331,7 @@ mod tests {
                 status: VmStatus::default(),
                 attached: vec![],
             },
+            ControlReply::DedupGc { freed: 7 },
             ControlReply::Refused("unknown command".into()),
         ] {
             assert_eq!(ControlReply::parse(&r.to_line()).expect("parses"), r);

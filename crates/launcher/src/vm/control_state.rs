@@ -124,6 +124,14 @@ impl ControlState {
         match req {
             ControlRequest::Status => ControlReply::Status(self.status()),
             ControlRequest::StreamStart => self.stream_start(),
+            ControlRequest::DedupGc { volume } => match crate::disksource::gc(&volume) {
+                Some(Ok(freed)) => ControlReply::DedupGc { freed },
+                Some(Err(e)) => ControlReply::Refused(e.to_string()),
+                None => ControlReply::Refused(format!(
+                    "this VM does not serve dedup volume {}",
+                    volume.display()
+                )),
+            },
         }
     }
 }
