@@ -5,7 +5,10 @@
 //! the read). The classifier decides only after a read completed whether the reading process
 //! copies; the [`DedupHints`] stage sits above the classifier, so its completion hook runs
 //! after the insight is attached, and promotes the read's blocks into the hint cache
-//! (hash → chunk). A write looks there before the on-disk index.
+//! (hash → chunk). A write looks there before the on-disk index. A write the classifier
+//! marks as a copy's that misses the hint cache also looks among the recent reads by hash:
+//! it catches the copy's first reads, which can reach the disk before the insight engine has
+//! seen the copy's syscall and so come back without a copy hint.
 //!
 //! The cache is kept exact: every change of a logical block's mapping drops its recent-read
 //! record, and a chunk whose last reference goes is dropped from the cache before it can be
@@ -28,6 +31,8 @@ pub const DEFAULT_HINT_ENTRIES: usize = 65_536;
 pub struct HintState {
     cap: usize,
     recent: HashMap<u64, (u64, Hash)>,
+    /// The recent reads by hash (the last block read with that content).
+    recent_by_hash: HashMap<Hash, u64>,
     recent_order: VecDeque<u64>,
     cache: HashMap<Hash, u64>,
     by_pba: HashMap<u64, Hash>,
@@ -39,6 +44,7 @@ impl HintState {
         Self {
             cap: cap.max(1),
             recent: HashMap::new(),
+            recent_by_hash: HashMap::new(),
             recent_order: VecDeque::new(),
             cache: HashMap::new(),
             by_pba: HashMap::new(),
@@ -48,19 +54,41 @@ impl HintState {
 
     /// The volume read logical block `lba` from chunk `pba` whose bytes hash to `hash`.
     pub fn record_read(&mut self, lba: u64, pba: u64, hash: Hash) {
-        if self.recent.insert(lba, (pba, hash)).is_none() {
-            self.recent_order.push_back(lba);
-            while self.recent_order.len() > self.cap {
-                if let Some(old) = self.recent_order.pop_front() {
-                    self.recent.remove(&old);
+        match self.recent.insert(lba, (pba, hash)) {
+            Some((_, old)) => self.unindex_recent(lba, &old),
+            None => {
+                self.recent_order.push_back(lba);
+                while self.recent_order.len() > self.cap {
+                    if let Some(old) = self.recent_order.pop_front() {
+                        self.forget_lba(old);
+                    }
                 }
             }
+        }
+        self.recent_by_hash.insert(hash, lba);
+    }
+
+    fn unindex_recent(&mut self, lba: u64, hash: &Hash) {
+        if self.recent_by_hash.get(hash) == Some(&lba) {
+            self.recent_by_hash.remove(hash);
         }
     }
 
     /// Logical block `lba` changed its mapping.
     pub fn forget_lba(&mut self, lba: u64) {
-        self.recent.remove(&lba);
+        if let Some((_, h)) = self.recent.remove(&lba) {
+            self.unindex_recent(lba, &h);
+        }
+    }
+
+    /// The chunk a recent read found holding bytes that hash to `hash` (for writes marked
+    /// as a copy's).
+    pub fn lookup_recent(&self, hash: &Hash) -> Option<u64> {
+        let lba = self.recent_by_hash.get(hash)?;
+        self.recent
+            .get(lba)
+            .filter(|(_, h)| h == hash)
+            .map(|(pba, _)| *pba)
     }
 
     /// Chunk `pba` lost its last reference (it may be reused after the next commit).
@@ -217,6 +245,32 @@ mod tests {
     }
 
     #[test]
+    fn recent_reads_answer_by_hash_until_their_block_changes() {
+        let mut s = HintState::new(2);
+        s.record_read(1, 10, [1; 32]);
+        s.record_read(2, 20, [2; 32]);
+        assert_eq!(s.lookup_recent(&[1; 32]), Some(10));
+        assert_eq!(s.lookup(&[1; 32]), None, "not in the hint cache itself");
+        s.forget_lba(1);
+        assert_eq!(
+            s.lookup_recent(&[1; 32]),
+            None,
+            "a remapped block answers no more"
+        );
+        s.record_read(2, 21, [3; 32]);
+        assert_eq!(
+            s.lookup_recent(&[2; 32]),
+            None,
+            "the block's old content is gone"
+        );
+        assert_eq!(s.lookup_recent(&[3; 32]), Some(21));
+        s.record_read(3, 30, [4; 32]);
+        s.record_read(4, 40, [5; 32]);
+        assert_eq!(s.lookup_recent(&[3; 32]), None, "evicted with its block");
+        assert!(s.recent_by_hash.len() <= 2);
+    }
+
+    #[test]
     fn both_maps_stay_bounded() {
         let mut s = HintState::new(4);
         for i in 0..100u64 {
@@ -225,7 +279,7 @@ mod tests {
             s.record_read(i, i + 1000, h);
             s.promote(i..i + 1);
         }
-        assert!(s.recent.len() <= 4);
+        assert!(s.recent.len() <= 4 && s.recent_by_hash.len() <= 4);
         assert!(s.cache.len() <= 4 && s.by_pba.len() <= 4);
     }
 }

@@ -838,7 +838,7 @@ impl Volume {
                 if hint == DedupHint::Copy {
                     self.counters.copy_write_hints += 1;
                 }
-                self.shared_or_new(&hash, content)?
+                self.shared_or_new(&hash, content, hint == DedupHint::Copy)?
             }
         };
         let old = self.l2p_get(lba)?;
@@ -852,8 +852,12 @@ impl Volume {
     }
 
     /// The chunk for content `hash`: from the hint cache, the index, or a new indexed chunk.
-    fn shared_or_new(&mut self, hash: &Hash, content: &[u8]) -> Result<u64> {
-        let hinted = self.hints.lock().lookup(hash);
+    fn shared_or_new(&mut self, hash: &Hash, content: &[u8], copy: bool) -> Result<u64> {
+        let hinted = {
+            let h = self.hints.lock();
+            h.lookup(hash)
+                .or_else(|| copy.then(|| h.lookup_recent(hash)).flatten())
+        };
         if let Some(p) = hinted {
             // The cache is exact (see hints.rs), and the hash is of the chunk's own bytes;
             // a chunk that lost its references meanwhile is not shared.
