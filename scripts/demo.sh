@@ -84,3 +84,24 @@ pid=$!
 wpid=$!
 wait $pid || true
 sleep 1; kill $wpid 2>/dev/null || true; wait $wpid 2>/dev/null || true
+
+echo
+echo "== iDedup: a copy deduplicated live on a dedup volume, hinted by the insight engine"
+echo "   (vmsight stats --watch 1 shows the dedup stage from outside while the guest runs cp;
+   a line when the counters change)"
+mkdir -p "$TMP/dd-src" && head -c 16M /dev/urandom > "$TMP/dd-src/data"
+truncate -s 256M "$TMP/dd.img" && mkfs.ext4 -q -F -b 4096 -d "$TMP/dd-src" "$TMP/dd.img"
+"$VMSIGHT" dedup create "$TMP/vol" --size 256MiB --from "$TMP/dd.img"
+"$VMSIGHT" dedup info "$TMP/vol" | grep -E "physical use|dedup ratio"
+"$VMSIGHT" run --name demo-dedup --disk "$TMP/vol",dedup --insights "$TMP/dd-ins.jsonl" -- sh -c '
+  mount /dev/vdb /mnt && sleep 2 && cp /mnt/data /mnt/copy && sync && sleep 2
+  sha256sum /mnt/data /mnt/copy | cut -c1-16,65-; umount /mnt' > "$TMP/dedup.out" 2>&1 &
+pid=$!
+if wait_vm demo-dedup $pid; then
+  "$VMSIGHT" stats demo-dedup --watch 1 2>/dev/null | grep --line-buffered "dedup:" | sed -u 's/^ *//' | uniq || true
+fi
+wait $pid || true
+grep "/mnt/" "$TMP/dedup.out" || cat "$TMP/dedup.out"
+echo "-- after the copy: 16 MiB more logical data, (almost) no more physical chunks"
+"$VMSIGHT" dedup info "$TMP/vol" | grep -E "mapped|physical use|dedup ratio|space saved"
+"$VMSIGHT" dedup check "$TMP/vol" | tail -1
