@@ -176,13 +176,26 @@ fn a_copied_file_is_stored_once_reads_back_exactly_and_online_gc_frees_it_once_t
         "online gc freed {freed} chunks; the 67 MiB of deleted files are {} chunks",
         16_384 + 768
     );
+    // The deleted files' chunks left the volume (boot 3's own metadata and journal writes
+    // may keep up to 1 MiB of new chunks; gc also freed the garbage those left).
+    let after = used(&vol);
     assert!(
-        held - used(&vol) >= freed,
-        "the freed chunks are still in use"
+        after + 16_384 + 768 <= held + 256,
+        "{held} chunks before the deletion, {after} after the online gc"
     );
-    // Nothing is left for an offline gc.
+    // An offline gc finds only what the guest overwrote after the online one (its unmount's
+    // journal blocks), not the deleted files.
     let g = run(&["dedup", "gc", vol.to_str().unwrap()]);
-    assert!(g.stdout.starts_with("freed 0 chunks"), "{g:?}");
+    let late: u64 = g
+        .stdout
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count in {g:?}"));
+    assert!(
+        late < 256,
+        "the offline gc still found {late} chunks: {g:?}"
+    );
     check_clean(&vol);
     export_checked(&vol, d.path());
 }
