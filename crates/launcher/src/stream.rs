@@ -163,9 +163,39 @@ pub enum ReplayError {
         "event {0} of the recording has no bytes (the tap queue was full); it cannot be replayed"
     )]
     NoBytes(u64),
+    /// An event reaches beyond the base image (a damaged recording, or another image's).
+    #[error(
+        "event {seq} of the recording covers bytes {offset}..{end} of a {size}-byte base image \
+         (a damaged recording, or one of another image)"
+    )]
+    BeyondImage {
+        /// The event.
+        seq: u64,
+        /// Its range.
+        offset: u64,
+        /// End of its range (saturated).
+        end: u64,
+        /// Size of the base image.
+        size: u64,
+    },
     /// Writing the events failed.
     #[error("cannot write the events: {0}")]
     Output(#[source] std::io::Error),
+}
+
+/// Refuses an event whose range `offset..offset + len` is not inside an image of `size`
+/// bytes: a recording is file input, and a damaged length must not make the replay write or
+/// loop for ever.
+fn within_image(seq: u64, offset: u64, len: u64, size: u64) -> Result<(), ReplayError> {
+    match offset.checked_add(len) {
+        Some(end) if end <= size => Ok(()),
+        end => Err(ReplayError::BeyondImage {
+            seq,
+            offset,
+            end: end.unwrap_or(u64::MAX),
+            size,
+        }),
+    }
 }
 
 /// Something that consumes a disk's tap events on the consumer thread.
@@ -378,6 +408,67 @@ mod tests {
         let evs = vmsight_blockdev::tap::read_recording(&file).expect("reads");
         assert_eq!(evs.len(), 100);
         assert_eq!(evs[99].seq, 100);
+    }
+
+    /// A recording of one event over a fresh 8 MiB ext4 image, replayed.
+    fn replay_one(kind: vmsight_blockdev::tap::TapKind) -> Result<ReplayStats, ReplayError> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let base = dir.path().join("base.img");
+        std::fs::File::create(&base)
+            .and_then(|f| f.set_len(8 << 20))
+            .expect("image");
+        let ok = std::process::Command::new("mkfs.ext4")
+            .args(["-q", "-F"])
+            .arg(&base)
+            .status()
+            .expect("mkfs.ext4 must be installed");
+        assert!(ok.success());
+        let rec = dir.path().join("r.rec");
+        let mut r = vmsight_blockdev::tap::Recorder::create(&rec).expect("recorder");
+        r.record(&vmsight_blockdev::tap::TapEvent {
+            seq: 1,
+            observed_ns: 0,
+            kind,
+        })
+        .expect("records");
+        drop(r);
+        replay(&base, &rec, "", false, &mut std::io::sink())
+    }
+
+    #[test]
+    fn a_recorded_range_beyond_the_base_image_is_refused_not_replayed() {
+        use vmsight_blockdev::tap::TapKind;
+        let size = 8u64 << 20;
+        for kind in [
+            TapKind::Discard {
+                offset: 4096,
+                len: u64::MAX - 100,
+            },
+            TapKind::WriteZeroes {
+                offset: size,
+                len: 4096,
+            },
+            TapKind::Write {
+                offset: size - 512,
+                len: 1024,
+                data: Some(vec![7; 1024]),
+            },
+        ] {
+            let what = format!("{kind:?}");
+            match replay_one(kind) {
+                Err(e @ ReplayError::BeyondImage { .. }) => {
+                    assert!(e.to_string().contains("damaged recording"), "{e}")
+                }
+                other => panic!("{what}: {other:?}"),
+            }
+        }
+        // In range: replayed.
+        let s = replay_one(TapKind::Discard {
+            offset: size - 4096,
+            len: 4096,
+        })
+        .expect("an in-range discard replays");
+        assert_eq!(s.tap_events, 1);
     }
 }
 
@@ -814,6 +905,7 @@ pub fn replay(
         .write(true)
         .open(&image)
         .map_err(ReplayError::Apply)?;
+    let size = disk.metadata().map_err(ReplayError::Apply)?.len();
     let mut reader = vmsight_blockdev::tap::RecordingReader::open(recording)?;
     let name = recording
         .file_stem()
@@ -832,6 +924,7 @@ pub fn replay(
                 data: Some(d),
                 ..
             } => {
+                within_image(ev.seq, *offset, d.len() as u64, size)?;
                 disk.write_all_at(d, *offset).map_err(io)?;
                 engine.write(*offset, d, ns, &mut evs);
             }
@@ -840,20 +933,20 @@ pub fn replay(
                 // re-read them from the image; a replay cannot, so it says so.
                 return Err(ReplayError::NoBytes(ev.seq));
             }
-            TapKind::WriteZeroes { offset, len } | TapKind::Discard { offset, len } => {
+            TapKind::WriteZeroes { offset, len } => {
+                within_image(ev.seq, *offset, *len, size)?;
                 let mut done = 0;
                 while done < *len {
                     let n = (*len - done).min(ZERO_CHUNK);
                     let zeros = vec![0u8; n as usize];
-                    if matches!(ev.kind, TapKind::WriteZeroes { .. }) {
-                        disk.write_all_at(&zeros, offset + done).map_err(io)?;
-                        engine.write(offset + done, &zeros, ns, &mut evs);
-                    }
+                    disk.write_all_at(&zeros, offset + done).map_err(io)?;
+                    engine.write(offset + done, &zeros, ns, &mut evs);
                     done += n;
                 }
-                if matches!(ev.kind, TapKind::Discard { .. }) {
-                    engine.discard(*offset, *len, ns, &mut evs);
-                }
+            }
+            TapKind::Discard { offset, len } => {
+                within_image(ev.seq, *offset, *len, size)?;
+                engine.discard(*offset, *len, ns, &mut evs);
             }
             TapKind::Flush => engine.flush(ns, &mut evs),
         }
