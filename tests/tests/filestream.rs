@@ -1203,6 +1203,15 @@ fn overloaded_stream_keeps_metadata_and_reports_dropped_data() {
     let dropped = disk1["stream"]["dropped_data_bytes"].as_u64().unwrap();
     let evicted = disk1["stream"]["pending_evicted"].as_u64().unwrap() * block;
     eprintln!("missing {missing} B, dropped {dropped} B, evicted {evicted} B");
+    // The mechanism engaged: the stream went into overload and dropped data (else this test
+    // would only show that an unloaded stream keeps metadata).
+    let episodes = disk1["stream"]["overload_episodes"].as_u64().unwrap();
+    assert!(
+        episodes > 0,
+        "the stream never overloaded: {}",
+        disk1["stream"]
+    );
+    assert!(dropped > 0, "overload dropped no data: {}", disk1["stream"]);
     assert!(
         missing <= dropped + evicted,
         "{missing} bytes of data have no write event, but only {dropped} dropped and {evicted} evicted bytes are reported"
