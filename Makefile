@@ -32,9 +32,12 @@ guest-test: image
 
 test: image
 	$(CARGO) test --release --workspace -- --test-threads=$(TEST_THREADS)
-	# The crawler's ignored-by-default check against an existing image, run on the real guest root disk.
+	# The ignored-by-default checks that need the real guest: the crawler on its root disk, the
+	# kernel profile generated from its kernel's System.map, BTF and config.
 	VMSIGHT_FSVIEW_IMAGE="$$($(VMSIGHT) image info --json | jq -r .dir)/rootfs.img" \
 		$(CARGO) test --release -p vmsight-fsview --test real_images -- --ignored external_image
+	VMSIGHT_TEST_KERNEL_DIR="$$($(VMSIGHT) image info --json | jq -r .dir)" \
+		$(CARGO) test --release -p vmsight-introspect --lib -- --ignored real_kernel_profile
 
 lint:
 	$(CARGO) fmt --all -- --check
