@@ -333,7 +333,7 @@ fn copy_and_unique_hints_engage_with_insights_and_not_without() {
 
 /// Boots a writer on the volume, kills vmsight with SIGKILL once `wait_lines` files were
 /// reported synced plus a random delay, and returns the (name, sha256) of the synced files.
-fn run_and_kill(disk: &str, round: u32, delay: Duration) -> Vec<(String, String)> {
+fn run_and_kill(disk: &str, round: u32, delay: Duration, dir: &Path) -> Vec<(String, String)> {
     let script = format!(
         "mount /dev/vdb /mnt || exit 9; mkdir -p /mnt/r{round}; i=0; \
          while true; do i=$((i+1)); f=/mnt/r{round}/f$i; \
@@ -343,10 +343,11 @@ fn run_and_kill(disk: &str, round: u32, delay: Duration) -> Vec<(String, String)
     let mut child = vmsight()
         .args(["run", "--disk", disk, "--", "sh", "-c", &script])
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("run.err")).unwrap())
         .spawn()
         .unwrap();
     let out = child.stdout.take().unwrap();
+    let mut other = Vec::new();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(out).lines().map_while(Result::ok) {
@@ -362,16 +363,22 @@ fn run_and_kill(disk: &str, round: u32, delay: Duration) -> Vec<(String, String)
         if deadline.is_some_and(|t| Instant::now() >= t) {
             break;
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(240),
-            "the writer never synced"
-        );
+        if start.elapsed() >= Duration::from_secs(240) {
+            let _ = child.kill();
+            let err = std::fs::read_to_string(dir.join("run.err")).unwrap_or_default();
+            panic!(
+                "round {round}: the writer never synced; guest output {other:?}; vmsight stderr: {}",
+                &err[err.len().saturating_sub(3000)..]
+            );
+        }
         if let Ok(line) = rx.recv_timeout(Duration::from_millis(20)) {
             let w: Vec<&str> = line.split_whitespace().collect();
             if w.first() == Some(&"SYNCED") && w.len() == 5 {
                 synced.push((w[2].to_string(), w[1].to_string()));
                 synced.push((w[4].to_string(), w[3].to_string()));
                 deadline.get_or_insert_with(|| Instant::now() + delay);
+            } else if other.len() < 50 {
+                other.push(line);
             }
         }
     }
@@ -393,7 +400,7 @@ fn after_sigkill_at_random_moments_the_volume_checks_clean_and_synced_files_are_
         seed ^= seed >> 7;
         seed ^= seed << 17;
         let delay = Duration::from_millis(seed % 3000);
-        let synced = run_and_kill(&disk, round, delay);
+        let synced = run_and_kill(&disk, round, delay, d.path());
         assert!(!synced.is_empty(), "round {round}: nothing synced");
         check_clean(&vol);
         // The file system as the guest left it: recover its journal on a copy of the export,
