@@ -79,6 +79,13 @@ fn stats_json(path: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
+/// The number after `prefix` on the first line of `out` that starts with it.
+fn number_after(out: &str, prefix: &str) -> Option<u64> {
+    out.lines()
+        .find_map(|l| l.strip_prefix(prefix))
+        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+}
+
 /// The guest's `sha256sum` lines as (name, hash).
 fn guest_sums(stdout: &str) -> Vec<(String, String)> {
     stdout
@@ -165,12 +172,7 @@ fn a_copied_file_is_stored_once_reads_back_exactly_and_online_gc_frees_it_once_t
         g.stdout.contains("online, by VM"),
         "not collected online: {g:?}"
     );
-    let freed: u64 = g
-        .stdout
-        .split_whitespace()
-        .nth(1)
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no count in {g:?}"));
+    let freed = number_after(&g.stdout, "freed ").unwrap_or_else(|| panic!("no count in {g:?}"));
     assert!(
         freed >= 16_384 + 768,
         "online gc freed {freed} chunks; the 67 MiB of deleted files are {} chunks",
@@ -186,12 +188,7 @@ fn a_copied_file_is_stored_once_reads_back_exactly_and_online_gc_frees_it_once_t
     // An offline gc finds only what the guest overwrote after the online one (its unmount's
     // journal blocks), not the deleted files.
     let g = run(&["dedup", "gc", vol.to_str().unwrap()]);
-    let late: u64 = g
-        .stdout
-        .split_whitespace()
-        .nth(1)
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no count in {g:?}"));
+    let late = number_after(&g.stdout, "freed ").unwrap_or_else(|| panic!("no count in {g:?}"));
     assert!(
         late < 256,
         "the offline gc still found {late} chunks: {g:?}"
@@ -225,23 +222,11 @@ fn a_tar_of_usr_a_dpkg_install_overwrites_and_discards_on_a_dedup_disk_read_back
         sha256sum /mnt/r; umount /mnt";
     let r = guest_sh(&["--disk", &disk], script);
     assert_eq!(r.code, Some(0), "{r:?}");
-    let n: u64 = r
-        .stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("SAME "))
-        .unwrap_or_else(|| panic!("the copy of /usr differs: {r:?}"))
-        .trim()
-        .parse()
-        .unwrap();
+    let n = number_after(&r.stdout, "SAME ")
+        .unwrap_or_else(|| panic!("the copy of /usr differs: {r:?}"));
     assert!(n > 500, "only {n} files compared");
-    let pkg: u64 = r
-        .stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("DPKG "))
-        .unwrap_or_else(|| panic!("the files dpkg installed differ from the package's: {r:?}"))
-        .trim()
-        .parse()
-        .unwrap();
+    let pkg = number_after(&r.stdout, "DPKG ")
+        .unwrap_or_else(|| panic!("the files dpkg installed differ from the package's: {r:?}"));
     assert!(pkg > 50, "only {pkg} installed files compared");
     check_clean(&vol);
     let raw = export_checked(&vol, d.path());
@@ -284,14 +269,7 @@ fn copy_and_unique_hints_engage_with_insights_and_not_without() {
         let r = guest_sh(&args, script);
         assert_eq!(r.code, Some(0), "hinted={hinted}: {r:?}");
         assert!(r.stdout.contains("COPY-OK"), "{r:?}");
-        let gpg_bytes: u64 = r
-            .stdout
-            .lines()
-            .find_map(|l| l.strip_prefix("SIZE "))
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap();
+        let gpg_bytes = number_after(&r.stdout, "SIZE ").unwrap();
         check_clean(&vol);
         results.push((hinted, dedup_stats(&st), gpg_bytes));
     }
