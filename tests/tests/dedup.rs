@@ -318,8 +318,11 @@ fn run_and_kill(disk: &str, round: u32, delay: Duration, dir: &Path) -> Vec<(Str
          head -c $(( (i % 7 + 1) * 131072 )) /dev/urandom > $f; \
          cp $f $f.copy; sync; echo SYNCED $(sha256sum $f) $(sha256sum $f.copy); done"
     );
+    let name = format!("dedup-kill-{}-{round}", std::process::id());
     let mut child = vmsight()
-        .args(["run", "--disk", disk, "--", "sh", "-c", &script])
+        .args([
+            "run", "--name", &name, "--disk", disk, "--", "sh", "-c", &script,
+        ])
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(dir.join("run.err")).unwrap())
         .spawn()
@@ -364,6 +367,12 @@ fn run_and_kill(disk: &str, round: u32, delay: Duration, dir: &Path) -> Vec<(Str
     let _ = child.wait();
     // QEMU dies with vmsight (PDEATHSIG); give it a moment to release the runtime directory.
     std::thread::sleep(Duration::from_millis(500));
+    // A killed vmsight leaves its root disk's working copy (later runs sweep it after ten
+    // minutes); 20 rounds would hold gigabytes until then.
+    let cache = std::env::var_os("VMSIGHT_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(&std::env::var("HOME").unwrap()).join(".cache/vmsight"));
+    let _ = std::fs::remove_dir_all(cache.join("vms").join(&name));
     synced
 }
 

@@ -91,6 +91,41 @@ pub fn list_running(base: &Path) -> Vec<VmRecord> {
         .collect()
 }
 
+/// Working copies older than this whose VM is not running are left-overs of a killed
+/// `vmsight run` (a SIGKILL skips [`WorkingCopy`]'s drop); younger ones may belong to a VM
+/// that is still starting.
+pub const STALE_COPY_AGE: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Removes the per-VM directories under `vms` (working copies of root disks) whose VM is not
+/// among `running` and that nothing touched for `min_age`; returns how many went. Each copy
+/// holds hundreds of MiB, so without this every killed VM leaks one.
+pub fn sweep_stale_copies(vms: &Path, running: &[String], min_age: std::time::Duration) -> usize {
+    let Ok(rd) = fs::read_dir(vms) else {
+        return 0;
+    };
+    let now = std::time::SystemTime::now();
+    let mut removed = 0;
+    for e in rd.filter_map(Result::ok) {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if running.contains(&name) {
+            continue;
+        }
+        let newest = fs::read_dir(e.path())
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+            .filter_map(|f| f.metadata().ok()?.modified().ok())
+            .chain(e.metadata().ok().and_then(|m| m.modified().ok()))
+            .max();
+        let old = newest.is_some_and(|t| now.duration_since(t).unwrap_or_default() >= min_age);
+        if old && fs::remove_dir_all(e.path()).is_ok() {
+            tracing::info!(vm = %name, "removed the stale working copy of a VM that is gone");
+            removed += 1;
+        }
+    }
+    removed
+}
+
 /// A working copy of a disk image that is deleted on drop unless kept.
 #[derive(Debug)]
 pub struct WorkingCopy {
@@ -205,6 +240,28 @@ pub fn sparse_copy(from: &Path, to: &Path) -> io::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn stale_working_copies_go_and_running_or_young_ones_stay() {
+        let d = tempfile::tempdir().expect("tempdir");
+        for vm in ["gone", "alive", "young"] {
+            std::fs::create_dir_all(d.path().join(vm)).expect("dir");
+            std::fs::write(d.path().join(vm).join("root.img"), b"x").expect("file");
+        }
+        let running = vec!["alive".to_string()];
+        // Nothing is older than an hour yet.
+        assert_eq!(
+            super::sweep_stale_copies(d.path(), &running, std::time::Duration::from_secs(3600)),
+            0
+        );
+        // With no minimum age, only the running VM's copy stays.
+        assert_eq!(
+            super::sweep_stale_copies(d.path(), &running, std::time::Duration::ZERO),
+            2
+        );
+        assert!(d.path().join("alive/root.img").exists());
+        assert!(!d.path().join("gone").exists() && !d.path().join("young").exists());
+    }
+
     use super::*;
     use std::io::{Seek, SeekFrom, Write};
 

@@ -82,11 +82,13 @@ pub fn prepare(cfg: &VmConfig, arts: &Artifacts) -> Result<Prepared, LaunchError
     let root = if cfg.persist {
         WorkingCopy::in_place(&guest.root_image)
     } else {
-        let to = vmsight_image::cache_dir()?
-            .join("vms")
-            .join(&cfg.name)
-            .join("root.img");
-        WorkingCopy::create(&guest.root_image, &to)?
+        let vms = vmsight_image::cache_dir()?.join("vms");
+        let running: Vec<String> = runtime::list_running(&runtime::runtime_base())
+            .into_iter()
+            .map(|r| r.name)
+            .collect();
+        runtime::sweep_stale_copies(&vms, &running, runtime::STALE_COPY_AGE);
+        WorkingCopy::create(&guest.root_image, &vms.join(&cfg.name).join("root.img"))?
     };
     let disks = disk_plans(cfg, &root.path);
     if let Some((n, _)) = cfg.stream.record.iter().find(|(n, _)| *n >= disks.len()) {
