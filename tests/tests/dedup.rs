@@ -47,8 +47,8 @@ fn check_clean(vol: &Path) {
     assert!(r.stdout.contains("clean"), "{r:?}");
 }
 
-/// Exports the volume and returns the raw image after checking it with `e2fsck -fn`.
-fn export_checked(vol: &Path, dir: &Path) -> PathBuf {
+/// `vmsight dedup export` of the volume to `dir/export.img`.
+fn export(vol: &Path, dir: &Path) -> PathBuf {
     let raw = dir.join("export.img");
     let r = run(&[
         "dedup",
@@ -57,6 +57,12 @@ fn export_checked(vol: &Path, dir: &Path) -> PathBuf {
         raw.to_str().unwrap(),
     ]);
     assert_eq!(r.code, Some(0), "{r:?}");
+    raw
+}
+
+/// Exports the volume and returns the raw image after checking it with `e2fsck -fn`.
+fn export_checked(vol: &Path, dir: &Path) -> PathBuf {
+    let raw = export(vol, dir);
     let (ok, out) = fsck_clean(&raw);
     assert!(ok, "e2fsck -fn of the exported volume: {out}");
     raw
@@ -392,14 +398,7 @@ fn after_sigkill_at_random_moments_the_volume_checks_clean_and_synced_files_are_
         check_clean(&vol);
         // The file system as the guest left it: recover its journal on a copy of the export,
         // then it must be clean and hold every synced file exactly.
-        let raw = d.path().join("export.img");
-        let r = run(&[
-            "dedup",
-            "export",
-            vol.to_str().unwrap(),
-            raw.to_str().unwrap(),
-        ]);
-        assert_eq!(r.code, Some(0), "{r:?}");
+        let raw = export(&vol, d.path());
         let fix = Command::new("e2fsck")
             .args(["-fy"])
             .arg(&raw)
