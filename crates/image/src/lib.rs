@@ -569,7 +569,10 @@ mod tests {
         assert!(e.to_string().contains("System.map is missing"), "{e}");
         fs::write(
             d.join("profile.json"),
-            r#"{"format":1,"kernel_version":"6.1","symbols":{},"structs":{},"config":{}}"#,
+            format!(
+                r#"{{"format":{},"kernel_version":"6.1","symbols":{{}},"structs":{{}},"config":{{}}}}"#,
+                vmsight_introspect::profile::PROFILE_FORMAT
+            ),
         )
         .expect("write");
         let img = open(d).expect("opens");

@@ -98,6 +98,10 @@ pub const OPTIONAL_SYMBOLS: &[&str] = &[
     "startup_64",
     "jiffies_64",
     "__pgtable_l5_enabled",
+    // FoxyIdle: the block submission path (a bio's submitter) and the prctl entry (a guest
+    // program declaring itself background).
+    "blk_mq_submit_bio",
+    "__x64_sys_prctl",
 ];
 
 /// Struct members every profile has: (struct, members).
@@ -181,6 +185,12 @@ pub const OPTIONAL_MEMBERS: &[(&str, &[&str])] = &[
     ("mount", &["mnt_devname", "mnt_list", "mnt_id"]),
     ("dentry", &["d_hash"]),
     ("signal_struct", &["thread_head"]),
+    // FoxyIdle: a bio's sectors, direction and disk; the prctl arguments in pt_regs.
+    ("bio", &["bi_bdev", "bi_opf", "bi_iter"]),
+    ("bvec_iter", &["bi_sector", "bi_size"]),
+    ("block_device", &["bd_disk", "bd_dev"]),
+    ("gendisk", &["major", "first_minor", "disk_name"]),
+    ("pt_regs", &["di", "si", "dx"]),
 ];
 
 /// Config options copied into the profile when present.

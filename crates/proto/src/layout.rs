@@ -35,6 +35,8 @@ pub const STDERR_SOCKET: &str = "stderr.sock";
 pub const STDIN_SOCKET: &str = "stdin.sock";
 /// The plugin's shared-memory channel.
 pub const PLUGIN_SHM: &str = "plugin.shm";
+/// The plugin's block-tag channel (FoxyIdle attribution).
+pub const BLOCKTAG_SHM: &str = "blocktag.shm";
 /// Copy of the guest's serial console.
 pub const CONSOLE_LOG: &str = "console.log";
 /// QEMU's stderr.

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// Version of the profile JSON layout; bump on incompatible changes.
-pub const PROFILE_FORMAT: u32 = 1;
+pub const PROFILE_FORMAT: u32 = 2;
 
 /// Largest profile file read (real ones are a few KiB).
 pub const MAX_PROFILE_BYTES: u64 = 64 << 20;
@@ -284,7 +284,8 @@ mod tests {
         ));
         let e = KernelProfile::from_json("[", p).expect_err("not json");
         assert!(e.to_string().starts_with("/img/profile.json is not"), "{e}");
-        let e = KernelProfile::from_json(r#"{"format": 1}"#, p).expect_err("incomplete");
+        let incomplete = format!(r#"{{"format": {PROFILE_FORMAT}}}"#);
+        let e = KernelProfile::from_json(&incomplete, p).expect_err("incomplete");
         assert!(matches!(e, ProfileError::Parse { .. }), "{e}");
         assert!(matches!(
             KernelProfile::load(Path::new("/nonexistent/profile.json")),

@@ -133,6 +133,11 @@ pub mod plugin_flags {
     /// The plugin has a kernel profile (`profile=`) and can monitor tasks; without it only
     /// counting works.
     pub const PROFILE: u32 = 1 << 1;
+    /// Block-tag channel only: the kernel profile has the block submission path and the
+    /// plugin hooks it (FoxyIdle attribution works).
+    pub const BLOCK_TAGS: u32 = 1 << 2;
+    /// Block-tag channel only: the plugin hooks the prctl entry (guest declarations work).
+    pub const DECLARATIONS: u32 = 1 << 3;
 }
 
 const _: () = assert!(std::mem::size_of::<Header>() as u64 <= HEADER_SIZE);

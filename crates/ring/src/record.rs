@@ -1,6 +1,6 @@
 //! The fixed-size record carried by the rings, its kinds and the accessors vmsight uses.
 //!
-//! Three kinds, all 128 bytes (header 32 bytes + 12 payload words):
+//! The syscall channel's kinds, all 128 bytes (header 32 bytes + 12 payload words):
 //!
 //! | kind | `pc` | payload |
 //! |---|---|---|
@@ -10,7 +10,7 @@
 //!
 //! An entry whose [`Record::data_count`] is `n > 0` is followed in the same ring by `n`
 //! [`kind::DATA`] records (fewer only if [`flags::DATA_LOST`] is set), which carry the entry's
-//! timestamp and CR3.
+//! timestamp and CR3. The block-tag channel's kinds are in [`crate::blocktag`].
 
 use crate::control::COMM_LEN;
 
@@ -30,6 +30,10 @@ pub mod kind {
     /// buffer (at entry, following the entry like DATA) or of a `read`/`pread64` buffer (at
     /// the return, flagged [`super::flags::LATE`]). Layout version 3. See [`super::sums`].
     pub const SUMS: u16 = 4;
+    /// The guest kernel submitted a bio (block-tag channel, see [`crate::blocktag`]).
+    pub const BLOCK_SUBMIT: u16 = 5;
+    /// A guest process declared itself background or foreground (block-tag channel).
+    pub const BACKGROUND: u16 = 6;
 }
 
 /// Bits of [`Record::flags`] (bits 0..8; bits 8..16 of an entry hold the DATA count).
