@@ -23,6 +23,7 @@
 //! `Register::register_default` so it registers its own `extern "C"` callbacks instead of the
 //! crate's handlers, which lock a global mutex and panic (= abort QEMU) on any error.
 
+mod blockhook;
 mod guest;
 mod logic;
 
@@ -126,6 +127,8 @@ struct Regs {
     iret: [usize; IRET_REGS.len()],
     /// GPR handles by x86 register number (sources of `mov %reg, %cr3`).
     gpr: [usize; 16],
+    /// The active GS base (in kernel mode: the per-CPU area), for the block hooks; optional.
+    gs_base: Option<usize>,
 }
 
 /// Filters and the classification state shared by all vCPUs.
@@ -168,6 +171,9 @@ struct State {
     missing_slot_reported: AtomicBool,
     monitor: Monitor,
     kernel_sites: AtomicU64,
+    /// FoxyIdle's block hooks and their channel (`blk=`, with a profile that has the block
+    /// submission path).
+    blk: Option<blockhook::BlockHooks>,
 }
 
 impl State {
@@ -439,6 +445,8 @@ struct Hot {
     kgs: u64,
     /// The last current task read here: (task pointer, fields, task epoch).
     task_cache: Option<(u64, TaskFields, u64)>,
+    /// This vCPU's ring of the block-tag channel.
+    blk: Option<Producer>,
 }
 
 // SAFETY: see the type's comment: `hot` is confined to the owning vCPU's callbacks, which are
@@ -615,6 +623,7 @@ fn install(id: PluginId, args: &Args, info: &Info) -> Result<(), PluginError> {
         bits |= plugin_flags::PROFILE;
     }
     channel.set_plugin_info(sys::QEMU_PLUGIN_VERSION, bits);
+    let blk = block_hooks(&opts, kernel.as_ref(), system.max_vcpus)?;
     // SAFETY: allocation of a QEMU-managed per-vCPU array; QEMU grows it as vCPUs appear.
     let scoreboard = unsafe { sys::qemu_plugin_scoreboard_new(SB_ELEMENT) } as usize;
     let slots = (0..channel.max_vcpus()).map(|_| OnceLock::new()).collect();
@@ -654,6 +663,7 @@ fn install(id: PluginId, args: &Args, info: &Info) -> Result<(), PluginError> {
             task_epoch: AtomicU64::new(0),
         },
         kernel_sites: AtomicU64::new(0),
+        blk,
     };
     if STATE.set(state).is_err() {
         // A second install in the same process (a duplicate -plugin of the same .so shares
@@ -671,6 +681,41 @@ fn install(id: PluginId, args: &Args, info: &Info) -> Result<(), PluginError> {
     let _ = qemu_plugin::qemu_plugin_register_vcpu_tb_trans_cb(id, Some(on_tb_trans));
     let _ = qemu_plugin::qemu_plugin_register_atexit_cb(id, |_| guard(None, on_exit));
     Ok(())
+}
+
+/// Attaches the block-tag channel of `blk=` and reports what the hooks can do in its header
+/// (a profile without the block submission path attaches but hooks nothing, so vmsight can
+/// tell the user attribution is unavailable).
+fn block_hooks(
+    opts: &Options,
+    kernel: Option<&KernelLayout>,
+    max_vcpus: i64,
+) -> Result<Option<blockhook::BlockHooks>, PluginError> {
+    let Some(path) = &opts.blk else {
+        return Ok(None);
+    };
+    let channel = Channel::attach(path)?;
+    if max_vcpus > i64::from(channel.max_vcpus()) {
+        return Err(PluginError::TooManyVcpus {
+            qemu: max_vcpus,
+            channel: channel.max_vcpus(),
+        });
+    }
+    let layout = kernel.and_then(|k| k.block);
+    let mut bits = 0;
+    if let Some(l) = &layout {
+        bits |= plugin_flags::BLOCK_TAGS;
+        if l.prctl.is_some() {
+            bits |= plugin_flags::DECLARATIONS;
+        }
+    } else {
+        eprintln!(
+            "vmsight-plugin: the kernel profile has no block submission path; block requests \
+             are not attributed"
+        );
+    }
+    channel.set_plugin_info(sys::QEMU_PLUGIN_VERSION, bits);
+    Ok(layout.map(|layout| blockhook::BlockHooks { channel, layout }))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -716,6 +761,10 @@ fn vcpu_init(vcpu: c_uint) {
                     cr3_gen: u64::MAX,
                     kgs: 0,
                     task_cache: None,
+                    blk: match &st.blk {
+                        Some(b) => Some(b.channel.producer(vcpu)?),
+                        None => None,
+                    },
                 }),
             })
         })();
@@ -764,6 +813,7 @@ fn discover_registers() -> Option<Regs> {
         sysret: SYSRET_REGS.map(&mut find),
         iret: IRET_REGS.map(&mut find),
         gpr: GPR_NAMES.map(&mut find),
+        gs_base: regs.iter().find(|r| r.name == "gs_base").map(|r| r.handle),
     };
     if missing.is_empty() {
         Some(out)
@@ -822,7 +872,8 @@ unsafe fn instrument_tb(st: &State, tb: *mut qemu_plugin_tb) -> u64 {
     let tb_vaddr = unsafe { sys::qemu_plugin_tb_vaddr(tb) };
     let user = tb_vaddr < USER_SPACE_END;
     let monitoring = st.monitoring();
-    if !(user || (monitoring && is_kernel_addr(tb_vaddr))) {
+    let hooks = if user { None } else { st.blk.as_ref() };
+    if !(user || ((monitoring || hooks.is_some()) && is_kernel_addr(tb_vaddr))) {
         return 0;
     }
     let mut count = 0;
@@ -838,11 +889,15 @@ unsafe fn instrument_tb(st: &State, tb: *mut qemu_plugin_tb) -> u64 {
         let vaddr = unsafe { sys::qemu_plugin_insn_vaddr(insn) };
         // SAFETY: as above.
         let size = unsafe { sys::qemu_plugin_insn_size(insn) };
+        // SAFETY: live instruction handle of the current translation callback.
+        if hooks.is_some_and(|h| unsafe { h.instrument(insn, vaddr) }) {
+            continue; // a hooked function entry (matched by address, whatever its bytes)
+        }
         if user {
             if vaddr >= USER_SPACE_END || !(2..=15).contains(&size) {
                 continue;
             }
-        } else if !(2..=4).contains(&size) {
+        } else if !monitoring || !(2..=4).contains(&size) {
             continue; // every instrumented kernel instruction is 2 to 4 bytes long
         }
         let mut bytes = [0u8; 16];
@@ -1879,4 +1934,7 @@ fn on_exit() {
         }
     }
     st.channel.finish();
+    if let Some(b) = &st.blk {
+        b.channel.finish();
+    }
 }

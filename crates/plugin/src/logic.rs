@@ -28,7 +28,7 @@ pub const MAX_SUM_CAP_KIB: u64 = 2048;
 
 pub(crate) const USAGE: &str = "usage: -plugin libvmsight_plugin.so,shm=PATH[,profile=PATH]\
                      [,records=on|off][,buf=N][,sync=N][,verbose=on|off][,sums=on|off]\
-                     [,sumcap=KIB]";
+                     [,sumcap=KIB][,blk=PATH]";
 
 /// Errors that make the plugin refuse to install.
 #[derive(Debug, thiserror::Error)]
@@ -52,7 +52,7 @@ pub enum PluginError {
     /// An unknown argument.
     #[error(
         "The plugin argument {0:?} is unknown (known: shm, profile, records, buf, sync, verbose, \
-         sums, sumcap)."
+         sums, sumcap, blk)."
     )]
     Unknown(String),
     /// The channel file could not be attached.
@@ -109,6 +109,10 @@ pub struct Options {
     pub sums: bool,
     /// Most bytes checksummed per syscall (`sumcap=` in KiB, 4..=2048, default 1024).
     pub sum_cap: u64,
+    /// Block-tag channel file (`blk=`): hook the guest's block submission and prctl entry
+    /// and push one record per bio and per background declaration (FoxyIdle). Needs
+    /// `profile=`.
+    pub blk: Option<PathBuf>,
 }
 
 impl Options {
@@ -124,6 +128,7 @@ impl Options {
             verbose: false,
             sums: true,
             sum_cap: DEFAULT_SUM_CAP_KIB * 1024,
+            blk: None,
         };
         for arg in args {
             let (k, v) = arg
@@ -140,7 +145,8 @@ impl Options {
                 _ => Err(bad("expected on or off")),
             };
             match k {
-                "shm" | "profile" if v.is_empty() => return Err(bad("the path is empty")),
+                "shm" | "profile" | "blk" if v.is_empty() => return Err(bad("the path is empty")),
+                "blk" => o.blk = Some(PathBuf::from(v)),
                 "shm" => shm = Some(PathBuf::from(v)),
                 "profile" => o.profile = Some(PathBuf::from(v)),
                 "records" => o.records = boolean()?,
@@ -203,6 +209,69 @@ pub struct KernelLayout {
     /// The fd-table path to a file's position and inode, when the profile has it (buffer
     /// checksums need it).
     pub files: Option<FileLayout>,
+    /// The block submission path, when the profile has it (FoxyIdle's block tags need it).
+    pub block: Option<BlockLayout>,
+}
+
+/// Where the plugin hooks the guest kernel for FoxyIdle, and the offsets it reads there:
+/// `blk_mq_submit_bio(struct bio *bio)` entry (rdi = bio, in the submitter's context) and
+/// `__x64_sys_prctl(const struct pt_regs *regs)` entry (rdi = the user registers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockLayout {
+    /// Address of `blk_mq_submit_bio`.
+    pub submit_bio: u64,
+    /// Address of `__x64_sys_prctl`, when present (guest declarations need it).
+    pub prctl: Option<u64>,
+    /// `task_struct.flags` (u32).
+    pub task_flags: u64,
+    /// `bio.bi_bdev` (pointer).
+    pub bi_bdev: u64,
+    /// `bio.bi_opf` (u32).
+    pub bi_opf: u64,
+    /// `bio.bi_iter.bi_sector` (u64): `bi_iter` plus `bvec_iter.bi_sector`.
+    pub bi_sector: u64,
+    /// `bio.bi_iter.bi_size` (u32).
+    pub bi_size: u64,
+    /// `block_device.bd_disk` (pointer).
+    pub bd_disk: u64,
+    /// `gendisk.major` (i32).
+    pub major: u64,
+    /// `gendisk.first_minor` (i32).
+    pub first_minor: u64,
+    /// `gendisk.disk_name` (char[32]; the first 8 bytes are read).
+    pub disk_name: u64,
+    /// `pt_regs.{di,si,dx}`: the first three syscall arguments.
+    pub regs_di: u64,
+    pub regs_si: u64,
+    pub regs_dx: u64,
+}
+
+impl BlockLayout {
+    /// The hook addresses and offsets, when the profile has all of them (`prctl` optional).
+    fn from_profile(p: &KernelProfile) -> Option<BlockLayout> {
+        let m = |strukt, member, size| member_offset(p, strukt, member, size).ok();
+        let iter = p.member("bio", "bi_iter").ok()?.offset;
+        let name = p.member("gendisk", "disk_name").ok()?;
+        if name.size < 8 || name.offset > MAX_MEMBER_OFFSET {
+            return None;
+        }
+        Some(BlockLayout {
+            submit_bio: symbol(p, "blk_mq_submit_bio").ok()?,
+            prctl: symbol(p, "__x64_sys_prctl").ok(),
+            task_flags: m("task_struct", "flags", 4)?,
+            bi_bdev: m("bio", "bi_bdev", 8)?,
+            bi_opf: m("bio", "bi_opf", 4)?,
+            bi_sector: iter.checked_add(m("bvec_iter", "bi_sector", 8)?)?,
+            bi_size: iter.checked_add(m("bvec_iter", "bi_size", 4)?)?,
+            bd_disk: m("block_device", "bd_disk", 8)?,
+            major: m("gendisk", "major", 4)?,
+            first_minor: m("gendisk", "first_minor", 4)?,
+            disk_name: name.offset,
+            regs_di: m("pt_regs", "di", 8)?,
+            regs_si: m("pt_regs", "si", 8)?,
+            regs_dx: m("pt_regs", "dx", 8)?,
+        })
+    }
 }
 
 /// Offsets along `current->files->fdt->fd[fd]->{f_pos,f_flags,f_inode->{i_size,i_mode}}`.
@@ -333,6 +402,7 @@ impl KernelLayout {
             mm_pgd: m("mm_struct", "pgd", 8)?,
             page_offset_base: symbol(p, "page_offset_base")?,
             files: FileLayout::from_profile(p),
+            block: BlockLayout::from_profile(p),
         })
     }
 

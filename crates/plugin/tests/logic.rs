@@ -64,7 +64,7 @@ fn options_parse() {
 }
 
 const PROFILE: &str = r#"{
-  "format": 1, "kernel_version": "6.1", "kernel_release": "x",
+  "format": 2, "kernel_version": "6.1", "kernel_release": "x",
   "symbols": {"current_task": "0x000000000001fb80", "__per_cpu_start": "0x0000000000000000",
               "page_offset_base": "0xffffffff82398480"},
   "structs": {
@@ -81,6 +81,71 @@ const PROFILE: &str = r#"{
 fn layout(text: &str) -> Result<KernelLayout, String> {
     let p = KernelProfile::from_json(text, Path::new("p.json")).map_err(|e| e.to_string())?;
     KernelLayout::from_profile(&p).map_err(|e| e.to_string())
+}
+
+/// The block submission path of the 6.1 cloud kernel (its BTF), added to [`PROFILE`].
+fn block_profile(with_prctl: bool) -> String {
+    let prctl = if with_prctl {
+        r#", "__x64_sys_prctl": "0xffffffff810b3a80""#
+    } else {
+        ""
+    };
+    PROFILE
+        .replace(
+            r#""page_offset_base": "0xffffffff82398480""#,
+            &format!(
+                r#""page_offset_base": "0xffffffff82398480", "blk_mq_submit_bio": "0xffffffff81552580"{prctl}"#
+            ),
+        )
+        .replace(
+            r#""mm": {"offset": 2272, "size": 8}}},"#,
+            r#""mm": {"offset": 2272, "size": 8}, "flags": {"offset": 44, "size": 4}}},
+    "bio": {"size": 136, "members": {"bi_bdev": {"offset": 8, "size": 8},
+      "bi_opf": {"offset": 16, "size": 4}, "bi_iter": {"offset": 32, "size": 24}}},
+    "bvec_iter": {"size": 24, "members": {"bi_sector": {"offset": 0, "size": 8},
+      "bi_size": {"offset": 8, "size": 4}}},
+    "block_device": {"size": 1024, "members": {"bd_disk": {"offset": 848, "size": 8},
+      "bd_dev": {"offset": 36, "size": 4}}},
+    "gendisk": {"size": 1024, "members": {"major": {"offset": 0, "size": 4},
+      "first_minor": {"offset": 4, "size": 4}, "disk_name": {"offset": 12, "size": 32}}},
+    "pt_regs": {"size": 168, "members": {"di": {"offset": 112, "size": 8},
+      "si": {"offset": 104, "size": 8}, "dx": {"offset": 96, "size": 8}}},"#,
+        )
+}
+
+#[test]
+fn block_layout_comes_from_the_profile_when_it_has_the_submission_path() {
+    assert_eq!(layout(PROFILE).expect("valid").block, None);
+    let b = layout(&block_profile(true))
+        .expect("valid")
+        .block
+        .expect("block layout");
+    assert_eq!(b.submit_bio, 0xffff_ffff_8155_2580);
+    assert_eq!(b.prctl, Some(0xffff_ffff_810b_3a80));
+    assert_eq!(
+        (b.bi_sector, b.bi_size, b.bi_opf, b.bi_bdev),
+        (32, 40, 16, 8)
+    );
+    assert_eq!(
+        (b.bd_disk, b.major, b.first_minor, b.disk_name),
+        (848, 0, 4, 12)
+    );
+    assert_eq!(
+        (b.regs_di, b.regs_si, b.regs_dx, b.task_flags),
+        (112, 104, 96, 44)
+    );
+    // Declarations are optional; the submission path is not.
+    let b = layout(&block_profile(false)).expect("valid").block;
+    assert_eq!(b.and_then(|b| b.prctl), None);
+    assert!(b.is_some());
+    let broken = block_profile(true).replace(r#""bi_size": {"offset": 8, "size": 4}"#, "");
+    assert!(layout(&broken.replace(
+        "\"bi_sector\": {\"offset\": 0, \"size\": 8},",
+        "\"bi_sector\": {\"offset\": 0, \"size\": 8}"
+    ))
+    .expect("valid")
+    .block
+    .is_none());
 }
 
 #[test]
@@ -109,8 +174,8 @@ fn profile_parse() {
         "task_struct.pid has size 8 at offset 2416, expected 4 bytes"
     );
     assert!(layout("not json").is_err());
-    let e = layout(&PROFILE.replace("\"format\": 1", "\"format\": 2")).expect_err("format");
-    assert!(e.contains("profile format 2"), "{e}");
+    let e = layout(&PROFILE.replace("\"format\": 2", "\"format\": 3")).expect_err("format");
+    assert!(e.contains("profile format 3"), "{e}");
     let e = layout(&PROFILE.replace("0x000000000001fb80", "0xffffffff8201fb80"))
         .expect_err("not per-cpu");
     assert!(e.contains("per-CPU"), "{e}");
@@ -125,13 +190,15 @@ fn profile_parse() {
     );
     let e = KernelLayout::load(Path::new("/nonexistent/profile.json")).expect_err("no file");
     assert!(matches!(e, PluginError::ProfileFile(_)), "{e}");
-    // The real profile of the default image, when present.
+    // A real profile of a cached image in the current format, when present (images of older
+    // recipes keep a profile of the format they were last opened with).
+    let current = |p: &Path| KernelProfile::load(p).is_ok();
     if let Some(p) = std::fs::read_dir("/root/.cache/vmsight/images")
-        .ok()
-        .and_then(|mut d| d.next())
-        .and_then(|e| e.ok())
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
         .map(|e| e.path().join("profile.json"))
-        .filter(|p| p.exists())
+        .find(|p| current(p))
     {
         let l = KernelLayout::load(&p).expect("image profile");
         assert!(l.current_task > 0 && l.comm > 0);
