@@ -55,6 +55,9 @@ enum Cmd {
     Mount(MountArgs),
     /// List the block stages of the stage registry: name, position, options, what it does.
     Stages,
+    /// FoxyIdle's background marks of a running VM: add or remove a guest PID or command
+    /// name, or list the marks (docs/foxyidle.md).
+    Idle(crate::idle::IdleArgs),
     /// Deduplicated volumes (iDedup): create, info, check, gc, export. Serve one with
     /// `vmsight run --disk VOL,dedup`.
     Dedup {
@@ -202,6 +205,26 @@ struct RunArgs {
     /// queued without their bytes and re-read from the image).
     #[arg(long, value_name = "MIB", default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=65536))]
     stream_queue_mb: u64,
+    /// FoxyIdle: treat TARGET as a background process whose disk reads wait until the disk
+    /// has been idle for the preemption interval (repeatable): @cmd (the command run), a
+    /// guest PID or a command name; its children are background too (docs/foxyidle.md).
+    #[arg(long = "background", value_name = "TARGET")]
+    background: Vec<String>,
+    /// Turn FoxyIdle on without marking anything yet (mark later with `vmsight idle` or from
+    /// the guest with libvmsight).
+    #[arg(long)]
+    idle: bool,
+    /// FoxyIdle's preemption interval in ms (default 15; implies --idle).
+    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..=10000))]
+    idle_interval: Option<u64>,
+    /// Start a background read anyway once it has waited MS ms (against starvation; implies
+    /// --idle).
+    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..=3600000))]
+    idle_max_hold: Option<u64>,
+    /// Write one JSON line per read/write request FoxyIdle started (owner, TGID, hold time)
+    /// to FILE (implies --idle).
+    #[arg(long, value_name = "FILE")]
+    idle_log: Option<PathBuf>,
     /// Command to run in the guest as root; its stdout/stderr/exit status become vmsight's.
     #[arg(last = true, value_name = "CMD")]
     command: Vec<String>,
@@ -268,6 +291,7 @@ pub fn main() -> i32 {
         Cmd::Replay(a) => cmd_replay(a),
         Cmd::Mount(a) => cmd_mount(a),
         Cmd::Stages => cmd_stages(),
+        Cmd::Idle(a) => crate::idle::run(a),
         Cmd::Dedup { action } => crate::dedup::run(action),
     };
     match res {
@@ -360,6 +384,7 @@ impl TryFrom<RunArgs> for VmConfig {
         let trace = trace_config(&a)?;
         let insights = insight_settings(&a)?;
         let stages = stage_requests(&a)?;
+        let idle = idle_settings(&a)?;
         Ok(VmConfig {
             name: a.name.unwrap_or_else(generate_name),
             vcpus: a.vcpus,
@@ -385,6 +410,7 @@ impl TryFrom<RunArgs> for VmConfig {
             profile: None,
             insights,
             stages,
+            idle,
             metrics: a.metrics,
             stream: vmsight_launcher::stream::StreamConfig {
                 enabled: !a.no_stream,
@@ -429,6 +455,45 @@ fn trace_config(a: &RunArgs) -> Result<Option<TraceConfig>, RunArgsError> {
         out: a.trace_out.clone(),
         json: a.trace_json.clone(),
         filter,
+    }))
+}
+
+fn idle_settings(
+    a: &RunArgs,
+) -> Result<Option<vmsight_launcher::config::IdleSettings>, RunArgsError> {
+    let on = a.idle
+        || !a.background.is_empty()
+        || a.idle_interval.is_some()
+        || a.idle_max_hold.is_some()
+        || a.idle_log.is_some();
+    if !on {
+        return Ok(None);
+    }
+    let background = a
+        .background
+        .iter()
+        .map(|t| t.parse::<TraceTarget>())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| RunArgsError::Value {
+            option: "--background",
+            reason: e.to_string(),
+        })?;
+    let defaults = vmsight_blockdev::stages::idle::IdleConfig::default();
+    let scheduler = vmsight_blockdev::stages::idle::IdleConfig {
+        interval: a
+            .idle_interval
+            .map_or(defaults.interval, std::time::Duration::from_millis),
+        max_hold: a.idle_max_hold.map(std::time::Duration::from_millis),
+        ..defaults
+    };
+    scheduler.validate().map_err(|e| RunArgsError::Value {
+        option: "--idle-max-hold",
+        reason: e.to_string(),
+    })?;
+    Ok(Some(vmsight_launcher::config::IdleSettings {
+        scheduler,
+        background,
+        log: a.idle_log.clone(),
     }))
 }
 
@@ -706,7 +771,7 @@ struct StreamArgs {
 }
 
 /// The control socket of running VM `name`.
-fn control_socket(name: &str) -> Result<PathBuf, CliError> {
+pub(crate) fn control_socket(name: &str) -> Result<PathBuf, CliError> {
     vmsight_launcher::config::validate_name(name)?;
     let sock = vmsight_proto::layout::RuntimeLayout::from_env()
         .vm(name)
@@ -741,10 +806,10 @@ fn cmd_stats(a: StatsArgs) -> Result<i32, CliError> {
         let status = match &reply {
             ControlReply::Status(s) | ControlReply::StreamStarted { status: s, .. } => s,
             ControlReply::Refused(why) => return Err(CliError::Other(why.clone())),
-            ControlReply::DedupGc { .. } => {
-                return Err(CliError::Other(
-                    "the VM answered a status request with a gc".into(),
-                ))
+            other => {
+                return Err(CliError::Other(format!(
+                    "the VM answered a status request with {other:?}"
+                )))
             }
         };
         if a.json {
@@ -814,10 +879,10 @@ fn cmd_stream(a: StreamArgs) -> Result<i32, CliError> {
         ControlReply::Status(s) => (s, None),
         ControlReply::StreamStarted { status, attached } => (status, Some(attached)),
         ControlReply::Refused(why) => return Err(CliError::Other(why)),
-        ControlReply::DedupGc { .. } => {
-            return Err(CliError::Other(
-                "the VM answered a stream request with a gc".into(),
-            ))
+        other => {
+            return Err(CliError::Other(format!(
+                "the VM answered a stream request with {other:?}"
+            )))
         }
     };
     for d in &status.disks {

@@ -2,6 +2,7 @@
 
 mod cli;
 mod dedup;
+mod idle;
 
 use std::process::ExitCode;
 

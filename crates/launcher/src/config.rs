@@ -265,6 +265,20 @@ pub struct VmConfig {
     pub metrics: Option<String>,
     /// Storage insights (`--insights FILE`): classify every block request (Sky §3.3-3.6).
     pub insights: Option<InsightSettings>,
+    /// FoxyIdle (`--background`, `--idle*`): hold background processes' reads.
+    pub idle: Option<IdleSettings>,
+}
+
+/// What `--background`, `--idle`, `--idle-interval`, `--idle-max-hold` and `--idle-log` ask
+/// for (FoxyIdle, docs/foxyidle.md).
+#[derive(Debug, Clone)]
+pub struct IdleSettings {
+    /// The idle scheduler's timing.
+    pub scheduler: vmsight_blockdev::stages::idle::IdleConfig,
+    /// Processes marked background from the start (`@cmd`: the command run).
+    pub background: Vec<crate::trace::TraceTarget>,
+    /// One JSON line per read/write request started by the idle stage.
+    pub log: Option<PathBuf>,
 }
 
 /// What `--insights`, `--insight-target` and `--insight-paths` ask for.

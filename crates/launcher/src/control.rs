@@ -201,6 +201,7 @@ mod tests {
             ControlRequest::Status => ControlReply::Status(status(2)),
             ControlRequest::StreamStart => ControlReply::Refused("nothing to stream".into()),
             ControlRequest::DedupGc { .. } => ControlReply::DedupGc { freed: 3 },
+            ControlRequest::Idle { .. } => ControlReply::IdleMarks(Vec::new()),
         });
         ControlServer::serve(sock, service).expect("binds")
     }

@@ -9,6 +9,7 @@ pub mod devices;
 pub mod disksource;
 pub mod error;
 pub mod guestio;
+pub mod idle;
 pub mod process;
 pub mod qemu;
 pub mod qmp;

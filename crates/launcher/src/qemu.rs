@@ -108,6 +108,8 @@ pub struct PluginPlan {
     pub records: bool,
     /// Kernel profile for task identification (needed for monitoring).
     pub profile: Option<PathBuf>,
+    /// FoxyIdle's block-tag channel (`blk=`).
+    pub blk: Option<PathBuf>,
 }
 
 /// A `-chardev socket` in client mode for a socket vmsight listens on.
@@ -199,6 +201,9 @@ pub fn build_args(p: &QemuPlan) -> Vec<String> {
         if let Some(prof) = &pl.profile {
             arg.push_str(&format!(",profile={}", prof.display()));
         }
+        if let Some(blk) = &pl.blk {
+            arg.push_str(&format!(",blk={}", blk.display()));
+        }
         push(&["-plugin", &arg]);
     }
     a
@@ -253,6 +258,7 @@ mod tests {
                 shm: "/r/plugin.shm".into(),
                 records: false,
                 profile: None,
+                blk: None,
             }),
             hold: false,
         }
@@ -318,6 +324,14 @@ mod tests {
             &a,
             "-plugin",
             "/p.so,shm=/r/plugin.shm,records=on,profile=/img/profile.json"
+        ));
+        if let Some(pl) = p.plugin.as_mut() {
+            pl.blk = Some("/r/blocktag.shm".into());
+        }
+        assert!(has_pair(
+            &build_args(&p),
+            "-plugin",
+            "/p.so,shm=/r/plugin.shm,records=on,profile=/img/profile.json,blk=/r/blocktag.shm"
         ));
     }
 

@@ -33,10 +33,36 @@ pub enum ControlRequest {
         /// The volume directory, absolute (as `vmsight ps` lists the VM's disks).
         volume: PathBuf,
     },
+    /// FoxyIdle's background marks (`vmsight idle NAME add|remove|list`): add or remove a
+    /// mark, or only list them; the reply lists the marks afterwards.
+    Idle {
+        action: IdleAction,
+        /// A guest PID or command name (`comm`); absent for `list`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        target: Option<String>,
+    },
+}
+
+/// What an [`ControlRequest::Idle`] request does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IdleAction {
+    Add,
+    Remove,
+    List,
+}
+
+/// One background mark of a running VM.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdleMark {
+    /// `pid:N` or `comm:NAME`.
+    pub target: String,
+    /// Who set it: `run` (`--background`), `cli` (`vmsight idle`), `guest` (libvmsight).
+    pub source: String,
 }
 
 /// The `cmd` of every [`ControlRequest`] (a test checks the list against the enum).
-const COMMANDS: [&str; 3] = ["status", "stream-start", "dedup-gc"];
+const COMMANDS: [&str; 4] = ["status", "stream-start", "dedup-gc", "idle"];
 
 /// Why a request line is not a valid request.
 #[derive(Debug, thiserror::Error)]
@@ -139,6 +165,8 @@ pub enum ControlReply {
         /// Chunks freed.
         freed: u64,
     },
+    /// The background marks after an [`ControlRequest::Idle`] request.
+    IdleMarks(Vec<IdleMark>),
     /// The request was refused; the sentence says why.
     Refused(String),
 }
@@ -172,36 +200,47 @@ struct WireReply {
     attached: Option<Vec<usize>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     freed: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    marks: Option<Vec<IdleMark>>,
+}
+
+impl WireReply {
+    /// An `ok` reply with no field set.
+    fn empty(ok: bool) -> WireReply {
+        WireReply {
+            ok,
+            error: None,
+            disks: None,
+            insights: None,
+            attached: None,
+            freed: None,
+            marks: None,
+        }
+    }
 }
 
 impl From<ControlReply> for WireReply {
     fn from(r: ControlReply) -> WireReply {
         let ok = |status: VmStatus, attached| WireReply {
-            ok: true,
-            error: None,
             disks: Some(status.disks),
             insights: Some(status.insights.unwrap_or(Value::Null)),
             attached,
-            freed: None,
+            ..WireReply::empty(true)
         };
         match r {
             ControlReply::Status(s) => ok(s, None),
             ControlReply::StreamStarted { status, attached } => ok(status, Some(attached)),
             ControlReply::DedupGc { freed } => WireReply {
-                ok: true,
-                error: None,
-                disks: None,
-                insights: None,
-                attached: None,
                 freed: Some(freed),
+                ..WireReply::empty(true)
+            },
+            ControlReply::IdleMarks(marks) => WireReply {
+                marks: Some(marks),
+                ..WireReply::empty(true)
             },
             ControlReply::Refused(error) => WireReply {
-                ok: false,
                 error: Some(error),
-                disks: None,
-                insights: None,
-                attached: None,
-                freed: None,
+                ..WireReply::empty(false)
             },
         }
     }
@@ -209,7 +248,7 @@ impl From<ControlReply> for WireReply {
 
 /// A reply with `"ok": true` but no status in it.
 #[derive(Debug, thiserror::Error)]
-#[error("the reply has none of \"error\", \"disks\" and \"freed\"")]
+#[error("the reply has none of \"error\", \"disks\", \"freed\" and \"marks\"")]
 pub struct NoStatus;
 
 impl TryFrom<WireReply> for ControlReply {
@@ -224,6 +263,9 @@ impl TryFrom<WireReply> for ControlReply {
         }
         if let (Some(freed), None) = (w.freed, &w.disks) {
             return Ok(ControlReply::DedupGc { freed });
+        }
+        if let (Some(marks), None) = (w.marks, &w.disks) {
+            return Ok(ControlReply::IdleMarks(marks));
         }
         let status = VmStatus {
             disks: w.disks.ok_or(NoStatus)?,
@@ -268,6 +310,26 @@ mod tests {
         assert_eq!(gc.to_line(), r#"{"cmd":"dedup-gc","volume":"/v"}"#);
         assert_eq!(ControlRequest::parse(&gc.to_line()).expect("parses"), gc);
         assert_eq!(COMMANDS[2], "dedup-gc");
+        let idle = ControlRequest::Idle {
+            action: IdleAction::Add,
+            target: Some("updatedb".into()),
+        };
+        assert_eq!(
+            idle.to_line(),
+            r#"{"cmd":"idle","action":"add","target":"updatedb"}"#
+        );
+        assert_eq!(
+            ControlRequest::parse(&idle.to_line()).expect("parses"),
+            idle
+        );
+        assert_eq!(
+            ControlRequest::parse(r#"{"cmd":"idle","action":"list"}"#).expect("parses"),
+            ControlRequest::Idle {
+                action: IdleAction::List,
+                target: None
+            }
+        );
+        assert_eq!(COMMANDS[3], "idle");
     }
 
     #[test]
@@ -279,7 +341,7 @@ mod tests {
         let e = ControlRequest::parse(r#"{"cmd":"reboot"}"#).expect_err("bad");
         assert_eq!(
             e.to_string(),
-            "unknown command \"reboot\" (known: status, stream-start, dedup-gc)"
+            "unknown command \"reboot\" (known: status, stream-start, dedup-gc, idle)"
         );
     }
 
@@ -332,6 +394,11 @@ mod tests {
                 attached: vec![],
             },
             ControlReply::DedupGc { freed: 7 },
+            ControlReply::IdleMarks(vec![IdleMark {
+                target: "pid:42".into(),
+                source: "cli".into(),
+            }]),
+            ControlReply::IdleMarks(vec![]),
             ControlReply::Refused("unknown command".into()),
         ] {
             assert_eq!(ControlReply::parse(&r.to_line()).expect("parses"), r);

@@ -64,6 +64,7 @@ fn start_disk(env: &DeviceEnv<'_>, d: &DiskPlan) -> Result<BlkDevice, LaunchErro
         insight: env.insight,
         stream: env.streams.iter().find(|s| s.index == d.index),
         dedup: None,
+        idle: env.idle,
     };
     let volume = match &d.dedup {
         Some(spec) => Some(open_volume(&ctx, spec, env.insight.is_some())?),

@@ -50,6 +50,8 @@ pub struct DeviceEnv<'a> {
     pub insight: Option<&'a vmsight_insight::InsightEngine>,
     /// File-update streams of the writable disks (their write taps go into the pipelines).
     pub streams: &'a [DiskStream],
+    /// FoxyIdle's attribution, when FoxyIdle is on (every disk gets an idle stage).
+    pub idle: Option<&'a std::sync::Arc<crate::idle::Attributor>>,
 }
 
 /// A running device.

@@ -20,6 +20,7 @@ mod classifier;
 mod dedup;
 pub(crate) mod diskmodel;
 mod icache;
+mod idle;
 mod tap;
 
 use std::path::Path;
@@ -38,6 +39,7 @@ pub static STAGES: &[&StageEntry] = &[
     &classifier::ENTRY,
     &icache::ENTRY,
     &tap::ENTRY,
+    &idle::ENTRY,
     &diskmodel::ENTRY,
 ];
 
@@ -93,6 +95,8 @@ pub struct DiskCtx<'a> {
     pub stream: Option<&'a DiskStream>,
     /// The dedup volume served as this disk, when it is one.
     pub dedup: Option<&'a vmsight_dedup::DedupHandle>,
+    /// FoxyIdle's attribution, when FoxyIdle is on.
+    pub idle: Option<&'a Arc<crate::idle::Attributor>>,
 }
 
 /// A stage built for one disk.
@@ -381,6 +385,7 @@ mod tests {
             vec![
                 "dedup-hints",
                 "classifier",
+                "idle",
                 "icache",
                 "write-tap",
                 "disk-model"

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use vmsight_proto::control::{ControlReply, ControlRequest, DiskStatus, VmStatus};
+use vmsight_proto::control::{ControlReply, ControlRequest, DiskStatus, IdleAction, VmStatus};
 
 use crate::devices::{Device, DeviceMetrics};
 use crate::stream::{DiskStream, EngineSlot, InferStats};
@@ -31,6 +31,7 @@ pub struct ControlState {
     streams: Vec<StreamHandles>,
     devices: Vec<DeviceMetrics>,
     insight: Option<vmsight_insight::InsightEngine>,
+    idle: Option<Arc<crate::idle::Attributor>>,
 }
 
 impl ControlState {
@@ -38,6 +39,7 @@ impl ControlState {
         streams: &[DiskStream],
         devices: &[Box<dyn Device>],
         insight: Option<vmsight_insight::InsightEngine>,
+        idle: Option<Arc<crate::idle::Attributor>>,
     ) -> Self {
         Self {
             streams: streams
@@ -52,6 +54,7 @@ impl ControlState {
                 .collect(),
             devices: devices.iter().map(|d| d.metrics()).collect(),
             insight,
+            idle,
         }
     }
 
@@ -132,6 +135,35 @@ impl ControlState {
                     volume.display()
                 )),
             },
+            ControlRequest::Idle { action, target } => self.idle(action, target.as_deref()),
+        }
+    }
+
+    /// `vmsight idle NAME add|remove|list`: changes the marks, answers with all of them.
+    fn idle(&self, action: IdleAction, target: Option<&str>) -> ControlReply {
+        let Some(a) = &self.idle else {
+            return ControlReply::Refused(
+                "FoxyIdle is off in this VM (start it with --background or --idle)".into(),
+            );
+        };
+        let parsed = match (action, target) {
+            (IdleAction::List, _) => None,
+            (_, None) => {
+                return ControlReply::Refused("add and remove need a PID or a COMM".into())
+            }
+            (_, Some(t)) => match t.parse::<crate::trace::TraceTarget>() {
+                Ok(t) => Some(t),
+                Err(e) => return ControlReply::Refused(e.to_string()),
+            },
+        };
+        let done = match (action, &parsed) {
+            (IdleAction::Add, Some(t)) => a.mark(t, crate::idle::marks::Source::Cli),
+            (IdleAction::Remove, Some(t)) => a.unmark(t),
+            _ => Ok(()),
+        };
+        match done {
+            Ok(()) => ControlReply::IdleMarks(a.marks()),
+            Err(e) => ControlReply::Refused(e.to_string()),
         }
     }
 }

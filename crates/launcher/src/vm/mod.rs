@@ -70,11 +70,13 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
     phase("prepare");
     let insight = services::insight_engine(cfg)?;
     let mut streams = services::disk_streams(cfg, &prep);
+    let idle = services::idle_attributor(cfg, &prep)?;
     let devices = devices::start_all(&DeviceEnv {
         cfg,
         prep: &prep,
         insight: insight.as_ref().map(|(e, _)| e),
         streams: &streams,
+        idle: idle.as_ref(),
     })?;
     phase("devices");
     let svc = services::start(
@@ -83,11 +85,12 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
         &devices,
         &mut streams,
         insight.as_ref().map(|(e, _)| e),
+        idle,
     )?;
     phase("services");
     let qemu = spawn::spawn(cfg, arts, &prep, &devices, &svc, insight.as_ref())?;
     phase("spawn");
-    let ending = supervise(t0, &prep, &devices, &svc, &qemu);
+    let ending = supervise(t0, cfg, &prep, &devices, &svc, &qemu);
     let run_time = t0.elapsed();
     Ok(teardown(
         cfg,
@@ -107,6 +110,7 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
 /// Phase 5: feeds events to the supervisor and carries out its effects until QEMU is gone.
 fn supervise(
     t0: Instant,
+    cfg: &VmConfig,
     prep: &Prepared,
     devices: &[Box<dyn Device>],
     svc: &Services,
@@ -125,6 +129,12 @@ fn supervise(
         ctl_writer: &svc.ctl_writer,
         trace_cfg: prep.trace.as_ref(),
         channel: svc.channel.as_ref().map(|(_, h)| h),
+        idle: svc.idle.as_ref(),
+        idle_cmd: prep.hold
+            && cfg
+                .idle
+                .as_ref()
+                .is_some_and(|i| i.background.contains(&crate::trace::TraceTarget::Command)),
     };
     let ending = loop {
         let ev = match svc.rx.recv_timeout(Duration::from_millis(200)) {
@@ -253,6 +263,9 @@ struct LoopCtx<'a> {
     ctl_writer: &'a Mutex<Option<std::os::unix::net::UnixStream>>,
     trace_cfg: Option<&'a crate::trace::TraceConfig>,
     channel: Option<&'a Arc<Mutex<vmsight_ring::ChannelHost>>>,
+    /// FoxyIdle's attribution, and whether the command is marked background (`@cmd`).
+    idle: Option<&'a Arc<crate::idle::Attributor>>,
+    idle_cmd: bool,
 }
 
 impl LoopCtx<'_> {
@@ -271,8 +284,15 @@ impl LoopCtx<'_> {
         }
     }
 
-    /// Monitors the command's PID and tells the held guest command to go.
+    /// Monitors the command's PID (or marks it background) and tells the held guest command
+    /// to go.
     fn let_command_run(&self, pid: u32) {
+        if let (Some(idle), true) = (self.idle, self.idle_cmd) {
+            let target = crate::trace::TraceTarget::Pid(pid);
+            if let Err(e) = idle.mark(&target, crate::idle::marks::Source::Run) {
+                tracing::warn!("cannot mark the command background: {e}");
+            }
+        }
         if let (Some(t), Some(host)) = (self.trace_cfg, self.channel) {
             if let Ok(mut h) = host.lock() {
                 if let Err(e) = crate::trace_records::set_target(&mut h, &t.target, Some(pid)) {

@@ -52,8 +52,10 @@ pub struct Prepared {
     pub use_plugin: bool,
     /// Syscall tracing, also implied (silently) by `--insights`.
     pub trace: Option<TraceConfig>,
-    /// The command waits for `go` until its PID is monitored.
+    /// The command waits for `go` until its PID is monitored (or marked background).
     pub hold: bool,
+    /// FoxyIdle is on and the plugin can tag block requests (plugin loaded, profile known).
+    pub idle_tags: bool,
     pub disks: Vec<DiskPlan>,
     /// The root disk's working copy (removed on drop unless persistent).
     pub root: WorkingCopy,
@@ -75,9 +77,14 @@ pub fn prepare(cfg: &VmConfig, arts: &Artifacts) -> Result<Prepared, LaunchError
         return Err(LaunchError::PluginMissing(arts.plugin.clone()));
     }
     let trace = trace_config(cfg, use_plugin, guest.profile.as_deref())?;
+    let idle_tags = idle_attribution(cfg, use_plugin, guest.profile.as_deref())?;
     let hold = trace
         .as_ref()
-        .is_some_and(|t| t.target == TraceTarget::Command);
+        .is_some_and(|t| t.target == TraceTarget::Command)
+        || cfg
+            .idle
+            .as_ref()
+            .is_some_and(|i| i.background.contains(&TraceTarget::Command));
     let rt = RuntimeDir::create(&runtime::runtime_base(), &cfg.name)?;
     let root = if cfg.persist {
         WorkingCopy::in_place(&guest.root_image)
@@ -106,6 +113,7 @@ pub fn prepare(cfg: &VmConfig, arts: &Artifacts) -> Result<Prepared, LaunchError
         use_plugin,
         trace,
         hold,
+        idle_tags,
         disks,
         root,
         rt,
@@ -213,6 +221,40 @@ fn check_files(cfg: &VmConfig, guest: &GuestFiles) -> Result<(), LaunchError> {
 
 /// Syscall tracing as configured; insights need monitored processes, so without `--trace`
 /// they monitor their target silently (no text, no JSON).
+/// Whether FoxyIdle can attribute requests (it then needs the plugin and the profile); without
+/// them the idle stage still runs but every request is foreground, which the user is told.
+fn idle_attribution(
+    cfg: &VmConfig,
+    use_plugin: bool,
+    profile: Option<&Path>,
+) -> Result<bool, LaunchError> {
+    let Some(idle) = &cfg.idle else {
+        return Ok(false);
+    };
+    if idle.background.contains(&TraceTarget::Command) && cfg.command.is_none() {
+        return Err(LaunchError::Config(
+            "--background @cmd needs a command (`vmsight run --background @cmd -- CMD ...`)".into(),
+        ));
+    }
+    let why_not = if !use_plugin {
+        Some(if cfg.plugin {
+            "the TCG plugin does not run under KVM"
+        } else {
+            "--no-plugin disables the TCG plugin"
+        })
+    } else if !profile.is_some_and(Path::is_file) {
+        Some("there is no kernel profile for the guest kernel")
+    } else {
+        None
+    };
+    if let Some(why) = why_not {
+        eprintln!(
+            "vmsight: FoxyIdle cannot tell background requests apart ({why}): nothing will be held"
+        );
+    }
+    Ok(why_not.is_none())
+}
+
 fn trace_config(
     cfg: &VmConfig,
     use_plugin: bool,

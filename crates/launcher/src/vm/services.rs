@@ -57,6 +57,8 @@ pub struct Services {
     pub signals: signal_hook::iterator::Handle,
     /// The command is interactive (no command given).
     pub interactive: bool,
+    /// FoxyIdle's attribution (its channel goes to the plugin), when FoxyIdle is on.
+    pub idle: Option<Arc<crate::idle::Attributor>>,
     _view: Option<vmsight_view::ViewServer>,
     _control: crate::control::ControlServer,
     _metrics: Option<vmsight_metrics::MetricsServer>,
@@ -81,6 +83,25 @@ pub fn insight_engine(cfg: &VmConfig) -> Result<Option<Insight>, LaunchError> {
     Ok(Some((InsightEngine::new(icfg, log), writer)))
 }
 
+/// FoxyIdle's attribution, when `--background`/`--idle*` ask for it: the block-tag channel
+/// (when the plugin can tag requests), the initial marks and the per-request log.
+pub fn idle_attributor(
+    cfg: &VmConfig,
+    prep: &Prepared,
+) -> Result<Option<Arc<crate::idle::Attributor>>, LaunchError> {
+    let Some(idle) = &cfg.idle else {
+        return Ok(None);
+    };
+    let shm = prep.idle_tags.then(|| prep.rt.join(layout::BLOCKTAG_SHM));
+    crate::idle::Attributor::create(
+        shm.as_deref(),
+        cfg.vcpus,
+        &idle.background,
+        idle.log.as_deref(),
+    )
+    .map(Some)
+}
+
 /// A file-update stream (tap queue) per writable disk; consumers start with the services.
 pub fn disk_streams(cfg: &VmConfig, prep: &Prepared) -> Vec<DiskStream> {
     prep.disks
@@ -97,6 +118,7 @@ pub fn start(
     devices: &[Box<dyn Device>],
     streams: &mut [DiskStream],
     insight: Option<&InsightEngine>,
+    idle: Option<Arc<crate::idle::Attributor>>,
 ) -> Result<Services, LaunchError> {
     let delivery = Arc::new(Delivery::open(
         cfg.stream.host.clone(),
@@ -121,7 +143,7 @@ pub fn start(
         ),
         None => None,
     };
-    let control = ControlState::new(streams, devices, insight.cloned());
+    let control = ControlState::new(streams, devices, insight.cloned(), idle.clone());
     let metrics = super::metrics::serve(cfg, devices, streams)?;
     let control = crate::control::ControlServer::serve(
         &prep.rt.paths().control_socket(),
@@ -144,6 +166,7 @@ pub fn start(
         channel,
         signals,
         interactive: cfg.command.is_none(),
+        idle,
         _view: view,
         _control: control,
         _metrics: metrics,

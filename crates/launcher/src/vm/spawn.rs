@@ -4,6 +4,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::CommandExt;
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -127,7 +128,13 @@ fn plan(
             library: arts.plugin.clone(),
             shm: shm.clone(),
             records: cfg.plugin_records || prep.trace.is_some(),
-            profile: prep.trace.as_ref().and(prep.guest.profile.clone()),
+            profile: (prep.trace.is_some() || prep.idle_tags)
+                .then(|| prep.guest.profile.clone())
+                .flatten(),
+            blk: svc
+                .idle
+                .as_ref()
+                .and_then(|a| a.channel_path().map(Path::to_owned)),
         }),
         hold: prep.hold,
     })
