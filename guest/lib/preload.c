@@ -1,6 +1,15 @@
-/* libvmsight-preload.so: tags the I/O of unmodified programs with vmsight I/O classes by path.
+/* libvmsight-preload.so: tags the I/O of unmodified programs with vmsight I/O classes by path,
+ * and can declare them background processes for FoxyIdle.
  *
  *   VMSIGHT_HINTS='/srv/db/idx-*=1;/var/mail/box*=4' LD_PRELOAD=libvmsight-preload.so prog ...
+ *   VMSIGHT_BACKGROUND=1 LD_PRELOAD=libvmsight-preload.so updatedb
+ *
+ * VMSIGHT_BACKGROUND=1 (or yes, on) makes the shim call vmsight_set_background(1) once when it
+ * is loaded, with or without VMSIGHT_HINTS (see vmsight.h; vmsight then holds back the process's
+ * disk reads, and those of its children, while foreground processes use the disk). Any other
+ * non-empty value is reported once on stderr and ignored. Every exec'd program that inherits
+ * the environment declares itself again, which is harmless. Programs that cannot be preloaded
+ * (static, set-user/group-ID such as plocate's locate) can be run with `vmsight-background prog`.
  *
  * Rules are GLOB=CLASS separated by ';', tried in order, the first match wins. A GLOB is
  * matched with fnmatch(3) without flags (so '*' also matches '/') against the absolute path of
@@ -132,6 +141,27 @@ static void parse_rules(const char *spec)
     free(copy);
 }
 
+/* VMSIGHT_BACKGROUND: declares the process background at start-up (see the top of the file). */
+static void apply_background(void)
+{
+    const char *v = getenv("VMSIGHT_BACKGROUND");
+    if (!v || *v == '\0')
+        return;
+    if (strcmp(v, "1") == 0 || strcmp(v, "yes") == 0 || strcmp(v, "on") == 0) {
+        vmsight_set_background(1);
+        return;
+    }
+    if (strcmp(v, "0") == 0 || strcmp(v, "no") == 0 || strcmp(v, "off") == 0)
+        return; /* explicitly not background: nothing to declare */
+    int saved = errno;
+    char msg[512];
+    int n = snprintf(msg, sizeof msg, "libvmsight-preload: ignoring VMSIGHT_BACKGROUND='%s': "
+                     "expected 1, yes or on (or 0, no, off)\n", v);
+    if (n > 0 && real_write)
+        (void)!real_write(2, msg, (size_t)n < sizeof msg ? (size_t)n : sizeof msg - 1);
+    errno = saved;
+}
+
 static void *next(const char *name)
 {
     return dlsym(RTLD_NEXT, name);
@@ -258,6 +288,9 @@ static void init(void)
         parse_rules(spec);
     if (nrules > 0)
         scan_inherited();
+    /* init runs once per process, from the constructor at the latest (earlier only if another
+     * library's constructor opens or reads a file first), so this is at start-up. */
+    apply_background();
     initializing = 0;
 }
 

@@ -1,4 +1,5 @@
-/* libvmsight: write/read/pwrite/pread with an I/O class hint for vmsight (see vmsight.h).
+/* libvmsight: write/read/pwrite/pread with an I/O class hint for vmsight, and the FoxyIdle
+ * background declaration (see vmsight.h).
  * Built by guest/build-image.sh as /usr/local/lib/libvmsight.so.1 and libvmsight.a. */
 #define _GNU_SOURCE
 #include "vmsight.h"
@@ -64,4 +65,15 @@ ssize_t vmsight_pread(int fd, void *buf, size_t len, off_t offset, int ioclass)
     if (!valid_class(ioclass))
         return pread(fd, buf, len, offset);
     return hinted6(SYS_pread64, fd, (long)buf, (long)len, (long)offset, MAGIC, ioclass);
+}
+
+int vmsight_set_background(int on)
+{
+    int saved = errno;
+    /* Every argument as a full register: syscall(2) is variadic, and an int would leave the upper
+     * half of its register undefined. The kernel rejects the unknown option with EINVAL. */
+    (void)syscall(SYS_prctl, (unsigned long)VMSIGHT_PRCTL_OPTION,
+                  (unsigned long)VMSIGHT_PRCTL_BACKGROUND, on ? 1UL : 0UL, 0UL, 0UL);
+    errno = saved;
+    return 0;
 }
