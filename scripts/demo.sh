@@ -105,3 +105,13 @@ grep "/mnt/" "$TMP/dedup.out" || cat "$TMP/dedup.out"
 echo "-- after the copy: 16 MiB more logical data, (almost) no more physical chunks"
 "$VMSIGHT" dedup info "$TMP/vol" | grep -E "mapped|physical use|dedup ratio|space saved"
 "$VMSIGHT" dedup check "$TMP/vol" | tail -1
+
+echo
+echo "== FoxyIdle: a background reader's disk reads held while a foreground reader uses the"
+echo "   (HDD-modelled) disk; who submitted each request is seen by the plugin at bio submission"
+mkdir -p "$TMP/fi-src" && head -c 24M /dev/urandom > "$TMP/fi-src/fg" && head -c 24M /dev/urandom > "$TMP/fi-src/bg"
+truncate -s 128M "$TMP/fi.img" && mkfs.ext4 -q -F -d "$TMP/fi-src" "$TMP/fi.img"
+"$VMSIGHT" run --name demo-idle --disk "$TMP/fi.img" --stage disk-model:hdd --background indexer --stats -- sh -c '
+  mount /dev/vdb /mnt && cp /bin/cat /tmp/indexer && echo 3 > /proc/sys/vm/drop_caches
+  ( /tmp/indexer /mnt/bg > /dev/null; echo "background indexer done" ) &
+  cat /mnt/fg > /dev/null; echo "foreground cat done"; wait' 2>&1 | grep -E "done|idle \(" | sed 's/^ *//'
