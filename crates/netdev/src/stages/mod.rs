@@ -1,0 +1,5 @@
+//! The packet stages vmsight ships. Each is one module; the launcher's net stage registry
+//! (`vmsight_launcher::net::stages`) decides which run on a device and in which order.
+
+pub mod flows;
+pub mod pcap;
