@@ -58,6 +58,9 @@ enum Cmd {
     /// FoxyIdle's background marks of a running VM: add or remove a guest PID or command
     /// name, or list the marks (docs/foxyidle.md).
     Idle(crate::idle::IdleArgs),
+    /// The network of a running VM: how its NIC is attached, or run a host command in its
+    /// network namespace (docs/network.md).
+    Net(crate::net::NetArgs),
     /// Deduplicated volumes (iDedup): create, info, check, gc, export. Serve one with
     /// `vmsight run --disk VOL,dedup`.
     Dedup {
@@ -225,6 +228,23 @@ struct RunArgs {
     /// to FILE (implies --idle).
     #[arg(long, value_name = "FILE")]
     idle_log: Option<PathBuf>,
+    /// The VM's network (docs/network.md): `isolated` (the default when vmsight may create
+    /// network namespaces: a namespace of the VM's own whose host end, 10.0.2.1, is the
+    /// guest's gateway), `none`, `tap=NAME` or `bridge=NAME`; options after commas: ip=CIDR,
+    /// gw=ADDR, host=CIDR (isolated), mtu=N, offload=on|off.
+    #[arg(long, value_name = "MODE[,OPTS]")]
+    net: Option<String>,
+    /// Capture every frame the guest sends and receives to FILE (pcap, for tcpdump).
+    #[arg(long, value_name = "FILE")]
+    net_pcap: Option<PathBuf>,
+    /// FoxyVegas (docs/foxyvegas.md): TCP Vegas behaviour for any guest congestion control, by
+    /// lowering the window of ACKs to the guest; optional =ALPHA,BETA,GAMMA in segments
+    /// (default 2,4,1).
+    #[arg(long, value_name = "ALPHA,BETA,GAMMA", num_args = 0..=1, require_equals = true, default_missing_value = "")]
+    foxyvegas: Option<String>,
+    /// Write one JSON line per ACK FoxyVegas rewrote to FILE.
+    #[arg(long, value_name = "FILE")]
+    foxyvegas_log: Option<PathBuf>,
     /// Command to run in the guest as root; its stdout/stderr/exit status become vmsight's.
     #[arg(last = true, value_name = "CMD")]
     command: Vec<String>,
@@ -292,6 +312,7 @@ pub fn main() -> i32 {
         Cmd::Mount(a) => cmd_mount(a),
         Cmd::Stages => cmd_stages(),
         Cmd::Idle(a) => crate::idle::run(a),
+        Cmd::Net(a) => crate::net::run(a),
         Cmd::Dedup { action } => crate::dedup::run(action),
     };
     match res {
@@ -385,6 +406,7 @@ impl TryFrom<RunArgs> for VmConfig {
         let insights = insight_settings(&a)?;
         let stages = stage_requests(&a)?;
         let idle = idle_settings(&a)?;
+        let net = net_settings(&a)?;
         Ok(VmConfig {
             name: a.name.unwrap_or_else(generate_name),
             vcpus: a.vcpus,
@@ -411,6 +433,7 @@ impl TryFrom<RunArgs> for VmConfig {
             insights,
             stages,
             idle,
+            net,
             metrics: a.metrics,
             stream: vmsight_launcher::stream::StreamConfig {
                 enabled: !a.no_stream,
@@ -423,6 +446,59 @@ impl TryFrom<RunArgs> for VmConfig {
             },
         })
     }
+}
+
+/// `--net`, `--net-pcap`, `--foxyvegas*`: without `--net`, an isolated network when vmsight
+/// may make one, else none.
+fn net_settings(a: &RunArgs) -> Result<vmsight_launcher::net::NetSettings, RunArgsError> {
+    use vmsight_launcher::net::{NetSettings, NetSpec};
+    let spec = match &a.net {
+        Some(s) => s.parse::<NetSpec>().map_err(|e| RunArgsError::Value {
+            option: "--net",
+            reason: e.0,
+        })?,
+        None if vmsight_launcher::net::host::may_isolate() => NetSpec::isolated(),
+        None => {
+            tracing::info!("no network: an isolated network needs root (or --net tap=NAME)");
+            NetSpec::none()
+        }
+    };
+    let foxyvegas = a
+        .foxyvegas
+        .as_deref()
+        .map(vmsight_netdev::stages::foxyvegas::FoxyVegasConfig::parse)
+        .transpose()
+        .map_err(|e| RunArgsError::Value {
+            option: "--foxyvegas",
+            reason: e.to_string(),
+        })?;
+    let settings = NetSettings {
+        spec,
+        pcap: a.net_pcap.clone(),
+        foxyvegas,
+        foxyvegas_log: a.foxyvegas_log.clone(),
+    };
+    if !settings.enabled() {
+        for (given, option) in [
+            (settings.pcap.is_some(), "--net-pcap"),
+            (settings.foxyvegas.is_some(), "--foxyvegas"),
+            (settings.foxyvegas_log.is_some(), "--foxyvegas-log"),
+        ] {
+            if given {
+                return Err(RunArgsError::Needs {
+                    option,
+                    needs: "a network (--net isolated, tap=NAME or bridge=NAME)",
+                });
+            }
+        }
+    }
+    if settings.foxyvegas_log.is_some() && settings.foxyvegas.is_none() {
+        return Err(RunArgsError::Needs {
+            option: "--foxyvegas-log",
+            needs: "--foxyvegas",
+        });
+    }
+    Ok(settings)
 }
 
 fn trace_config(a: &RunArgs) -> Result<Option<TraceConfig>, RunArgsError> {

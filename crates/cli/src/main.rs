@@ -3,6 +3,7 @@
 mod cli;
 mod dedup;
 mod idle;
+mod net;
 
 use std::process::ExitCode;
 

@@ -267,6 +267,8 @@ pub struct VmConfig {
     pub insights: Option<InsightSettings>,
     /// FoxyIdle (`--background`, `--idle*`): hold background processes' reads.
     pub idle: Option<IdleSettings>,
+    /// The NIC (`--net`, `--net-pcap`, `--foxyvegas*`).
+    pub net: crate::net::NetSettings,
 }
 
 /// What `--background`, `--idle`, `--idle-interval`, `--idle-max-hold` and `--idle-log` ask

@@ -74,6 +74,14 @@ pub enum LaunchError {
         stage: &'static str,
         reason: String,
     },
+    #[error("VM {vm}: network: {reason}")]
+    Net { vm: String, reason: String },
+    #[error("VM {vm}: network device: {source}")]
+    NetDevice {
+        vm: String,
+        #[source]
+        source: vmsight_netdev::NetError,
+    },
     #[error("cannot set up the plugin channel: {0}")]
     Channel(String),
     #[error("QMP: {0}")]

@@ -10,6 +10,7 @@ pub mod disksource;
 pub mod error;
 pub mod guestio;
 pub mod idle;
+pub mod net;
 pub mod process;
 pub mod qemu;
 pub mod qmp;

@@ -57,6 +57,20 @@ impl DiskStats {
     }
 }
 
+/// One NIC's counters at the end of a run.
+#[derive(Debug, Clone, Serialize)]
+pub struct NetStats {
+    /// `net0`.
+    pub id: String,
+    pub tap: String,
+    pub metrics: vmsight_netdev::NetSnapshot,
+    /// Snapshots of the NIC's packet stages, under each stage's key.
+    #[serde(flatten)]
+    pub stages: std::collections::BTreeMap<String, serde_json::Value>,
+    #[serde(skip)]
+    pub stage_lines: Vec<String>,
+}
+
 /// Everything `vmsight run --stats` prints.
 #[derive(Debug, Clone, Serialize)]
 pub struct RunStats {
@@ -75,6 +89,8 @@ pub struct RunStats {
     /// Records drained from the ring at exit.
     pub records_drained: u64,
     pub disks: Vec<DiskStats>,
+    /// NICs (vmsight's network devices).
+    pub nics: Vec<NetStats>,
     /// Classification counters of `--insights`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub insights: Option<vmsight_insight::ClassCounters>,
@@ -161,6 +177,7 @@ impl RunStats {
             vcpus,
             records_drained: trace.as_ref().map(|t| t.records).unwrap_or(0),
             disks,
+            nics: Vec::new(),
             insights: None,
             trace,
             memory: ProcessMemory::read_self(),
@@ -246,6 +263,12 @@ impl fmt::Display for RunStats {
             }
             writeln!(f, "    writes by class: {}", fmt(&c.writes))?;
             writeln!(f, "    reads by class: {}", fmt(&c.reads))?;
+        }
+        for n in &self.nics {
+            writeln!(f, "  {} (tap {}): {}", n.id, n.tap, n.metrics)?;
+            for line in &n.stage_lines {
+                writeln!(f, "    {line}")?;
+            }
         }
         for (i, d) in self.disks.iter().enumerate() {
             let m = &d.metrics;

@@ -37,6 +37,10 @@ pub const STDIN_SOCKET: &str = "stdin.sock";
 pub const PLUGIN_SHM: &str = "plugin.shm";
 /// The plugin's block-tag channel (FoxyIdle attribution).
 pub const BLOCKTAG_SHM: &str = "blocktag.shm";
+/// The NIC's vhost-user socket.
+pub const NET_SOCKET: &str = "net0.sock";
+/// `net.json`: how the VM's NIC is attached ([`crate::net::NetInfo`]), for `vmsight net`.
+pub const NET_INFO: &str = "net.json";
 /// Copy of the guest's serial console.
 pub const CONSOLE_LOG: &str = "console.log";
 /// QEMU's stderr.
@@ -232,6 +236,22 @@ impl VmPaths {
     /// The plugin's shared-memory channel.
     pub fn plugin_shm(&self) -> PathBuf {
         self.file(PLUGIN_SHM)
+    }
+
+    /// The NIC's vhost-user socket.
+    pub fn net_socket(&self) -> PathBuf {
+        self.file(NET_SOCKET)
+    }
+
+    /// `net.json`.
+    pub fn net_info(&self) -> PathBuf {
+        self.file(NET_INFO)
+    }
+
+    /// Reads `net.json`; `None` if the VM has no NIC (or the file is unreadable).
+    pub fn read_net_info(&self) -> Option<crate::net::NetInfo> {
+        let data = fs::read(self.net_info()).ok()?;
+        serde_json::from_slice(&data).ok()
     }
 }
 

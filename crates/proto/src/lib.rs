@@ -7,6 +7,7 @@
 //!   control socket);
 //! - [`insight`]: request insights and the insight-log records (`--insights` →
 //!   `vmsight report`);
+//! - [`net`]: how a VM's NIC is attached (`net.json` → `vmsight net`);
 //! - [`profile`]: the kernel profile format (`profile.json`: image build → plugin, process
 //!   tracking);
 //! - [`syscall`]: the x86-64 syscall table (names, errno names, what each argument is), shared
@@ -18,6 +19,7 @@
 pub mod control;
 pub mod insight;
 pub mod layout;
+pub mod net;
 pub mod profile;
 pub mod server;
 pub mod syscall;

@@ -182,6 +182,7 @@ impl Device for BlkDevice {
         }
         DeviceReport {
             disk: Some(ds),
+            net: None,
             error,
         }
     }

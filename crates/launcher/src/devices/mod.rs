@@ -10,6 +10,7 @@
 //! [`DEVICES`]. See ARCHITECTURE.md, "Where to add a device".
 
 pub mod blk;
+pub mod net;
 
 use std::sync::Arc;
 
@@ -21,7 +22,7 @@ use crate::stream::DiskStream;
 use crate::vm::prepare::Prepared;
 
 /// Every device kind, started in this order.
-pub static DEVICES: &[&DeviceEntry] = &[&blk::ENTRY];
+pub static DEVICES: &[&DeviceEntry] = &[&blk::ENTRY, &net::ENTRY];
 
 /// How an entry starts its devices.
 pub type StartFn = fn(&DeviceEnv<'_>) -> Result<Vec<Box<dyn Device>>, LaunchError>;
@@ -62,6 +63,10 @@ pub trait Device: Send {
     fn id(&self) -> String;
     /// QEMU's arguments for this device (`-chardev ... -device ...`).
     fn qemu_args(&self) -> Vec<String>;
+    /// Parameters for the guest kernel's command line (read by the guest's init), if any.
+    fn kernel_args(&self) -> Vec<String> {
+        Vec::new()
+    }
     /// A description if its backend has stopped while the VM runs.
     fn stopped(&self) -> Option<String>;
     /// Handles to what the device reports while it runs (control socket, metrics endpoint).
@@ -98,6 +103,8 @@ impl std::fmt::Debug for DeviceMetrics {
 pub struct DeviceReport {
     /// Disk counters (block devices).
     pub disk: Option<DiskStats>,
+    /// NIC counters (network devices).
+    pub net: Option<crate::stats::NetStats>,
     /// The backend ended with an error.
     pub error: Option<String>,
 }

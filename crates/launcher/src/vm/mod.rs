@@ -29,7 +29,7 @@ use crate::devices::{self, Device, DeviceEnv};
 use crate::error::LaunchError;
 use crate::guestio::ConsoleTail;
 use crate::qmp::Qmp;
-use crate::stats::{DiskStats, RunStats};
+use crate::stats::{DiskStats, NetStats, RunStats};
 use crate::stream::DiskStream;
 use crate::supervisor::{Effect, Ending, Flow, LateFacts, Supervisor};
 
@@ -189,7 +189,7 @@ fn teardown(cfg: &VmConfig, prep: &Prepared, t: Teardown) -> RunOutcome {
     if let Some(h) = qemu.stderr_thread {
         let _ = h.join();
     }
-    let (disk_stats, backend_error) = finish_devices(devices, &mut streams);
+    let (disk_stats, nic_stats, backend_error) = finish_devices(devices, &mut streams);
     let trace_summary = qemu.trace.map(|t| t.finish());
     // The trace (the insight engine's syscall feed) and the disks (its block feed) are done:
     // finish the insight log.
@@ -222,6 +222,7 @@ fn teardown(cfg: &VmConfig, prep: &Prepared, t: Teardown) -> RunOutcome {
         trace_summary,
     );
     stats.insights = insight_counters;
+    stats.nics = nic_stats;
     RunOutcome {
         reason: ending.reason(&late),
         stats,
@@ -234,14 +235,16 @@ fn teardown(cfg: &VmConfig, prep: &Prepared, t: Teardown) -> RunOutcome {
 fn finish_devices(
     devices: Vec<Box<dyn Device>>,
     streams: &mut Vec<DiskStream>,
-) -> (Vec<DiskStats>, Option<String>) {
+) -> (Vec<DiskStats>, Vec<NetStats>, Option<String>) {
     let mut disks = Vec::new();
+    let mut nics = Vec::new();
     let mut error = None;
     for (i, d) in devices.into_iter().enumerate() {
         let report = d.finish();
         if let Some(e) = report.error {
             error.get_or_insert(e);
         }
+        nics.extend(report.net);
         let Some(mut ds) = report.disk else {
             continue;
         };
@@ -252,7 +255,7 @@ fn finish_devices(
         }
         disks.push(ds);
     }
-    (disks, error)
+    (disks, nics, error)
 }
 
 /// What the supervising loop needs to carry out the supervisor's effects.

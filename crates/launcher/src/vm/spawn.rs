@@ -115,7 +115,14 @@ fn plan(
         mem_mib: cfg.mem_mib,
         kernel: prep.guest.kernel.clone(),
         initrd: prep.guest.initrd.clone(),
-        cmdline: qemu::kernel_cmdline(&cfg.name, &cfg.append),
+        cmdline: qemu::kernel_cmdline(
+            &cfg.name,
+            &devices
+                .iter()
+                .flat_map(|d| d.kernel_args())
+                .chain(cfg.append.iter().cloned())
+                .collect::<Vec<_>>(),
+        ),
         qmp_socket: rt.join(layout::QMP_SOCKET),
         console_socket: rt.join(layout::CONSOLE_SOCKET),
         ctl_socket: rt.join(layout::CTL_SOCKET),
