@@ -24,7 +24,7 @@ SUITE=bookworm
 ROOTFS_SIZE=4G
 ROOTFS_PACKAGES=(coreutils findutils tar gzip gnupg strace inotify-tools fio sqlite3
     python3-minimal procps util-linux e2fsprogs bonnie++ postmark kmod iproute2
-    xfsprogs btrfs-progs plocate)
+    xfsprogs btrfs-progs plocate iperf3 tcpdump curl iputils-ping)
 # Load order matters: each module needs the previous ones.
 INITRAMFS_MODULES=(virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci
     virtio_blk)
