@@ -114,4 +114,7 @@ pub fn vm_name(test: &str) -> String {
     format!("t-{test}-{}", std::process::id())
 }
 
+pub mod live;
 pub mod trace_compare;
+
+pub use live::LiveVm;

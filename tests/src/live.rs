@@ -1,0 +1,120 @@
+//! A `vmsight run` the test talks to while the guest runs (stdin to the guest command,
+//! stdout line by line).
+#![allow(clippy::unwrap_used)] // Test code: a failed unwrap is a failed test.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, Stdio};
+use std::sync::mpsc::{self, Receiver};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::vmsight;
+
+/// A `vmsight run` whose stdin is a pipe (forwarded to the guest command) and whose stdout is
+/// read line by line as it comes.
+pub struct LiveVm {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<String>,
+    seen: Vec<String>,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl LiveVm {
+    pub fn start(args: &[&str]) -> LiveVm {
+        let mut child = vmsight()
+            .arg("run")
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start vmsight run");
+        let stdin = child.stdin.take();
+        let (tx, rx) = mpsc::channel();
+        let out = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for l in BufReader::new(out).lines() {
+                let Ok(l) = l else { break };
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let err = child.stderr.take().unwrap();
+        let e2 = stderr.clone();
+        std::thread::spawn(move || {
+            for l in BufReader::new(err).lines() {
+                let Ok(l) = l else { break };
+                let mut s = e2.lock().unwrap();
+                s.push_str(&l);
+                s.push('\n');
+            }
+        });
+        LiveVm {
+            child,
+            stdin,
+            lines: rx,
+            seen: Vec::new(),
+            stderr,
+        }
+    }
+
+    /// Waits for a stdout line equal to `marker` (bounded: a guest that never gets there is a
+    /// failure, not a hang).
+    pub fn wait_line(&mut self, marker: &str) {
+        let deadline = Instant::now() + Duration::from_secs(600);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => {
+                    let hit = l == marker;
+                    self.seen.push(l);
+                    if hit {
+                        return;
+                    }
+                }
+                Err(_) => panic!(
+                    "the guest never printed {marker:?}; stdout {:?}, stderr {}",
+                    self.seen,
+                    self.stderr.lock().unwrap()
+                ),
+            }
+        }
+    }
+
+    /// Stdout lines between the lines `from` and `to` (exclusive) seen so far.
+    pub fn section(&self, from: &str, to: &str) -> Vec<String> {
+        let start = self.seen.iter().position(|l| l == from).unwrap() + 1;
+        let end = self.seen[start..].iter().position(|l| l == to).unwrap() + start;
+        self.seen[start..end].to_vec()
+    }
+
+    pub fn send(&mut self, line: &str) {
+        let s = self.stdin.as_mut().unwrap();
+        s.write_all(line.as_bytes()).unwrap();
+        s.write_all(b"\n").unwrap();
+        s.flush().unwrap();
+    }
+
+    /// Closes stdin and waits for the end: (exit code, remaining stdout, stderr).
+    pub fn finish(mut self) -> (Option<i32>, Vec<String>, String) {
+        drop(self.stdin.take());
+        let code = self.child.wait().unwrap().code();
+        while let Ok(l) = self.lines.recv_timeout(Duration::from_secs(5)) {
+            self.seen.push(l);
+        }
+        let err = self.stderr.lock().unwrap().clone();
+        (code, std::mem::take(&mut self.seen), err)
+    }
+}
+
+impl Drop for LiveVm {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
