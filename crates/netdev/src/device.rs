@@ -283,8 +283,8 @@ impl NetDevice {
         let hdr = VnetHdr::parse(&hdr);
         let mut data = vec![0u8; total - hdr_len];
         r.read_exact(&mut data).ok()?;
-        if !hdr.is_sane(data.len()) {
-            debug!(?hdr, "malformed TX chain (virtio-net header)");
+        if !hdr.is_sane(data.len()) || !crate::packet::well_formed(&data) {
+            debug!(?hdr, "malformed TX frame (virtio-net header or IP headers)");
             return None;
         }
         Some(Frame {
@@ -408,7 +408,10 @@ impl NetDevice {
         }
         let (h, data) = bytes.split_at(VNET_HDR_LEN);
         let hdr = VnetHdr::parse(h.try_into().ok()?);
-        if !hdr.is_sane(data.len()) || !self.guest_accepts(&hdr) {
+        if !hdr.is_sane(data.len())
+            || !self.guest_accepts(&hdr)
+            || !crate::packet::well_formed(data)
+        {
             return None;
         }
         Some(Frame {
@@ -749,12 +752,43 @@ mod tests {
             | (1u64 << VIRTIO_NET_F_GUEST_CSUM)
     }
 
-    /// An Ethernet frame of `len` bytes (IPv4 ethertype, payload pattern).
+    /// An Ethernet frame of `len` bytes (the local experimental ethertype 0x88b5, payload
+    /// pattern).
     fn eth(len: usize) -> Vec<u8> {
         let mut f: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+        f[12] = 0x88;
+        f[13] = 0xb5;
+        f
+    }
+
+    #[test]
+    fn truncated_ip_frames_from_either_side_are_dropped_and_counted() {
+        let (dev, peer) = device(modern());
+        let m = mem();
+        dev.update_memory(GuestMemoryAtomic::new(m.clone()))
+            .expect("mem");
+        // An IPv4 header claiming 1000 bytes in a 60-byte frame.
+        let mut f = eth(60);
         f[12] = 0x08;
         f[13] = 0x00;
-        f
+        f[14] = 0x45;
+        f[16..18].copy_from_slice(&1000u16.to_be_bytes());
+        let q = MockSplitQueue::new(&m, 16);
+        m.write_slice(&VnetHdr::default().to_bytes(), GuestAddress(BUF))
+            .expect("hdr");
+        m.write_slice(&f, GuestAddress(BUF + 12)).expect("frame");
+        q.add_desc_chains(&[RawDescriptor::from(SD::new(BUF, 72, 0, 0))], 0)
+            .expect("chain");
+        let v = vring(&m, &q);
+        dev.process_tx(&v);
+        assert_eq!(dev.metrics.snapshot().tx_malformed, 1);
+        let rq = MockSplitQueue::new(&m, 16);
+        post_rx(&rq, 0, 1, 2048);
+        send_to_tap(&peer, VnetHdr::default(), &f);
+        let rv = vring(&m, &rq);
+        dev.process_rx(&rv, true);
+        assert_eq!(dev.metrics.snapshot().rx_malformed, 1);
+        assert_eq!(rq.used().idx().load(), 0, "nothing reached the guest");
     }
 
     fn used(q: &MockSplitQueue<'_, GuestMemoryMmap>, i: u16) -> (u32, u32) {

@@ -154,6 +154,29 @@ impl TcpSegment {
     }
 }
 
+/// Whether a frame can be passed on: IPv4 and IPv6 frames must parse (headers complete, the
+/// IP length within the frame, a transport header that fits); other ethertypes pass as they
+/// are (the receiver's business).
+pub fn well_formed(frame: &[u8]) -> bool {
+    if frame.len() < 14 {
+        return false;
+    }
+    let mut ethertype = u16::from_be_bytes([frame[12], frame[13]]);
+    let mut off = 14;
+    // 802.1Q / 802.1ad tags.
+    while matches!(ethertype, 0x8100 | 0x88a8) {
+        let Some(b) = frame.get(off + 2..off + 4) else {
+            return false;
+        };
+        ethertype = u16::from_be_bytes([b[0], b[1]]);
+        off += 4;
+    }
+    match ethertype {
+        0x0800 | 0x86dd => SlicedPacket::from_ethernet(frame).is_ok(),
+        _ => true,
+    }
+}
+
 /// Parses the TCP/IP headers of an Ethernet frame; `None` for anything that is not a
 /// well-formed IPv4 or IPv6 TCP segment (those frames pass through untouched).
 pub fn tcp_segment(frame: &[u8]) -> Option<TcpSegment> {
@@ -295,6 +318,20 @@ pub(crate) mod tests {
         assert_eq!(s.seq_end(), 12);
         assert_eq!(u16::from_be_bytes([f[48], f[49]]), 512);
         assert_eq!(s.window_offset(), 48);
+    }
+
+    #[test]
+    fn truncated_ip_frames_are_not_well_formed_other_ethertypes_are() {
+        let f = tcp4([1, 1, 1, 1], 1, [2, 2, 2, 2], 2, 0, None, 0, true, b"data");
+        assert!(well_formed(&f));
+        for n in 0..f.len() {
+            assert!(!well_formed(&f[..n]), "prefix of {n} bytes");
+        }
+        let mut arp = vec![0xffu8; 42];
+        arp[12] = 0x08;
+        arp[13] = 0x06;
+        assert!(well_formed(&arp));
+        assert!(!well_formed(&arp[..10]));
     }
 
     #[test]

@@ -521,7 +521,11 @@ mod tests {
             "tcpdump failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        String::from_utf8_lossy(&out.stdout).lines().count()
+        // One line per packet; continuation lines (decoded payloads) are indented.
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| !l.starts_with(char::is_whitespace))
+            .count()
     }
 
     #[test]
