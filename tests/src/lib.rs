@@ -117,4 +117,4 @@ pub fn vm_name(test: &str) -> String {
 pub mod live;
 pub mod trace_compare;
 
-pub use live::LiveVm;
+pub use live::{collect_lines, wait_until, Bg, LiveVm};

@@ -118,3 +118,48 @@ impl Drop for LiveVm {
         }
     }
 }
+
+/// A background helper process killed when the test ends.
+pub struct Bg(pub Child);
+
+impl Drop for Bg {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) of our own child by its pid; SIGTERM lets it clean up.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if self.0.try_wait().ok().flatten().is_some() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Collects a child's stdout lines into a shared vector as they arrive.
+pub fn collect_lines(child: &mut Child) -> Arc<Mutex<Vec<String>>> {
+    let out = child.stdout.take().unwrap();
+    let lines = Arc::new(Mutex::new(Vec::new()));
+    let l2 = lines.clone();
+    std::thread::spawn(move || {
+        for l in BufReader::new(out).lines() {
+            let Ok(l) = l else { break };
+            l2.lock().unwrap().push(l);
+        }
+    });
+    lines
+}
+
+/// Polls `f` until it returns true (bounded; the bound is a hang guard, not a timing check).
+pub fn wait_until(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < deadline {
+        if f() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    panic!("timed out waiting for {what}");
+}

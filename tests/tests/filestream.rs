@@ -6,10 +6,8 @@
 #![allow(clippy::unwrap_used)] // Test code: a failed unwrap is a failed test.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -17,51 +15,6 @@ use vmsight_tests::*;
 
 // ---------------------------------------------------------------------------------------------
 // Helpers.
-
-/// A background helper process killed when the test ends.
-struct Bg(Child);
-
-impl Drop for Bg {
-    fn drop(&mut self) {
-        // SAFETY: kill(2) of our own child by its pid; SIGTERM lets it clean up.
-        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if self.0.try_wait().ok().flatten().is_some() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Collects a child's stdout lines into a shared vector as they arrive.
-fn collect_lines(child: &mut Child) -> Arc<Mutex<Vec<String>>> {
-    let out = child.stdout.take().unwrap();
-    let lines = Arc::new(Mutex::new(Vec::new()));
-    let l2 = lines.clone();
-    std::thread::spawn(move || {
-        for l in BufReader::new(out).lines() {
-            let Ok(l) = l else { break };
-            l2.lock().unwrap().push(l);
-        }
-    });
-    lines
-}
-
-/// Polls `f` until it returns true (bounded; the bound is a hang guard, not a timing check).
-fn wait_until(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while Instant::now() < deadline {
-        if f() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    panic!("timed out waiting for {what}");
-}
 
 fn read_events(file: &Path) -> Vec<Value> {
     std::fs::read_to_string(file)
