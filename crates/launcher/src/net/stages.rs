@@ -41,6 +41,11 @@ pub struct BuiltNetStage {
 /// Every packet stage vmsight knows.
 pub static NET_STAGES: &[&NetStageEntry] = &[&FLOWS, &PCAP, &FOXYVEGAS];
 
+/// Finds an entry by name.
+pub fn entry(name: &str) -> Option<&'static NetStageEntry> {
+    NET_STAGES.iter().copied().find(|e| e.name == name)
+}
+
 /// Builds the NIC's pipeline: the stages that apply, in position order.
 #[allow(clippy::type_complexity)]
 pub fn build(

@@ -76,15 +76,22 @@ impl VmSource {
             &info,
             1u64,
         );
-        let Some(disk) = disk else {
-            return;
+        // Disks are labelled by index (as their stages always were), other devices by id.
+        let scope = match &disk {
+            Some(disk) => (labels::DISK, disk.as_str()),
+            None => (labels::DEVICE, d.id.as_str()),
         };
-        sink.with_labels(&[(labels::DISK, &disk)], |sink| {
+        sink.with_labels(&[scope], |sink| {
             for s in (d.samples)() {
                 push(sink, &s);
             }
             for (stage, m) in &d.stages {
-                let pos = crate::stages::entry(stage).map_or(0, |e| e.position).to_string();
+                let pos = match disk {
+                    Some(_) => crate::stages::entry(stage).map(|e| e.position),
+                    None => crate::net::stages::entry(stage).map(|e| e.position),
+                }
+                .unwrap_or(0)
+                .to_string();
                 sink.gauge(
                     "vmsight_stage_info",
                     "One per reporting stage in each disk's pipeline; position as in the stage registry.",
