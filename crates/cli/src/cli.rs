@@ -492,6 +492,16 @@ fn net_settings(a: &RunArgs) -> Result<vmsight_launcher::net::NetSettings, RunAr
             }
         }
     }
+    if settings.spec.device == vmsight_launcher::net::NicDevice::Qemu
+        && (settings.pcap.is_some() || settings.foxyvegas.is_some())
+    {
+        return Err(RunArgsError::Value {
+            option: "--net",
+            reason:
+                "device=qemu has no packet stages (--net-pcap, --foxyvegas need vmsight's device)"
+                    .into(),
+        });
+    }
     if settings.foxyvegas_log.is_some() && settings.foxyvegas.is_none() {
         return Err(RunArgsError::Needs {
             option: "--foxyvegas-log",

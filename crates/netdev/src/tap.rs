@@ -138,6 +138,28 @@ impl Tap {
         Ok(tap)
     }
 
+    /// Lets a child process (QEMU's `-netdev tap,fd=N`) inherit the descriptor.
+    pub fn set_inheritable(&self) -> Result<(), NetError> {
+        let fd = self.fd.as_raw_fd();
+        // SAFETY: F_GETFD/F_SETFD on an open descriptor we own; no memory is involved.
+        let rc = unsafe {
+            let flags = libc::fcntl(fd, libc::F_GETFD);
+            if flags < 0 {
+                flags
+            } else {
+                libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC)
+            }
+        };
+        if rc < 0 {
+            return Err(NetError::Tap {
+                name: self.name.clone(),
+                op: "F_SETFD",
+                source: io::Error::last_os_error(),
+            });
+        }
+        Ok(())
+    }
+
     /// The interface's name.
     pub fn name(&self) -> &str {
         &self.name

@@ -10,7 +10,7 @@ use super::{Device, DeviceEntry, DeviceEnv, DeviceMetrics, DeviceReport};
 use crate::error::LaunchError;
 use crate::net::host::{self, HostNet};
 use crate::net::stages::{self as netstages, NetCtx};
-use crate::net::NetMode;
+use crate::net::{NetMode, NicDevice};
 use crate::qemu::chardev_socket;
 use crate::stages::{Sample, StageMetrics};
 use crate::stats::NetStats;
@@ -42,6 +42,12 @@ fn start(env: &DeviceEnv<'_>) -> Result<Vec<Box<dyn Device>>, LaunchError> {
     let Some(mut host) = host::setup(&settings.spec, vm)? else {
         return Ok(Vec::new());
     };
+    if settings.spec.device == NicDevice::Qemu {
+        return Ok(vec![Box::new(QemuNic::new(
+            host,
+            &env.prep.rt.paths().net_info(),
+        )?)]);
+    }
     let built = netstages::build(&NetCtx { vm, net: settings })?;
     let mut stages = Vec::new();
     let mut pipeline = Vec::new();
@@ -81,9 +87,24 @@ fn start(env: &DeviceEnv<'_>) -> Result<Vec<Box<dyn Device>>, LaunchError> {
 }
 
 impl NetDeviceRun {
-    /// `net.json` for `vmsight net NAME ...`.
     fn write_info(&self) -> Result<(), LaunchError> {
-        let spec = &self.host.spec;
+        let stages = self
+            .handle
+            .as_ref()
+            .map(|h| h.stage_names().iter().map(|s| s.to_string()).collect())
+            .unwrap_or_default();
+        write_info(&self.host, &self.info, stages)
+    }
+}
+
+/// `net.json` for `vmsight net NAME ...`.
+fn write_info(
+    host: &HostNet,
+    path: &std::path::Path,
+    stages: Vec<String>,
+) -> Result<(), LaunchError> {
+    {
+        let spec = &host.spec;
         let (mode, bridge) = match &spec.mode {
             NetMode::Isolated => ("isolated", None),
             NetMode::Tap(_) => ("tap", None),
@@ -92,10 +113,10 @@ impl NetDeviceRun {
         };
         let info = NetInfo {
             mode: mode.into(),
-            netns: self.host.netns.as_ref().map(|n| n.name().to_owned()),
-            tap: self.host.tap_name.clone(),
+            netns: host.netns.as_ref().map(|n| n.name().to_owned()),
+            tap: host.tap_name.clone(),
             bridge,
-            mac: self.host.mac.clone(),
+            mac: host.mac.clone(),
             mtu: spec.mtu,
             host_addr: spec
                 .host
@@ -104,15 +125,92 @@ impl NetDeviceRun {
             guest_addr: spec.guest.map(|g| g.to_string()),
             gateway: spec.gateway.map(|g| g.to_string()),
             offloads: spec.offloads,
-            stages: self
-                .handle
-                .as_ref()
-                .map(|h| h.stage_names().iter().map(|s| s.to_string()).collect())
-                .unwrap_or_default(),
+            stages,
         };
         let json = serde_json::to_vec_pretty(&info).map_err(std::io::Error::other)?;
-        std::fs::write(&self.info, json)?;
+        std::fs::write(path, json)?;
         Ok(())
+    }
+}
+
+/// The baseline NIC: QEMU's own user-space virtio-net on the same host side (`vhost=off`:
+/// the host has no /dev/vhost-net), no packet stages.
+pub struct QemuNic {
+    host: HostNet,
+    /// Kept open (and inherited by QEMU) until the VM is gone.
+    tap: vmsight_netdev::Tap,
+    info: std::path::PathBuf,
+}
+
+impl QemuNic {
+    fn new(mut host: HostNet, info: &std::path::Path) -> Result<QemuNic, LaunchError> {
+        let tap = host.tap.take().ok_or_else(|| LaunchError::Net {
+            vm: String::new(),
+            reason: "the tap was already taken".into(),
+        })?;
+        tap.set_inheritable()
+            .map_err(|source| LaunchError::NetDevice {
+                vm: String::new(),
+                source,
+            })?;
+        write_info(&host, info, vec!["(QEMU virtio-net)".into()])?;
+        Ok(QemuNic {
+            host,
+            tap,
+            info: info.to_owned(),
+        })
+    }
+}
+
+impl Device for QemuNic {
+    fn kind(&self) -> &'static str {
+        "virtio-net (QEMU)"
+    }
+
+    fn id(&self) -> String {
+        ID.into()
+    }
+
+    fn qemu_args(&self) -> Vec<String> {
+        use std::os::fd::AsRawFd;
+        let spec = &self.host.spec;
+        let off = if spec.offloads { "on" } else { "off" };
+        vec![
+            "-netdev".into(),
+            format!("tap,id={ID},fd={},vhost=off", self.tap.as_raw_fd()),
+            "-device".into(),
+            format!(
+                "virtio-net-pci,netdev={ID},id={ID}dev,mac={},host_mtu={},csum={off},guest_csum={off},gso={off},host_tso4={off},host_tso6={off},guest_tso4={off},guest_tso6={off}",
+                self.host.mac, spec.mtu
+            ),
+        ]
+    }
+
+    fn kernel_args(&self) -> Vec<String> {
+        self.host.spec.guest_cmdline().into_iter().collect()
+    }
+
+    fn stopped(&self) -> Option<String> {
+        None
+    }
+
+    fn metrics(&self) -> DeviceMetrics {
+        DeviceMetrics {
+            kind: "virtio-net (QEMU)",
+            id: self.id(),
+            disk: None,
+            samples: Arc::new(Vec::new),
+            stages: Vec::new(),
+        }
+    }
+
+    fn finish(self: Box<Self>) -> DeviceReport {
+        let _ = std::fs::remove_file(&self.info);
+        DeviceReport {
+            disk: None,
+            net: None,
+            error: None,
+        }
     }
 }
 

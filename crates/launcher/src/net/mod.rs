@@ -8,7 +8,7 @@ pub mod stages;
 
 use std::path::PathBuf;
 
-pub use spec::{NetMode, NetSpec, NetSpecError};
+pub use spec::{NetMode, NetSpec, NetSpecError, NicDevice};
 use vmsight_netdev::stages::foxyvegas::FoxyVegasConfig;
 
 /// The VM's NIC and its packet stages.

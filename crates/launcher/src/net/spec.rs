@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! --net none
-//! --net isolated[,ip=CIDR][,gw=ADDR][,host=CIDR][,mtu=N][,offload=on|off]   (the default)
+//! --net isolated[,ip=CIDR][,gw=ADDR][,host=CIDR][,mtu=N][,offload=on|off][,device=vmsight|qemu]
 //! --net tap=NAME[,ip=CIDR][,gw=ADDR][,mtu=N][,offload=on|off]
 //! --net bridge=NAME[,ip=CIDR][,gw=ADDR][,mtu=N][,offload=on|off]
 //! ```
@@ -69,6 +69,19 @@ pub struct NetSpec {
     pub host: Option<Cidr>,
     pub mtu: u16,
     pub offloads: bool,
+    /// Who serves the NIC: vmsight's backend (packet stages) or QEMU's own user-space
+    /// virtio-net on the same tap (the baseline of the network benchmarks; no stages).
+    pub device: NicDevice,
+}
+
+/// Who serves the VM's NIC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum NicDevice {
+    /// vmsight's vhost-user-net backend.
+    #[default]
+    Vmsight,
+    /// QEMU's virtio-net with `-netdev tap,fd=N,vhost=off`.
+    Qemu,
 }
 
 /// The guest address of the isolated network.
@@ -97,6 +110,7 @@ impl NetSpec {
             host: Some(ISOLATED_HOST),
             mtu: 1500,
             offloads: true,
+            device: NicDevice::Vmsight,
         }
     }
 
@@ -109,6 +123,7 @@ impl NetSpec {
             host: None,
             mtu: 1500,
             offloads: true,
+            device: NicDevice::Vmsight,
         }
     }
 
@@ -192,9 +207,16 @@ fn apply_option(spec: &mut NetSpec, opt: &str) -> Result<(), NetSpecError> {
                 _ => return Err(NetSpecError(format!("offload={v:?} is not on or off"))),
             }
         }
+        "device" => {
+            spec.device = match v {
+                "vmsight" => NicDevice::Vmsight,
+                "qemu" => NicDevice::Qemu,
+                _ => return Err(NetSpecError(format!("device={v:?} is not vmsight or qemu"))),
+            }
+        }
         _ => {
             return Err(NetSpecError(format!(
-                "unknown option {k:?} (ip=, gw=, host= (isolated), mtu=, offload=)"
+                "unknown option {k:?} (ip=, gw=, host= (isolated), mtu=, offload=, device=)"
             )))
         }
     }
@@ -250,6 +272,9 @@ mod tests {
         assert_eq!(t.gateway, Some(Ipv4Addr::new(192, 168, 7, 1)));
         assert_eq!(t.mtu, 9000);
         assert!(!t.offloads);
+        let q: NetSpec = "isolated,device=qemu".parse().expect("qemu");
+        assert_eq!(q.device, NicDevice::Qemu);
+        assert!("isolated,device=e1000".parse::<NetSpec>().is_err());
         let b: NetSpec = "bridge=br0".parse().expect("bridge");
         assert_eq!(b.mode, NetMode::Bridge("br0".into()));
         assert_eq!(b.guest, None);
