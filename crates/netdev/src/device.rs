@@ -348,8 +348,9 @@ impl NetDevice {
                 Ok((Placed::NoBuffers, _)) => {
                     w.pending = Some(frame);
                     inc(&self.metrics.rx_no_buffers);
-                    // Ask for a kick when buffers arrive; go on if some arrived meanwhile.
-                    match vring.enable_notification() {
+                    // Ask for a kick when the guest adds buffers; go on only if it added some
+                    // meanwhile (the buffers already there are too few for this frame).
+                    match self.ask_for_buffers(vring, mem) {
                         Ok(true) => continue,
                         _ => break,
                     }
@@ -367,6 +368,30 @@ impl NetDevice {
             }
         }
         self.maybe_tick(&mut w);
+    }
+
+    /// After a frame did not fit: asks the guest to kick the RX queue when it adds a buffer
+    /// beyond those it has posted now, and returns whether it added one in the meantime.
+    ///
+    /// `enable_notification` alone would ask for a kick at the first buffer not yet taken
+    /// (with EVENT_IDX, `avail_event = next_avail`), which the guest has already passed: no
+    /// kick would come, and its "more buffers are there" answer would be true forever.
+    fn ask_for_buffers(&self, vring: &Vring, mem: &GuestMemoryMmap) -> Result<bool, ()> {
+        let mut st = vring.get_mut();
+        let q = st.get_queue_mut();
+        let before = q.avail_idx(mem, Ordering::Acquire).map_err(|_| ())?;
+        if self.event_idx.load(Ordering::Relaxed) {
+            let at = GuestAddress(q.used_ring())
+                .checked_add(4 + 8 * u64::from(q.size()))
+                .ok_or(())?;
+            mem.store(u16::to_le(before.0), at, Ordering::Release)
+                .map_err(|_| ())?;
+        } else {
+            q.enable_notification(mem).map_err(|_| ())?;
+        }
+        fence(Ordering::SeqCst);
+        let after = q.avail_idx(mem, Ordering::Acquire).map_err(|_| ())?;
+        Ok(after != before)
     }
 
     /// Reads frames from the tap until one passes the stages (into `w.pending`); false when
@@ -974,6 +999,31 @@ mod tests {
         assert_eq!(q.used().idx().load(), 1);
         assert_eq!(used(&q, 0), (0, 212));
         assert_eq!(dev.metrics.snapshot().rx_frames, 1);
+    }
+
+    #[test]
+    fn a_frame_larger_than_the_posted_buffers_waits_without_spinning() {
+        let (dev, peer) = device(modern());
+        let m = mem();
+        dev.update_memory(GuestMemoryAtomic::new(m.clone()))
+            .expect("mem");
+        dev.set_event_idx(true);
+        let q = MockSplitQueue::new(&m, 16);
+        let v = vring(&m, &q);
+        v.set_queue_event_idx(true);
+        // 2 buffers of 1 KiB for a 3000-byte frame: it cannot be placed yet.
+        post_rx(&q, 0, 2, 1024);
+        send_to_tap(&peer, VnetHdr::default(), &eth(3000));
+        dev.process_rx(&v, true);
+        assert_eq!(q.used().idx().load(), 0);
+        // The guest is asked to kick at its next buffer (avail_event = its avail index).
+        let event: u16 = m
+            .read_obj(q.used_addr().unchecked_add(4 + 8 * 16))
+            .expect("avail_event");
+        assert_eq!(event, 2);
+        post_rx(&q, 2, 2, 1024);
+        dev.process_rx(&v, false);
+        assert_eq!(q.used().idx().load(), 3, "placed once enough buffers came");
     }
 
     #[test]
