@@ -2,7 +2,7 @@
 //! glue from descriptor chains through validation and the pipeline to the used ring.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use tracing::{debug, error, warn};
@@ -17,9 +17,7 @@ use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRE
 use virtio_queue::{DescriptorChain, QueueOwnedT};
 use vm_memory::{Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::epoll::EventSet;
-use vmm_sys_util::event::{
-    new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
-};
+use vmm_sys_util::event::{EventConsumer, EventNotifier};
 
 use crate::metrics::{add, inc, BlockMetrics};
 use crate::pipeline::{IoResult, Pipeline, StageError, Status};
@@ -85,7 +83,7 @@ pub(crate) struct BlockDevice {
     pipeline: Pipeline,
     metrics: Arc<BlockMetrics>,
     inflight: Arc<Inflight>,
-    mem: RwLock<Option<GuestMem>>,
+    mem: vmsight_vhostd::MemorySlot,
     event_idx: AtomicBool,
     next_id: AtomicU64,
 }
@@ -214,7 +212,7 @@ impl BlockDevice {
             pipeline,
             metrics,
             inflight: Arc::default(),
-            mem: RwLock::new(None),
+            mem: vmsight_vhostd::MemorySlot::default(),
             event_idx: AtomicBool::new(false),
             next_id: AtomicU64::new(0),
         }
@@ -324,10 +322,7 @@ impl BlockDevice {
     /// used ring (and the guest's interrupt) as each finishes, in any order. Never fails:
     /// guest-induced errors are counted and logged, so the worker thread survives any guest.
     pub(crate) fn process_vring(&self, vring: &Vring, queue: u16) {
-        let atomic = match self.mem.read() {
-            Ok(g) => g.clone(),
-            Err(p) => p.into_inner().clone(),
-        };
+        let atomic = self.mem.get();
         let Some(atomic) = atomic else {
             warn!(queue, "queue kicked before the guest memory table was set");
             inc(&self.metrics.err_queue);
@@ -465,21 +460,12 @@ impl VhostUserBackend for BlockDevice {
     }
 
     fn update_memory(&self, mem: GuestMem) -> std::io::Result<()> {
-        match self.mem.write() {
-            Ok(mut g) => *g = Some(mem),
-            Err(p) => *p.into_inner() = Some(mem),
-        }
+        self.mem.set(mem);
         Ok(())
     }
 
     fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
-        match new_event_consumer_and_notifier(EventFlag::NONBLOCK | EventFlag::CLOEXEC) {
-            Ok(pair) => Some(pair),
-            Err(e) => {
-                error!(error = %e, "cannot create the worker exit event");
-                None
-            }
-        }
+        vmsight_vhostd::exit_event()
     }
 
     fn handle_event(

@@ -39,18 +39,11 @@ pub mod stages;
 pub mod tap;
 pub mod timer;
 
-use std::os::unix::fs::FileTypeExt;
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use tracing::{debug, info, warn};
-use vhost::vhost_user::{Error as VhostUserError, Listener};
-use vhost_user_backend::{Error as DaemonError, ShutdownHandle, VhostUserDaemon};
-use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+use tracing::{info, warn};
 
 pub use device::CONFIG_SPACE_LEN;
 pub use error::BlockError;
@@ -161,38 +154,13 @@ impl DiskConfig {
     }
 }
 
-/// Shared between the handle and the serving thread to stop it.
-struct ShutdownState {
-    requested: AtomicBool,
-    conn: Mutex<Option<ShutdownHandle>>,
-    socket: PathBuf,
-}
-
-impl ShutdownState {
-    fn request(&self) {
-        self.requested.store(true, Ordering::SeqCst);
-        let conn = match self.conn.lock() {
-            Ok(g) => g.clone(),
-            Err(p) => p.into_inner().clone(),
-        };
-        match conn {
-            Some(h) => h.shutdown(),
-            // Still waiting for QEMU: wake the accept() with a connection of our own.
-            None => {
-                let _ = UnixStream::connect(&self.socket);
-            }
-        }
-    }
-}
-
 /// A running backend.
 ///
 /// Dropping the handle without [`wait`](Self::wait) stops the backend (the connection to QEMU
 /// is shut down and the thread joined).
 pub struct BackendHandle {
     metrics: Arc<BlockMetrics>,
-    thread: Option<JoinHandle<Result<(), BlockError>>>,
-    shutdown: Arc<ShutdownState>,
+    served: vmsight_vhostd::Served,
     image: PathBuf,
     capacity_bytes: u64,
     stages: Vec<String>,
@@ -202,7 +170,7 @@ impl std::fmt::Debug for BackendHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BackendHandle")
             .field("image", &self.image)
-            .field("socket", &self.shutdown.socket)
+            .field("socket", &self.served.socket())
             .field("stages", &self.stages)
             .field("finished", &self.is_finished())
             .finish()
@@ -223,18 +191,18 @@ impl BackendHandle {
 
     /// Whether the serving thread has ended.
     pub fn is_finished(&self) -> bool {
-        self.thread.as_ref().is_none_or(|t| t.is_finished())
+        self.served.is_finished()
     }
 
     /// Asks the backend to stop: disconnects QEMU (whose disk then fails I/O) or stops waiting
     /// for it to connect. Returns at once; use [`wait`](Self::wait) to join.
     pub fn shutdown(&self) {
-        self.shutdown.request();
+        self.served.stop();
     }
 
     /// The Unix socket QEMU connects to.
     pub fn socket_path(&self) -> &Path {
-        &self.shutdown.socket
+        self.served.socket()
     }
 
     /// The served image.
@@ -253,25 +221,38 @@ impl BackendHandle {
     }
 
     fn join(&mut self) -> Result<(), BlockError> {
-        match self.thread.take() {
-            None => Ok(()),
-            Some(t) => t.join().unwrap_or_else(|_| {
-                Err(BlockError::Panicked {
-                    path: self.image.clone(),
-                })
-            }),
-        }
+        self.served.join().map_err(|e| serve_error(&self.image, e))
     }
 }
 
 impl Drop for BackendHandle {
     fn drop(&mut self) {
-        if self.thread.is_some() {
-            self.shutdown.request();
+        if !self.served.joined() {
+            self.served.stop();
             if let Err(e) = self.join() {
                 warn!(error = %e, "block backend ended with an error");
             }
         }
+    }
+}
+
+/// The disk's view of a serving failure.
+fn serve_error(image: &Path, e: vmsight_vhostd::ServeError) -> BlockError {
+    use vmsight_vhostd::ServeError as S;
+    match e {
+        S::SocketInUse { path } => BlockError::SocketInUse { path },
+        S::Socket { path, reason } => BlockError::Socket { path, reason },
+        S::Thread { source, .. } => BlockError::Thread {
+            path: image.to_owned(),
+            source,
+        },
+        S::Panicked { .. } => BlockError::Panicked {
+            path: image.to_owned(),
+        },
+        S::Daemon { reason, .. } => BlockError::Daemon {
+            path: image.to_owned(),
+            reason,
+        },
     }
 }
 
@@ -350,42 +331,17 @@ pub fn spawn_backend_on(
     let metrics = Arc::new(BlockMetrics::new());
     let device = Arc::new(BlockDevice::new(spec, pipeline, metrics.clone()));
 
-    let daemon_err = |reason: String| BlockError::Daemon {
-        path: cfg.path.clone(),
-        reason,
-    };
-    let daemon = VhostUserDaemon::new(
-        format!("vmsight-blk-{}", cfg.serial),
-        device.clone(),
-        GuestMemoryAtomic::new(GuestMemoryMmap::new()),
+    let finisher = device.clone();
+    let served = vmsight_vhostd::serve(
+        &format!("vmsight-blk-{}", cfg.serial),
+        device,
+        socket,
+        vmsight_vhostd::Connection::Direct,
+        |_| Ok(()),
+        // The queue workers are joined: let stages write out what they hold (write-back).
+        move || finisher.shutdown_pipeline(),
     )
-    .map_err(|e| daemon_err(e.to_string()))?;
-
-    check_socket_free(socket)?;
-    let listener = Listener::new(socket, true).map_err(|e| BlockError::Socket {
-        path: socket.to_owned(),
-        reason: e.to_string(),
-    })?;
-
-    let shutdown = Arc::new(ShutdownState {
-        requested: AtomicBool::new(false),
-        conn: Mutex::new(None),
-        socket: socket.to_owned(),
-    });
-    let thread_shutdown = shutdown.clone();
-    let image = cfg.path.clone();
-    let thread = std::thread::Builder::new()
-        .name("vmsight-blk".into())
-        .spawn(move || {
-            let result = serve(daemon, listener, &thread_shutdown, &image);
-            // The queue workers are joined: let stages write out what they hold (write-back).
-            device.shutdown_pipeline();
-            result
-        })
-        .map_err(|source| BlockError::Thread {
-            path: cfg.path.clone(),
-            source,
-        })?;
+    .map_err(|e| serve_error(&cfg.path, e))?;
     info!(
         image = %cfg.path.display(),
         socket = %socket.display(),
@@ -397,85 +353,18 @@ pub fn spawn_backend_on(
     );
     Ok(BackendHandle {
         metrics,
-        thread: Some(thread),
-        shutdown,
+        served,
         image: cfg.path,
         capacity_bytes: capacity_sectors * SECTOR_SIZE,
         stages: stage_names,
     })
 }
 
-/// Refuses to replace a socket a live backend is listening on; removes a stale one.
-fn check_socket_free(socket: &Path) -> Result<(), BlockError> {
-    let Ok(meta) = std::fs::symlink_metadata(socket) else {
-        return Ok(());
-    };
-    if !meta.file_type().is_socket() {
-        return Err(BlockError::Socket {
-            path: socket.to_owned(),
-            reason: "the path exists and is not a socket".into(),
-        });
-    }
-    if UnixStream::connect(socket).is_ok() {
-        return Err(BlockError::SocketInUse {
-            path: socket.to_owned(),
-        });
-    }
-    Ok(())
-}
-
-/// The serving thread: accept one frontend, serve it until it disconnects, stop the workers.
-fn serve(
-    mut daemon: VhostUserDaemon<Arc<BlockDevice>>,
-    mut listener: Listener,
-    shutdown: &ShutdownState,
-    image: &Path,
-) -> Result<(), BlockError> {
-    let err = |reason: String| BlockError::Daemon {
-        path: image.to_owned(),
-        reason,
-    };
-    let result = match daemon.start(&mut listener) {
-        Err(e) if shutdown.requested.load(Ordering::SeqCst) => {
-            debug!(error = %e, "backend stopped before a frontend connected");
-            Ok(())
-        }
-        Err(e) => Err(err(e.to_string())),
-        Ok(()) => {
-            if let Ok(mut g) = shutdown.conn.lock() {
-                *g = daemon.shutdown_handle();
-            }
-            if shutdown.requested.load(Ordering::SeqCst) {
-                // Asked to stop while we were accepting.
-                daemon.request_shutdown();
-            }
-            info!(image = %image.display(), "vhost-user frontend connected");
-            match daemon.wait() {
-                Ok(()) => Ok(()),
-                Err(DaemonError::HandleRequest(
-                    VhostUserError::Disconnected
-                    | VhostUserError::PartialMessage
-                    | VhostUserError::SocketBroken(_),
-                )) => Ok(()),
-                Err(_) if shutdown.requested.load(Ordering::SeqCst) => Ok(()),
-                Err(e) => Err(err(e.to_string())),
-            }
-        }
-    };
-    // Stop the queue worker threads; dropping the daemon joins them.
-    for h in daemon.get_epoll_handlers() {
-        h.send_exit_event();
-    }
-    drop(daemon);
-    drop(listener); // removes the socket file
-    info!(image = %image.display(), ok = result.is_ok(), "vhost-user-blk backend stopped");
-    result
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::io::Write;
+    use std::os::unix::net::UnixStream;
     use std::time::{Duration, Instant};
 
     fn image() -> tempfile::NamedTempFile {

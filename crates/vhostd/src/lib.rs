@@ -309,3 +309,45 @@ where
     }
     result
 }
+
+/// Guest memory as the vhost-user crates hand it to a backend.
+pub type GuestMem = GuestMemoryAtomic<GuestMemoryMmap>;
+
+/// Where a backend keeps the guest memory table it was given (`update_memory`), read by its
+/// queue workers.
+#[derive(Default)]
+pub struct MemorySlot(std::sync::RwLock<Option<GuestMem>>);
+
+impl MemorySlot {
+    /// Stores the table QEMU sent (`VhostUserBackend::update_memory`).
+    pub fn set(&self, mem: GuestMem) {
+        match self.0.write() {
+            Ok(mut g) => *g = Some(mem),
+            Err(p) => *p.into_inner() = Some(mem),
+        }
+    }
+
+    /// The current table, `None` before QEMU sent one.
+    pub fn get(&self) -> Option<GuestMem> {
+        match self.0.read() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+}
+
+/// The exit event of a queue worker (`VhostUserBackend::exit_event`): logged and `None` if
+/// the eventfd cannot be made.
+pub fn exit_event() -> Option<(
+    vmm_sys_util::event::EventConsumer,
+    vmm_sys_util::event::EventNotifier,
+)> {
+    use vmm_sys_util::event::{new_event_consumer_and_notifier, EventFlag};
+    match new_event_consumer_and_notifier(EventFlag::NONBLOCK | EventFlag::CLOEXEC) {
+        Ok(pair) => Some(pair),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot create the worker exit event");
+            None
+        }
+    }
+}
