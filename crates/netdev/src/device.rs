@@ -15,7 +15,7 @@ use std::io::{Read, Write};
 use std::num::Wrapping;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use tracing::{debug, error, warn};
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
@@ -32,9 +32,7 @@ use vm_memory::{
     Address, Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap,
 };
 use vmm_sys_util::epoll::EventSet;
-use vmm_sys_util::event::{
-    new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
-};
+use vmm_sys_util::event::{EventConsumer, EventNotifier};
 use vmm_sys_util::timerfd::TimerFd;
 
 use crate::metrics::{add, inc, NetMetrics};
@@ -87,7 +85,7 @@ pub(crate) struct NetDevice {
     tap: Tap,
     offloads: Offloads,
     queue_size: u16,
-    mem: RwLock<Option<GuestMem>>,
+    mem: vmsight_vhostd::MemorySlot,
     acked: AtomicU64,
     event_idx: AtomicBool,
     worker: Mutex<Worker>,
@@ -121,7 +119,7 @@ impl NetDevice {
             tap,
             offloads,
             queue_size,
-            mem: RwLock::new(None),
+            mem: vmsight_vhostd::MemorySlot::default(),
             acked: AtomicU64::new(0),
             event_idx: AtomicBool::new(false),
             worker: Mutex::new(Worker {
@@ -184,10 +182,7 @@ impl NetDevice {
     }
 
     fn memory(&self) -> Option<GuestMem> {
-        match self.mem.read() {
-            Ok(g) => g.clone(),
-            Err(p) => p.into_inner().clone(),
-        }
+        self.mem.get()
     }
 
     fn worker(&self) -> std::sync::MutexGuard<'_, Worker> {
@@ -657,21 +652,12 @@ impl VhostUserBackend for NetDevice {
     }
 
     fn update_memory(&self, mem: GuestMem) -> std::io::Result<()> {
-        match self.mem.write() {
-            Ok(mut g) => *g = Some(mem),
-            Err(p) => *p.into_inner() = Some(mem),
-        }
+        self.mem.set(mem);
         Ok(())
     }
 
     fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
-        match new_event_consumer_and_notifier(EventFlag::NONBLOCK | EventFlag::CLOEXEC) {
-            Ok(pair) => Some(pair),
-            Err(e) => {
-                error!(error = %e, "cannot create the worker exit event");
-                None
-            }
-        }
+        vmsight_vhostd::exit_event()
     }
 
     fn handle_event(
