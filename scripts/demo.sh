@@ -115,3 +115,28 @@ truncate -s 128M "$TMP/fi.img" && mkfs.ext4 -q -F -d "$TMP/fi-src" "$TMP/fi.img"
   mount /dev/vdb /mnt && cp /bin/cat /tmp/indexer && echo 3 > /proc/sys/vm/drop_caches
   ( /tmp/indexer /mnt/bg > /dev/null; echo "background indexer done" ) &
   cat /mnt/fg > /dev/null; echo "foreground cat done"; wait' 2>&1 | grep -E "done|idle \(" | sed 's/^ *//'
+
+echo
+echo "== vmsight's NIC and FoxyVegas: the guest sends to a receiver behind a 2000 KB/s bottleneck"
+echo "   with a 6000 KB queue; FoxyVegas lowers the window of the ACKs the guest gets to a TCP Vegas"
+echo "   window measured at the device, so the queue (and the RTT) stays short"
+RCV="vmsight-demo-rcv"
+"$VMSIGHT" run --name demo-net --foxyvegas --stats -- sh -c '
+  i=0; until ping -c 1 -W 1 10.0.3.2 >/dev/null 2>&1; do i=$((i+1)); [ $i -lt 100 ] || exit 9; done
+  iperf3 -c 10.0.3.2 -t 6 -f k > /tmp/ip.txt & p=$!
+  sleep 4; ss -tin dst 10.0.3.2 | grep -o "rtt:[0-9.]*" | tail -1 | sed "s/^/guest TCP smoothed /"
+  wait $p; grep -E "sender|receiver" /tmp/ip.txt' > "$TMP/net.out" 2>&1 &
+pid=$!
+for _ in $(seq 1 300); do "$VMSIGHT" net demo-net info >/dev/null 2>&1 && break; sleep 0.1; done
+ip netns add "$RCV"
+ip link add vdemo0 type veth peer name vdemo1
+ip link set vdemo0 netns vmsight-demo-net && ip link set vdemo1 netns "$RCV"
+ip -n vmsight-demo-net addr add 10.0.3.1/24 dev vdemo0 && ip -n vmsight-demo-net link set vdemo0 up
+ip -n "$RCV" addr add 10.0.3.2/24 dev vdemo1 && ip -n "$RCV" link set vdemo1 up
+ip -n "$RCV" route add 10.0.2.0/24 via 10.0.3.1
+ip netns exec vmsight-demo-net sysctl -qw net.ipv4.ip_forward=1
+tc -n vmsight-demo-net qdisc add dev vdemo0 root tbf rate 16mbit burst 32kb limit 6000kb
+ip netns exec "$RCV" iperf3 -s -1 -B 10.0.3.2 >/dev/null 2>&1 &
+wait $pid || true
+ip netns del "$RCV" 2>/dev/null || true
+grep -E "rtt:|sender|receiver|foxyvegas:|net0" "$TMP/net.out" | sed 's/^ *//'

@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""FoxyVegas under a bottleneck (issue 12; FoxyTechnique §4, Table 2 shape).
+
+Topology (every namespace made by vmsight or by this script, removed at the end):
+
+  sender guest ── vmsight NIC (FoxyVegas on/off) ── ns vmsight-fvs ──veth, tbf── ns vmsight-fvr ── receiver guest
+  10.0.2.15                                         10.0.2.1   10.0.9.1     10.0.9.2  10.0.5.1       10.0.5.15
+
+The bottleneck is a tbf on the sender namespace's veth toward the receiver: --rate KB/s (2000)
+with a --queue KB queue (6000). The host has no netem, so the delay is added outside the device
+under test, in the receiver *guest* (`tc qdisc ... netem delay --delay-ms` on its egress, i.e. on
+the ACK path); the receiver guest runs `iperf3 -s` for the whole benchmark.
+
+For each congestion control (the sender guest's `net.ipv4.tcp_congestion_control`) and with
+FoxyVegas off and on (interleaved), a fresh sender guest runs `iperf3 -c 10.0.5.15 -t --secs`
+and samples `ss -ti` every 0.2 s (the guest kernel's own smoothed RTT of the data connection,
+the one with the most bytes acked: queueing delay included). Reported per row (median of --reps): throughput at the receiver (KB/s),
+retransmissions, the guest's RTT p50/p99 over the samples, and with FoxyVegas the ACKs
+rewritten. The paper sent 400 MB per run; --secs scales that down (20 s = 40 MB at 2000 KB/s).
+
+  bench/foxyvegas.py [--ccs cubic,reno,bic,bbr,vegas,westwood] [--secs 20] [--reps 1]
+                     [--rate 2000] [--queue 6000] [--delay-ms 10] [--verbose]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+VMSIGHT = os.environ.get("VMSIGHT", os.path.join(os.path.dirname(__file__), "..", "target", "release", "vmsight"))
+ALL_CCS = "bic,cubic,reno,htcp,highspeed,hybla,westwood,scalable,vegas,illinois,yeah,veno,bbr"
+
+RECEIVER = r"""
+modprobe sch_netem
+tc qdisc add dev eth0 root netem delay {delay}ms limit 100000
+echo RECEIVER-UP
+iperf3 -s
+"""
+
+SENDER = r"""
+modprobe tcp_{cc} 2>/dev/null; sysctl -qw net.ipv4.tcp_congestion_control={cc}
+i=0; until ping -c 1 -W 1 10.0.5.15 >/dev/null 2>&1; do i=$((i+1)); [ $i -lt 120 ] || exit 9; done
+iperf3 -c 10.0.5.15 -t {secs} -C {cc} -f k > /tmp/ip.txt 2>&1 &
+ip=$!
+while kill -0 $ip 2>/dev/null; do
+  ss -tin dst 10.0.5.15 | awk '{{r=""; b=0; for (i=1;i<=NF;i++) {{ if ($i ~ /^rtt:/) {{ split(substr($i,5),x,"/"); r=x[1] }} if ($i ~ /^bytes_acked:/) b=substr($i,13)+0 }} if (r!="" && b>m) {{ m=b; best=r }} }} END {{ if (best!="") print "RTT", best }}'
+  sleep 0.2
+done
+awk '/sender/ {{print "RETR", $9}} /receiver/ {{print "KBPS", $7}}' /tmp/ip.txt
+"""
+
+
+def sh(cmd, check=True):
+    return subprocess.run(cmd, shell=True, check=check, capture_output=True, text=True)
+
+
+def wait_net(name):
+    for _ in range(600):
+        if subprocess.run([VMSIGHT, "net", name, "info"], capture_output=True).returncode == 0:
+            return
+        time.sleep(0.1)
+    sys.exit(f"VM {name} has no network")
+
+
+def link(a):
+    """veth between the sender's and the receiver's namespaces, routes, the bottleneck."""
+    s, r = "vmsight-fvs", "vmsight-fvr"
+    for c in [
+        "ip link add fvs0 type veth peer name fvr0",
+        f"ip link set fvs0 netns {s}", f"ip link set fvr0 netns {r}",
+        f"ip -n {s} addr add 10.0.9.1/30 dev fvs0", f"ip -n {s} link set fvs0 up",
+        f"ip -n {r} addr add 10.0.9.2/30 dev fvr0", f"ip -n {r} link set fvr0 up",
+        f"ip -n {s} route add 10.0.5.0/24 via 10.0.9.2",
+        f"ip -n {r} route add 10.0.2.0/24 via 10.0.9.1",
+        f"ip netns exec {s} sysctl -qw net.ipv4.ip_forward=1",
+        f"ip netns exec {r} sysctl -qw net.ipv4.ip_forward=1",
+        f"tc -n {s} qdisc add dev fvs0 root tbf rate {a.rate * 8}kbit burst 32kb limit {a.queue}kb",
+    ]:
+        sh(c)
+
+
+def pct(xs, p):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(p / 100 * len(xs)))] if xs else float("nan")
+
+
+def sender_run(a, cc, foxy, tmp):
+    stats = os.path.join(tmp, f"s-{cc}-{foxy}.json")
+    args = [VMSIGHT, "run", "--name", "fvs", "--stats-json", stats]
+    if foxy:
+        args.append("--foxyvegas")
+    args += ["--", "sh", "-c", SENDER.format(cc=cc, secs=a.secs)]
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_net("fvs")
+    link(a)
+    out, err = p.communicate()
+    if p.returncode != 0:
+        sys.exit(f"sender {cc} foxy={foxy} failed: {err[-1500:]}")
+    rtts = [float(line.split()[1]) for line in out.splitlines() if line.startswith("RTT ")]
+    kbps = [float(line.split()[1]) for line in out.splitlines() if line.startswith("KBPS ")]
+    retr = [int(line.split()[1]) for line in out.splitlines() if line.startswith("RETR ") and line.split()[1].isdigit()]
+    st = json.load(open(stats))
+    fv = st["nics"][0].get("foxyvegas") or {}
+    return {"kBps": (kbps[0] / 8) if kbps else float("nan"), "retr": retr[0] if retr else -1,
+            "rtt50": pct(rtts, 50), "rtt99": pct(rtts, 99), "samples": len(rtts),
+            "rewrites": fv.get("rewrites", 0), "base_rtt_us": fv.get("min_base_rtt_us", 0)}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ccs", default="cubic,reno,bic,bbr,vegas,westwood")
+    ap.add_argument("--secs", type=int, default=20)
+    ap.add_argument("--reps", type=int, default=1)
+    ap.add_argument("--rate", type=int, default=2000, help="bottleneck KB/s")
+    ap.add_argument("--queue", type=int, default=6000, help="bottleneck queue KB")
+    ap.add_argument("--delay-ms", type=int, default=10)
+    ap.add_argument("--verbose", action="store_true")
+    a = ap.parse_args()
+    ccs = (ALL_CCS if a.ccs == "all" else a.ccs).split(",")
+    tmp = tempfile.mkdtemp(prefix="bench-fv-")
+    rcv = subprocess.Popen([VMSIGHT, "run", "--name", "fvr",
+                            "--net", "isolated,ip=10.0.5.15/24,gw=10.0.5.1,host=10.0.5.1/24",
+                            "--", "sh", "-c", RECEIVER.format(delay=a.delay_ms)],
+                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    for line in rcv.stdout:
+        if line.strip() == "RECEIVER-UP":
+            break
+    rows = {}
+    try:
+        for rep in range(a.reps):
+            for cc in ccs:
+                for foxy in ([False, True] if rep % 2 == 0 else [True, False]):
+                    r = sender_run(a, cc, foxy, tmp)
+                    rows.setdefault((cc, foxy), []).append(r)
+                    print(f"{cc:10} foxy={int(foxy)}: {r['kBps']:.0f} KB/s retr {r['retr']} "
+                          f"rtt p50 {r['rtt50']:.1f} p99 {r['rtt99']:.1f} ms ({r['samples']} samples) "
+                          f"rewrites {r['rewrites']}", file=sys.stderr)
+    finally:
+        rcv.terminate()
+        rcv.wait()
+    med = lambda rs, k: statistics.median(r[k] for r in rs)  # noqa: E731
+    print(f"\nbench/foxyvegas.py --ccs {a.ccs} --secs {a.secs} --reps {a.reps} --rate {a.rate} "
+          f"--queue {a.queue} --delay-ms {a.delay_ms}; load {os.getloadavg()[0]:.2f}\n")
+    print("| cc | KB/s off | KB/s on | on/off | retr off | retr on | RTT p50 off | RTT p50 on | RTT p99 off | RTT p99 on | rewrites |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for cc in ccs:
+        off, on = rows[(cc, False)], rows[(cc, True)]
+        print(f"| {cc} | {med(off,'kBps'):.0f} | {med(on,'kBps'):.0f} | {med(on,'kBps')/med(off,'kBps'):.2f}x | "
+              f"{med(off,'retr'):.0f} | {med(on,'retr'):.0f} | {med(off,'rtt50'):.1f} | {med(on,'rtt50'):.1f} | "
+              f"{med(off,'rtt99'):.1f} | {med(on,'rtt99'):.1f} | {med(on,'rewrites'):.0f} |")
+    base = [r["base_rtt_us"] for rs in rows.values() for r in rs if r["base_rtt_us"]]
+    if base:
+        print(f"\nbase RTT at the device (FoxyVegas, min over flows): median {statistics.median(base)/1000:.1f} ms; "
+              "RTT columns are the sender guest's smoothed RTT (ss -ti), ms")
+
+
+if __name__ == "__main__":
+    main()
