@@ -1012,20 +1012,41 @@ impl FoxyVegas {
         self.insert_flow(key, flow);
     }
 
-    fn guest_frame(&mut self, key: FlowKey, seg: &TcpSegment, frame: &Frame, now: u64) {
+    /// A RST ends the flow; a SYN (or SYN-ACK) is a handshake step. True when `seg` was one
+    /// of them (nothing else to do with it). `sender` sent it.
+    fn reset_or_handshake(
+        &mut self,
+        sender: Opener,
+        key: FlowKey,
+        seg: &TcpSegment,
+        now: u64,
+    ) -> bool {
         let f = seg.flags;
         if f.rst {
             self.half_open.remove(&key);
             self.remove_flow(&key);
             self.gauges();
-            return;
+            return true;
         }
-        if f.syn {
-            if f.ack {
-                self.complete_handshake(Opener::Peer, key, seg, now);
-            } else {
-                self.note_syn(Opener::Guest, key, seg, now);
-            }
+        if !f.syn {
+            return false;
+        }
+        if f.ack {
+            // A SYN-ACK completes the handshake the other side opened.
+            let opener = match sender {
+                Opener::Guest => Opener::Peer,
+                Opener::Peer => Opener::Guest,
+            };
+            self.complete_handshake(opener, key, seg, now);
+        } else {
+            self.note_syn(sender, key, seg, now);
+        }
+        true
+    }
+
+    fn guest_frame(&mut self, key: FlowKey, seg: &TcpSegment, frame: &Frame, now: u64) {
+        let f = seg.flags;
+        if self.reset_or_handshake(Opener::Guest, key, seg, now) {
             return;
         }
         if !self.flows.contains_key(&key) {
@@ -1067,18 +1088,7 @@ impl FoxyVegas {
 
     fn peer_frame(&mut self, key: FlowKey, seg: &TcpSegment, frame: &mut Frame, now: u64) {
         let f = seg.flags;
-        if f.rst {
-            self.half_open.remove(&key);
-            self.remove_flow(&key);
-            self.gauges();
-            return;
-        }
-        if f.syn {
-            if f.ack {
-                self.complete_handshake(Opener::Guest, key, seg, now);
-            } else {
-                self.note_syn(Opener::Peer, key, seg, now);
-            }
+        if self.reset_or_handshake(Opener::Peer, key, seg, now) {
             return;
         }
         let Some(flow) = self.flows.get_mut(&key) else {
