@@ -125,8 +125,10 @@ fn open_tap(vm: &str, name: &str, ns: Option<&Path>) -> Result<Tap, LaunchError>
 }
 
 /// Makes the VM's namespace, replacing one left by a run that did not clean up (the VM's
-/// name is exclusive: its runtime directory is already ours).
+/// name is exclusive: its runtime directory is already ours), and removes the namespaces of
+/// other VMs that are gone.
 fn make_netns(vm: &str) -> Result<Netns, String> {
+    sweep_stale_netns(&vmsight_proto::layout::RuntimeLayout::from_env());
     let name = netns_name(vm);
     if netns_path(&name).exists() {
         tracing::info!("removing the stale network namespace {name}");
@@ -136,6 +138,46 @@ fn make_netns(vm: &str) -> Result<Netns, String> {
         format!("{e} (an isolated network needs root or CAP_SYS_ADMIN; --net none runs without)")
     })?;
     Ok(Netns { name })
+}
+
+/// Removes `vmsight-NAME` namespaces whose VM is gone: a `vmsight run` killed with SIGKILL
+/// never reaches teardown, and its namespace would stay forever. A VM is gone when it has no
+/// runtime directory, or its `vm.json` names a process that no longer runs; a directory without
+/// `vm.json` is a VM still starting, and its namespace stays. Returns how many went.
+pub fn sweep_stale_netns(layout: &vmsight_proto::layout::RuntimeLayout) -> usize {
+    let Ok(rd) = std::fs::read_dir("/run/netns") else {
+        return 0;
+    };
+    let mut removed = 0;
+    for e in rd.filter_map(Result::ok) {
+        let ns = e.file_name().to_string_lossy().into_owned();
+        let Some(vm) = ns.strip_prefix("vmsight-") else {
+            continue;
+        };
+        if !vm_is_gone(layout, vm) {
+            continue;
+        }
+        match ip(&["netns", "del", &ns]) {
+            Ok(()) => {
+                tracing::info!("removed the network namespace {ns} of a VM that is gone");
+                removed += 1;
+            }
+            Err(e) => tracing::debug!("cannot remove {ns}: {e}"),
+        }
+    }
+    removed
+}
+
+/// Whether VM `vm` has neither a runtime directory nor a live owner process.
+fn vm_is_gone(layout: &vmsight_proto::layout::RuntimeLayout, vm: &str) -> bool {
+    let paths = layout.vm(vm);
+    if !paths.dir().exists() {
+        return true;
+    }
+    match paths.read_record() {
+        Some(r) => !vmsight_proto::layout::pid_alive(r.pid),
+        None => false,
+    }
 }
 
 /// The tap of VM `vm` on a bridge: `vms` and 6 hex digits of a hash of the name (15 bytes at
@@ -166,6 +208,26 @@ pub fn may_isolate() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_vm_is_gone_without_a_runtime_dir_or_with_a_dead_owner_and_kept_while_starting() {
+        let d = tempfile::tempdir().expect("dir");
+        let layout = vmsight_proto::layout::RuntimeLayout::at(d.path());
+        assert!(vm_is_gone(&layout, "nodir"));
+        std::fs::create_dir(d.path().join("starting")).expect("dir");
+        assert!(
+            !vm_is_gone(&layout, "starting"),
+            "no vm.json yet: still starting"
+        );
+        for (name, pid) in [("dead", 0x7fff_fff0u32), ("live", std::process::id())] {
+            let dir = d.path().join(name);
+            std::fs::create_dir(&dir).expect("dir");
+            let rec = serde_json::json!({"name": name, "pid": pid});
+            std::fs::write(dir.join("vm.json"), rec.to_string()).expect("record");
+        }
+        assert!(vm_is_gone(&layout, "dead"));
+        assert!(!vm_is_gone(&layout, "live"));
+    }
 
     #[test]
     fn bridge_tap_names_fit_and_are_stable() {
