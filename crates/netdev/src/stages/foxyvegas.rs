@@ -296,6 +296,7 @@ pub struct FoxyVegasMetrics {
     rewrites: AtomicU64,
     rewrite_log_errors: AtomicU64,
     min_base_rtt_us: AtomicU64,
+    lowest_base_rtt_us: AtomicU64,
     flows: Mutex<Vec<FlowSnapshot>>,
 }
 
@@ -335,6 +336,10 @@ pub struct FoxyVegasSnapshot {
     pub rewrite_log_errors: u64,
     /// Smallest base RTT over the active flows with samples, in µs (0 if none).
     pub min_base_rtt_us: u64,
+    /// Smallest base RTT of any flow since the stage started, in µs (0 if none): what
+    /// `min_base_rtt_us` was at its lowest, kept after the flows end.
+    #[serde(default)]
+    pub lowest_base_rtt_us: u64,
 }
 
 /// One flow in [`FoxyVegasMetrics::flows`].
@@ -383,6 +388,7 @@ impl FoxyVegasMetrics {
             rewrites: g(&self.rewrites),
             rewrite_log_errors: g(&self.rewrite_log_errors),
             min_base_rtt_us: g(&self.min_base_rtt_us),
+            lowest_base_rtt_us: g(&self.lowest_base_rtt_us),
         }
     }
 
@@ -1178,6 +1184,13 @@ impl FoxyVegas {
         self.metrics
             .min_base_rtt_us
             .store(min_base, Ordering::Relaxed);
+        if min_base > 0 {
+            let _ = self.metrics.lowest_base_rtt_us.fetch_update(
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+                |cur| (cur == 0 || min_base < cur).then_some(min_base),
+            );
+        }
         let mut recent: Vec<(&FlowKey, &Flow)> = self.flows.iter().collect();
         let by_recency =
             |a: &(&FlowKey, &Flow), b: &(&FlowKey, &Flow)| b.1.last_ns.cmp(&a.1.last_ns);
@@ -1796,6 +1809,17 @@ mod tests {
         assert_eq!(only_flow(&fv).snd_una, 64_001);
         fv.tick(171 * MS);
         assert_eq!(m.snapshot().min_base_rtt_us, 10_000);
+        // The flow ends (RST): no active flow, but the lowest base RTT stays.
+        let rst = Fl {
+            rst: true,
+            ..ack(64_001)
+        };
+        let mut r = c.seg(false, PEER_ISN + 1, rst, 0, &[], 0);
+        p(&mut fv, &mut r, 180 * MS);
+        fv.tick(400 * MS);
+        let s = m.snapshot();
+        assert_eq!((s.flows_active, s.min_base_rtt_us), (0, 0));
+        assert_eq!(s.lowest_base_rtt_us, 10_000);
     }
 
     #[test]
@@ -2311,6 +2335,7 @@ mod tests {
             (s.flows_expired, s.flows_active, s.min_base_rtt_us),
             (2, 0, 0)
         );
+
         assert!(m.flows().is_empty());
     }
 
