@@ -28,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 VMSIGHT = os.environ.get("VMSIGHT", os.path.join(os.path.dirname(__file__), "..", "target", "release", "vmsight"))
@@ -106,7 +107,7 @@ def sender_run(a, cc, foxy, tmp):
     fv = st["nics"][0].get("foxyvegas") or {}
     return {"kBps": (kbps[0] / 8) if kbps else float("nan"), "retr": retr[0] if retr else -1,
             "rtt50": pct(rtts, 50), "rtt99": pct(rtts, 99), "samples": len(rtts),
-            "rewrites": fv.get("rewrites", 0), "base_rtt_us": fv.get("min_base_rtt_us", 0)}
+            "rewrites": fv.get("rewrites", 0), "base_rtt_us": fv.get("lowest_base_rtt_us", 0)}
 
 
 def main():
@@ -128,6 +129,9 @@ def main():
     for line in rcv.stdout:
         if line.strip() == "RECEIVER-UP":
             break
+    # Keep draining the receiver's output (iperf3 -s reports every run): a full pipe would
+    # block the VM's stdout and its shutdown.
+    threading.Thread(target=lambda: [None for _ in rcv.stdout], daemon=True).start()
     rows = {}
     try:
         for rep in range(a.reps):
