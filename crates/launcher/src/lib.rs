@@ -2,6 +2,7 @@
 //! QMP, and supervises the VM from start to clean-up.
 
 pub mod accel;
+mod child;
 pub mod config;
 pub mod control;
 pub mod copymap;

@@ -3,7 +3,6 @@
 //! memfd, so it starts after QEMU), the VM record for `vmsight ps`, and QMP.
 
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -154,22 +153,7 @@ fn start_process(prep: &Prepared, args: &[String]) -> Result<std::process::Child
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
-    // SAFETY: the closure runs in the forked child before exec and only calls async-signal-safe
-    // functions (setpgid, prctl, getppid, kill).
-    unsafe {
-        cmd.pre_exec(|| {
-            // Own process group: a terminal's Ctrl-C reaches vmsight, which stops QEMU in order.
-            libc::setpgid(0, 0);
-            // If vmsight dies, even by SIGKILL, QEMU goes with it: no orphans.
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            if libc::getppid() == 1 {
-                libc::kill(libc::getpid(), libc::SIGKILL);
-            }
-            Ok(())
-        });
-    }
+    crate::child::tie_to_vmsight(&mut cmd);
     cmd.spawn().map_err(LaunchError::Spawn)
 }
 
