@@ -8,7 +8,7 @@ VMSIGHT := target/release/vmsight
 # Guest-booting tests are CPU-heavy under TCG on 2 cores; two at a time keeps both cores busy.
 TEST_THREADS ?= 2
 
-.PHONY: all setup build image run test unit-test guest-test lint bench clean
+.PHONY: all setup build tools image run test unit-test guest-test lint bench clean
 
 all: build
 
@@ -18,7 +18,11 @@ setup:
 build: setup
 	$(CARGO) build --release --workspace
 
-image: build
+# Host tools Debian does not package (virtiofsd), built from crates.io into the cache.
+tools: setup
+	bash scripts/build-tools.sh
+
+image: build tools
 	$(VMSIGHT) image build
 
 run: image
