@@ -61,6 +61,9 @@ enum Cmd {
     /// The network of a running VM: how its NIC is attached, or run a host command in its
     /// network namespace (docs/network.md).
     Net(crate::net::NetArgs),
+    /// The shared in-memory file system of a running VM (`--shared-mem`, Hylics): its host
+    /// directory, size and use, or a new size (docs/hylics.md).
+    Hylics(crate::hylics::HylicsArgs),
     /// Deduplicated volumes (iDedup): create, info, check, gc, export. Serve one with
     /// `vmsight run --disk VOL,dedup`.
     Dedup {
@@ -245,6 +248,11 @@ struct RunArgs {
     /// Write one JSON line per ACK FoxyVegas rewrote to FILE.
     #[arg(long, value_name = "FILE")]
     foxyvegas_log: Option<PathBuf>,
+    /// A host in-memory file system of SIZE shared with the guest (Hylics, docs/hylics.md):
+    /// a tmpfs served through virtio-fs by virtiofsd, mounted in the guest at /hylics;
+    /// options after commas: path=DIR (the guest's mount point), cache=auto|always|never|metadata.
+    #[arg(long, value_name = "SIZE[,OPTS]")]
+    shared_mem: Option<String>,
     /// Command to run in the guest as root; its stdout/stderr/exit status become vmsight's.
     #[arg(last = true, value_name = "CMD")]
     command: Vec<String>,
@@ -313,6 +321,7 @@ pub fn main() -> i32 {
         Cmd::Stages => cmd_stages(),
         Cmd::Idle(a) => crate::idle::run(a),
         Cmd::Net(a) => crate::net::run(a),
+        Cmd::Hylics(a) => crate::hylics::run(a),
         Cmd::Dedup { action } => crate::dedup::run(action),
     };
     match res {
@@ -407,6 +416,15 @@ impl TryFrom<RunArgs> for VmConfig {
         let stages = stage_requests(&a)?;
         let idle = idle_settings(&a)?;
         let net = net_settings(&a)?;
+        let share = a
+            .shared_mem
+            .as_deref()
+            .map(str::parse::<vmsight_launcher::hylics::ShareSpec>)
+            .transpose()
+            .map_err(|e| RunArgsError::Value {
+                option: "--shared-mem",
+                reason: e.to_string(),
+            })?;
         Ok(VmConfig {
             name: a.name.unwrap_or_else(generate_name),
             vcpus: a.vcpus,
@@ -434,6 +452,7 @@ impl TryFrom<RunArgs> for VmConfig {
             stages,
             idle,
             net,
+            share,
             metrics: a.metrics,
             stream: vmsight_launcher::stream::StreamConfig {
                 enabled: !a.no_stream,

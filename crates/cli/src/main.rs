@@ -2,6 +2,7 @@
 
 mod cli;
 mod dedup;
+mod hylics;
 mod idle;
 mod net;
 

@@ -269,6 +269,8 @@ pub struct VmConfig {
     pub idle: Option<IdleSettings>,
     /// The NIC (`--net`, `--net-pcap`, `--foxyvegas*`).
     pub net: crate::net::NetSettings,
+    /// `--shared-mem`: Hylics' shared in-memory file system.
+    pub share: Option<crate::hylics::ShareSpec>,
 }
 
 /// What `--background`, `--idle`, `--idle-interval`, `--idle-max-hold` and `--idle-log` ask

@@ -202,6 +202,7 @@ mod tests {
             ControlRequest::StreamStart => ControlReply::Refused("nothing to stream".into()),
             ControlRequest::DedupGc { .. } => ControlReply::DedupGc { freed: 3 },
             ControlRequest::Idle { .. } => ControlReply::IdleMarks(Vec::new()),
+            ControlRequest::ShareResize { .. } => ControlReply::Refused("no share".into()),
         });
         ControlServer::serve(sock, service).expect("binds")
     }

@@ -82,6 +82,18 @@ pub enum LaunchError {
         #[source]
         source: vmsight_netdev::NetError,
     },
+    #[error("VM {vm}: shared in-memory file system: {source}")]
+    Share {
+        vm: String,
+        #[source]
+        source: crate::hylics::ShareError,
+    },
+    #[error("VM {vm}: shared in-memory file system: {source}")]
+    Virtiofsd {
+        vm: String,
+        #[source]
+        source: crate::hylics::VirtiofsdError,
+    },
     #[error("cannot set up the plugin channel: {0}")]
     Channel(String),
     #[error("QMP: {0}")]

@@ -10,6 +10,7 @@ pub mod devices;
 pub mod disksource;
 pub mod error;
 pub mod guestio;
+pub mod hylics;
 pub mod idle;
 pub mod net;
 pub mod process;

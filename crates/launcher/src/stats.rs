@@ -91,6 +91,9 @@ pub struct RunStats {
     pub disks: Vec<DiskStats>,
     /// NICs (vmsight's network devices).
     pub nics: Vec<NetStats>,
+    /// The shared in-memory file system (`--shared-mem`), as it was at the end.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub share: Option<vmsight_proto::hylics::ShareInfo>,
     /// Classification counters of `--insights`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub insights: Option<vmsight_insight::ClassCounters>,
@@ -178,6 +181,7 @@ impl RunStats {
             records_drained: trace.as_ref().map(|t| t.records).unwrap_or(0),
             disks,
             nics: Vec::new(),
+            share: None,
             insights: None,
             trace,
             memory: ProcessMemory::read_self(),
@@ -269,6 +273,19 @@ impl fmt::Display for RunStats {
             for line in &n.stage_lines {
                 writeln!(f, "    {line}")?;
             }
+        }
+        if let Some(s) = &self.share {
+            writeln!(
+                f,
+                "  share {} (host {}): {} KiB of {} KiB used, {} files, {} resizes, cache {}",
+                s.guest_path,
+                s.host_path,
+                s.used_bytes / 1024,
+                s.size_bytes / 1024,
+                s.files,
+                s.resizes,
+                s.cache
+            )?;
         }
         for (i, d) in self.disks.iter().enumerate() {
             let m = &d.metrics;

@@ -41,6 +41,12 @@ pub enum ControlRequest {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         target: Option<String>,
     },
+    /// Resize the VM's shared in-memory file system (`vmsight hylics NAME resize SIZE`); the
+    /// reply is the share afterwards. Shrinking below what is in use is refused.
+    ShareResize {
+        /// The new size limit, bytes.
+        bytes: u64,
+    },
 }
 
 /// What an [`ControlRequest::Idle`] request does.
@@ -62,7 +68,7 @@ pub struct IdleMark {
 }
 
 /// The `cmd` of every [`ControlRequest`] (a test checks the list against the enum).
-const COMMANDS: [&str; 4] = ["status", "stream-start", "dedup-gc", "idle"];
+const COMMANDS: [&str; 5] = ["status", "stream-start", "dedup-gc", "idle", "share-resize"];
 
 /// Why a request line is not a valid request.
 #[derive(Debug, thiserror::Error)]
@@ -167,6 +173,8 @@ pub enum ControlReply {
     },
     /// The background marks after an [`ControlRequest::Idle`] request.
     IdleMarks(Vec<IdleMark>),
+    /// The share after a [`ControlRequest::ShareResize`] request.
+    Share(crate::hylics::ShareInfo),
     /// The request was refused; the sentence says why.
     Refused(String),
 }
@@ -202,6 +210,8 @@ struct WireReply {
     freed: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     marks: Option<Vec<IdleMark>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    share: Option<crate::hylics::ShareInfo>,
 }
 
 impl WireReply {
@@ -215,6 +225,7 @@ impl WireReply {
             attached: None,
             freed: None,
             marks: None,
+            share: None,
         }
     }
 }
@@ -238,6 +249,10 @@ impl From<ControlReply> for WireReply {
                 marks: Some(marks),
                 ..WireReply::empty(true)
             },
+            ControlReply::Share(share) => WireReply {
+                share: Some(share),
+                ..WireReply::empty(true)
+            },
             ControlReply::Refused(error) => WireReply {
                 error: Some(error),
                 ..WireReply::empty(false)
@@ -248,7 +263,7 @@ impl From<ControlReply> for WireReply {
 
 /// A reply with `"ok": true` but no status in it.
 #[derive(Debug, thiserror::Error)]
-#[error("the reply has none of \"error\", \"disks\", \"freed\" and \"marks\"")]
+#[error("the reply has none of \"error\", \"disks\", \"freed\", \"marks\" and \"share\"")]
 pub struct NoStatus;
 
 impl TryFrom<WireReply> for ControlReply {
@@ -266,6 +281,9 @@ impl TryFrom<WireReply> for ControlReply {
         }
         if let (Some(marks), None) = (w.marks, &w.disks) {
             return Ok(ControlReply::IdleMarks(marks));
+        }
+        if let (Some(share), None) = (w.share, &w.disks) {
+            return Ok(ControlReply::Share(share));
         }
         let status = VmStatus {
             disks: w.disks.ok_or(NoStatus)?,
@@ -330,6 +348,16 @@ mod tests {
             }
         );
         assert_eq!(COMMANDS[3], "idle");
+        let resize = ControlRequest::ShareResize { bytes: 1 << 20 };
+        assert_eq!(
+            resize.to_line(),
+            r#"{"cmd":"share-resize","bytes":1048576}"#
+        );
+        assert_eq!(
+            ControlRequest::parse(&resize.to_line()).expect("parses"),
+            resize
+        );
+        assert_eq!(COMMANDS[4], "share-resize");
     }
 
     #[test]
@@ -341,7 +369,7 @@ mod tests {
         let e = ControlRequest::parse(r#"{"cmd":"reboot"}"#).expect_err("bad");
         assert_eq!(
             e.to_string(),
-            "unknown command \"reboot\" (known: status, stream-start, dedup-gc, idle)"
+            "unknown command \"reboot\" (known: status, stream-start, dedup-gc, idle, share-resize)"
         );
     }
 
@@ -399,6 +427,16 @@ mod tests {
                 source: "cli".into(),
             }]),
             ControlReply::IdleMarks(vec![]),
+            ControlReply::Share(crate::hylics::ShareInfo {
+                host_path: "/run/vmsight/a/share".into(),
+                guest_path: "/hylics".into(),
+                tag: "vmsight-hylics".into(),
+                size_bytes: 64 << 20,
+                used_bytes: 4096,
+                files: 1,
+                cache: "auto".into(),
+                resizes: 1,
+            }),
             ControlReply::Refused("unknown command".into()),
         ] {
             assert_eq!(ControlReply::parse(&r.to_line()).expect("parses"), r);

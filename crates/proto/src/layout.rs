@@ -41,6 +41,14 @@ pub const BLOCKTAG_SHM: &str = "blocktag.shm";
 pub const NET_SOCKET: &str = "net0.sock";
 /// `net.json`: how the VM's NIC is attached ([`crate::net::NetInfo`]), for `vmsight net`.
 pub const NET_INFO: &str = "net.json";
+/// virtiofsd's vhost-user socket (the shared in-memory file system, Hylics).
+pub const FS_SOCKET: &str = "fs0.sock";
+/// `hylics.json`: the VM's share ([`crate::hylics::ShareInfo`]), for `vmsight hylics`.
+pub const HYLICS_INFO: &str = "hylics.json";
+/// The mount point of the VM's share (a tmpfs) inside its directory.
+pub const SHARE_DIR: &str = "share";
+/// virtiofsd's log.
+pub const VIRTIOFSD_LOG: &str = "virtiofsd.log";
 /// Copy of the guest's serial console.
 pub const CONSOLE_LOG: &str = "console.log";
 /// QEMU's stderr.
@@ -246,6 +254,27 @@ impl VmPaths {
     /// `net.json`.
     pub fn net_info(&self) -> PathBuf {
         self.file(NET_INFO)
+    }
+
+    /// virtiofsd's vhost-user socket.
+    pub fn fs_socket(&self) -> PathBuf {
+        self.file(FS_SOCKET)
+    }
+
+    /// The share's mount point.
+    pub fn share_dir(&self) -> PathBuf {
+        self.file(SHARE_DIR)
+    }
+
+    /// `hylics.json`.
+    pub fn hylics_info(&self) -> PathBuf {
+        self.file(HYLICS_INFO)
+    }
+
+    /// Reads `hylics.json`; `None` if the VM has no share (or the file is unreadable).
+    pub fn read_hylics_info(&self) -> Option<crate::hylics::ShareInfo> {
+        let data = fs::read(self.hylics_info()).ok()?;
+        serde_json::from_slice(&data).ok()
     }
 
     /// Reads `net.json`; `None` if the VM has no NIC (or the file is unreadable).

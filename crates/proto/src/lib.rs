@@ -17,6 +17,7 @@
 //! object loaded into QEMU, links it too.
 
 pub mod control;
+pub mod hylics;
 pub mod insight;
 pub mod layout;
 pub mod net;

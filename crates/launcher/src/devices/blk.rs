@@ -183,6 +183,7 @@ impl Device for BlkDevice {
         DeviceReport {
             disk: Some(ds),
             net: None,
+            share: None,
             error,
         }
     }

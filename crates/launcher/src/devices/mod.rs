@@ -10,6 +10,7 @@
 //! [`DEVICES`]. See ARCHITECTURE.md, "Where to add a device".
 
 pub mod blk;
+pub mod fs;
 pub mod net;
 
 use std::sync::Arc;
@@ -22,7 +23,7 @@ use crate::stream::DiskStream;
 use crate::vm::prepare::Prepared;
 
 /// Every device kind, started in this order.
-pub static DEVICES: &[&DeviceEntry] = &[&blk::ENTRY, &net::ENTRY];
+pub static DEVICES: &[&DeviceEntry] = &[&blk::ENTRY, &net::ENTRY, &fs::ENTRY];
 
 /// How an entry starts its devices.
 pub type StartFn = fn(&DeviceEnv<'_>) -> Result<Vec<Box<dyn Device>>, LaunchError>;
@@ -53,6 +54,8 @@ pub struct DeviceEnv<'a> {
     pub streams: &'a [DiskStream],
     /// FoxyIdle's attribution, when FoxyIdle is on (every disk gets an idle stage).
     pub idle: Option<&'a std::sync::Arc<crate::idle::Attributor>>,
+    /// The VM's shared in-memory file system, when `--shared-mem` asks for one.
+    pub share: Option<&'a std::sync::Arc<crate::hylics::Share>>,
 }
 
 /// A running device.
@@ -105,6 +108,8 @@ pub struct DeviceReport {
     pub disk: Option<DiskStats>,
     /// NIC counters (network devices).
     pub net: Option<crate::stats::NetStats>,
+    /// The share at the end (the virtio-fs device).
+    pub share: Option<vmsight_proto::hylics::ShareInfo>,
     /// The backend ended with an error.
     pub error: Option<String>,
 }

@@ -209,6 +209,7 @@ impl Device for QemuNic {
         DeviceReport {
             disk: None,
             net: None,
+            share: None,
             error: None,
         }
     }
@@ -282,6 +283,7 @@ impl Device for NetDeviceRun {
         DeviceReport {
             disk: None,
             net: Some(ns),
+            share: None,
             error,
         }
     }

@@ -32,6 +32,7 @@ pub struct ControlState {
     devices: Vec<DeviceMetrics>,
     insight: Option<vmsight_insight::InsightEngine>,
     idle: Option<Arc<crate::idle::Attributor>>,
+    share: Option<Arc<crate::hylics::Share>>,
 }
 
 impl ControlState {
@@ -40,6 +41,7 @@ impl ControlState {
         devices: &[Box<dyn Device>],
         insight: Option<vmsight_insight::InsightEngine>,
         idle: Option<Arc<crate::idle::Attributor>>,
+        share: Option<Arc<crate::hylics::Share>>,
     ) -> Self {
         Self {
             streams: streams
@@ -55,6 +57,7 @@ impl ControlState {
             devices: devices.iter().map(|d| d.metrics()).collect(),
             insight,
             idle,
+            share,
         }
     }
 
@@ -136,6 +139,24 @@ impl ControlState {
                 )),
             },
             ControlRequest::Idle { action, target } => self.idle(action, target.as_deref()),
+            ControlRequest::ShareResize { bytes } => self.share_resize(bytes),
+        }
+    }
+
+    /// `vmsight hylics NAME resize SIZE`: the share afterwards, or why not.
+    fn share_resize(&self, bytes: u64) -> ControlReply {
+        let Some(share) = &self.share else {
+            return ControlReply::Refused(
+                "this VM has no shared in-memory file system (start it with --shared-mem SIZE)"
+                    .into(),
+            );
+        };
+        if let Err(e) = crate::hylics::spec::check_size(bytes) {
+            return ControlReply::Refused(e.to_string());
+        }
+        match share.resize(bytes) {
+            Ok(info) => ControlReply::Share(info),
+            Err(e) => ControlReply::Refused(e.to_string()),
         }
     }
 

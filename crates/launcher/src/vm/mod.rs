@@ -71,12 +71,14 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
     let insight = services::insight_engine(cfg)?;
     let mut streams = services::disk_streams(cfg, &prep);
     let idle = services::idle_attributor(cfg, &prep)?;
+    let share = services::share(cfg, &prep)?;
     let devices = devices::start_all(&DeviceEnv {
         cfg,
         prep: &prep,
         insight: insight.as_ref().map(|(e, _)| e),
         streams: &streams,
         idle: idle.as_ref(),
+        share: share.as_ref(),
     })?;
     phase("devices");
     let svc = services::start(
@@ -86,6 +88,7 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
         &mut streams,
         insight.as_ref().map(|(e, _)| e),
         idle,
+        share,
     )?;
     phase("services");
     let qemu = spawn::spawn(cfg, arts, &prep, &devices, &svc, insight.as_ref())?;
@@ -189,7 +192,12 @@ fn teardown(cfg: &VmConfig, prep: &Prepared, t: Teardown) -> RunOutcome {
     if let Some(h) = qemu.stderr_thread {
         let _ = h.join();
     }
-    let (disk_stats, nic_stats, backend_error) = finish_devices(devices, &mut streams);
+    let Finished {
+        disks: disk_stats,
+        nics: nic_stats,
+        share: share_info,
+        error: backend_error,
+    } = finish_devices(devices, &mut streams);
     let trace_summary = qemu.trace.map(|t| t.finish());
     // The trace (the insight engine's syscall feed) and the disks (its block feed) are done:
     // finish the insight log.
@@ -223,21 +231,28 @@ fn teardown(cfg: &VmConfig, prep: &Prepared, t: Teardown) -> RunOutcome {
     );
     stats.insights = insight_counters;
     stats.nics = nic_stats;
+    stats.share = share_info;
     RunOutcome {
         reason: ending.reason(&late),
         stats,
     }
 }
 
+/// What the devices reported at the end of a run.
+struct Finished {
+    disks: Vec<DiskStats>,
+    nics: Vec<NetStats>,
+    share: Option<vmsight_proto::hylics::ShareInfo>,
+    /// The first backend error.
+    error: Option<String>,
+}
+
 /// Joins every device and merges each disk's stream counters (the backend is gone, so its
-/// tap pushes no more: drain and stop the consumer). Returns the disks' stats and the first
-/// backend error.
-fn finish_devices(
-    devices: Vec<Box<dyn Device>>,
-    streams: &mut Vec<DiskStream>,
-) -> (Vec<DiskStats>, Vec<NetStats>, Option<String>) {
+/// tap pushes no more: drain and stop the consumer).
+fn finish_devices(devices: Vec<Box<dyn Device>>, streams: &mut Vec<DiskStream>) -> Finished {
     let mut disks = Vec::new();
     let mut nics = Vec::new();
+    let mut share = None;
     let mut error = None;
     for (i, d) in devices.into_iter().enumerate() {
         let report = d.finish();
@@ -245,6 +260,7 @@ fn finish_devices(
             error.get_or_insert(e);
         }
         nics.extend(report.net);
+        share = share.or(report.share);
         let Some(mut ds) = report.disk else {
             continue;
         };
@@ -255,7 +271,12 @@ fn finish_devices(
         }
         disks.push(ds);
     }
-    (disks, nics, error)
+    Finished {
+        disks,
+        nics,
+        share,
+        error,
+    }
 }
 
 /// What the supervising loop needs to carry out the supervisor's effects.

@@ -102,6 +102,24 @@ pub fn idle_attributor(
     .map(Some)
 }
 
+/// The VM's shared in-memory file system (a tmpfs in its runtime directory), when
+/// `--shared-mem` asks for one; the virtio-fs device serves it.
+pub fn share(
+    cfg: &VmConfig,
+    prep: &Prepared,
+) -> Result<Option<Arc<crate::hylics::Share>>, LaunchError> {
+    let Some(spec) = &cfg.share else {
+        return Ok(None);
+    };
+    let paths = prep.rt.paths();
+    crate::hylics::Share::create(&paths.share_dir(), &paths.hylics_info(), spec)
+        .map(|s| Some(Arc::new(s)))
+        .map_err(|source| LaunchError::Share {
+            vm: cfg.name.clone(),
+            source,
+        })
+}
+
 /// A file-update stream (tap queue) per writable disk; consumers start with the services.
 pub fn disk_streams(cfg: &VmConfig, prep: &Prepared) -> Vec<DiskStream> {
     prep.disks
@@ -119,6 +137,7 @@ pub fn start(
     streams: &mut [DiskStream],
     insight: Option<&InsightEngine>,
     idle: Option<Arc<crate::idle::Attributor>>,
+    share: Option<Arc<crate::hylics::Share>>,
 ) -> Result<Services, LaunchError> {
     let delivery = Arc::new(Delivery::open(
         cfg.stream.host.clone(),
@@ -143,7 +162,7 @@ pub fn start(
         ),
         None => None,
     };
-    let control = ControlState::new(streams, devices, insight.cloned(), idle.clone());
+    let control = ControlState::new(streams, devices, insight.cloned(), idle.clone(), share);
     let metrics = super::metrics::serve(cfg, devices, streams)?;
     let control = crate::control::ControlServer::serve(
         &prep.rt.paths().control_socket(),

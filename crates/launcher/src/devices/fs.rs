@@ -1,0 +1,145 @@
+//! vhost-user-fs: the VM's share (Hylics), served by virtiofsd from the tmpfs vmsight mounted
+//! for the VM (`crate::hylics`).
+
+use std::sync::{Arc, Mutex};
+
+use super::{Device, DeviceEntry, DeviceEnv, DeviceMetrics, DeviceReport};
+use crate::error::LaunchError;
+use crate::hylics::spec::TAG;
+use crate::hylics::virtiofsd::{self, Virtiofsd};
+use crate::hylics::Share;
+use crate::qemu::chardev_socket;
+use crate::stages::Sample;
+
+pub static ENTRY: DeviceEntry = DeviceEntry {
+    kind: "vhost-user-fs",
+    start,
+};
+
+/// QEMU's id of the device.
+const ID: &str = "fs0";
+/// virtqueue size (virtiofsd's default maximum).
+const QUEUE_SIZE: u16 = 1024;
+
+/// The share being served.
+pub struct FsDevice {
+    share: Arc<Share>,
+    socket: std::path::PathBuf,
+    /// Locked only to poll and to stop it.
+    daemon: Mutex<Option<Virtiofsd>>,
+    guest_cmdline: String,
+}
+
+fn start(env: &DeviceEnv<'_>) -> Result<Vec<Box<dyn Device>>, LaunchError> {
+    let (Some(spec), Some(share)) = (&env.cfg.share, env.share) else {
+        return Ok(Vec::new());
+    };
+    let vm = env.cfg.name.as_str();
+    let err = |source| LaunchError::Virtiofsd {
+        vm: vm.to_owned(),
+        source,
+    };
+    let bin = virtiofsd::find().map_err(err)?;
+    let paths = env.prep.rt.paths();
+    let socket = paths.fs_socket();
+    let daemon = Virtiofsd::start(
+        &bin,
+        &socket,
+        share.dir(),
+        spec.cache,
+        &env.prep.rt.join(vmsight_proto::layout::VIRTIOFSD_LOG),
+    )
+    .map_err(err)?;
+    Ok(vec![Box::new(FsDevice {
+        share: share.clone(),
+        socket,
+        daemon: Mutex::new(Some(daemon)),
+        guest_cmdline: spec.guest_cmdline(),
+    })])
+}
+
+impl Device for FsDevice {
+    fn kind(&self) -> &'static str {
+        ENTRY.kind
+    }
+
+    fn id(&self) -> String {
+        ID.into()
+    }
+
+    fn qemu_args(&self) -> Vec<String> {
+        vec![
+            "-chardev".into(),
+            chardev_socket(ID, &self.socket),
+            "-device".into(),
+            format!("vhost-user-fs-pci,chardev={ID},id={ID}dev,tag={TAG},queue-size={QUEUE_SIZE}"),
+        ]
+    }
+
+    fn kernel_args(&self) -> Vec<String> {
+        vec![self.guest_cmdline.clone()]
+    }
+
+    fn stopped(&self) -> Option<String> {
+        let mut d = self.daemon.lock().ok()?;
+        let daemon = d.as_mut()?;
+        daemon
+            .exited()
+            .map(|s| format!("virtiofsd exited ({s}): {}", daemon.log_tail()))
+    }
+
+    fn metrics(&self) -> DeviceMetrics {
+        let share = self.share.clone();
+        DeviceMetrics {
+            kind: ENTRY.kind,
+            id: self.id(),
+            disk: None,
+            samples: Arc::new(move || share_samples(&share)),
+            stages: Vec::new(),
+        }
+    }
+
+    fn finish(self: Box<Self>) -> DeviceReport {
+        let daemon = self.daemon.lock().ok().and_then(|mut d| d.take());
+        let error = daemon.and_then(|d| {
+            let tail = d.log_tail();
+            match d.stop() {
+                Some(s) if !s.success() => Some(format!("{ID}: virtiofsd exited ({s}): {tail}")),
+                _ => None,
+            }
+        });
+        DeviceReport {
+            disk: None,
+            net: None,
+            share: Some(self.share.info()),
+            error,
+        }
+    }
+}
+
+/// The share's size and use as metric samples (names in docs/metrics.md).
+fn share_samples(share: &Share) -> Vec<Sample> {
+    let i = share.info();
+    vec![
+        Sample::gauge(
+            "share_size_bytes",
+            "Size limit of the VM's shared in-memory file system.",
+            i.size_bytes,
+        ),
+        Sample::gauge(
+            "share_used_bytes",
+            "Bytes in use in the VM's shared in-memory file system.",
+            i.used_bytes,
+        ),
+        Sample::gauge(
+            "share_files",
+            "Files and directories in the VM's shared in-memory file system.",
+            i.files,
+        ),
+        Sample::counter(
+            "share_resizes_total",
+            "Resizes of the VM's shared in-memory file system.",
+            i.resizes,
+        ),
+    ]
+}
