@@ -91,6 +91,11 @@ impl LiveVm {
         self.seen[start..end].to_vec()
     }
 
+    /// Every stdout line seen so far (the VM may still run).
+    pub fn seen(&self) -> &[String] {
+        &self.seen
+    }
+
     pub fn send(&mut self, line: &str) {
         let s = self.stdin.as_mut().unwrap();
         s.write_all(line.as_bytes()).unwrap();

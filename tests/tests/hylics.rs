@@ -1,0 +1,268 @@
+//! Hylics' shared in-memory file system on real guests (issue 13, part 1), checked against
+//! independent oracles: sha256sum on both sides of the share, the guest's own `mount` table
+//! and `df`, the errors the guest's writes get at the limit (ENOSPC), the host's mount table,
+//! and what each VM's virtiofsd can reach (`/proc/PID/root` of the sandboxed daemon).
+#![allow(clippy::unwrap_used)] // Test code: a failed unwrap is a failed test.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+use vmsight_tests::*;
+
+/// sha256 of a host file, by the host's own sha256sum.
+fn sha256_host(path: &Path) -> String {
+    let o = Command::new("sha256sum").arg(path).output().unwrap();
+    assert!(o.status.success(), "sha256sum {}", path.display());
+    String::from_utf8_lossy(&o.stdout)[..64].to_owned()
+}
+
+/// The value after `key ` on the first stdout line that starts with it.
+fn field(lines: &[String], key: &str) -> String {
+    let prefix = format!("{key} ");
+    lines
+        .iter()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .unwrap_or_else(|| panic!("no {key:?} line in {lines:?}"))
+        .to_owned()
+}
+
+/// `vmsight hylics NAME path`.
+fn share_path(name: &str) -> PathBuf {
+    let r = run(&["hylics", name, "path"]);
+    assert_eq!(r.code, Some(0), "hylics path: {}", r.stderr);
+    PathBuf::from(r.stdout.trim())
+}
+
+/// Whether `dir` is a mount point in the host's mount table.
+fn host_mounted(dir: &Path) -> bool {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .any(|l| l.split(' ').nth(4) == Some(dir.to_str().unwrap()))
+}
+
+/// The PID of the virtiofsd serving `dir`.
+fn virtiofsd_of(dir: &Path) -> u32 {
+    let o = Command::new("pgrep")
+        .args(["-f", &format!("virtiofsd.*--shared-dir={}", dir.display())])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    out.split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .max() // the sandboxed child (virtiofsd forks into its namespaces)
+        .unwrap_or_else(|| panic!("no virtiofsd serves {}", dir.display()))
+}
+
+/// Names in a directory, sorted.
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("read {}: {e}", dir.display()))
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// The guest side: write a file, wait for the host's file, check the share across sync and a
+/// remount, hit the limit, wait for a resize, fill beyond the old limit.
+const SHARE_SCRIPT: &str = r#"
+set -u
+mount | grep -q ' on /hylics type virtiofs' && echo MOUNTED
+df -k /hylics | awk 'NR==2 {print "DF", $2}'
+head -c 8M /dev/urandom > /hylics/from-guest.bin
+sync
+echo "G $(sha256sum /hylics/from-guest.bin | cut -c1-64)"
+echo ===WROTE
+read go
+echo "H $(sha256sum /hylics/from-host.bin | cut -c1-64)"
+umount /hylics && mount -t virtiofs vmsight-hylics /hylics && echo REMOUNTED
+echo "G2 $(sha256sum /hylics/from-guest.bin | cut -c1-64)"
+echo "H2 $(sha256sum /hylics/from-host.bin | cut -c1-64)"
+if dd if=/dev/zero of=/hylics/fill bs=1M count=80 2>/tmp/err; then echo FILL ok; else echo "FILL $(tr "\n" " " < /tmp/err)"; fi
+rm -f /hylics/fill
+echo ===FULL
+read go
+df -k /hylics | awk 'NR==2 {print "DF2", $2}'
+dd if=/dev/zero of=/hylics/fill bs=1M count=80 2>/tmp/err && sync && echo FILL2 ok
+echo "G3 $(sha256sum /hylics/from-guest.bin | cut -c1-64)"
+echo ===DONE
+"#;
+
+#[test]
+fn the_share_holds_the_same_bytes_on_both_sides_across_remount_and_resize() {
+    let name = vm_name("share");
+    let mut vm = LiveVm::start(&[
+        "--name",
+        &name,
+        "--net",
+        "none",
+        "--shared-mem",
+        "64M",
+        "--stats-json",
+        &format!("/tmp/{name}.json"),
+        "--",
+        "sh",
+        "-c",
+        SHARE_SCRIPT,
+    ]);
+    vm.wait_line("===WROTE");
+    let dir = share_path(&name);
+    assert!(host_mounted(&dir), "{} is not a mount point", dir.display());
+
+    // Guest -> host: the same bytes.
+    let seen = vm.seen().to_vec();
+    assert!(seen.contains(&"MOUNTED".to_owned()), "{seen:?}");
+    // The guest's df sees the 64 MiB limit (tmpfs rounds nothing here).
+    assert_eq!(field(&seen, "DF"), (64 * 1024).to_string(), "{seen:?}");
+    assert_eq!(
+        field(&seen, "G"),
+        sha256_host(&dir.join("from-guest.bin")),
+        "the guest's file differs on the host"
+    );
+
+    // Host -> guest.
+    let blob: Vec<u8> = (0..5u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    std::fs::write(dir.join("from-host.bin"), &blob).unwrap();
+    let host_sha = sha256_host(&dir.join("from-host.bin"));
+    vm.send("go");
+    vm.wait_line("===FULL");
+    let seen = vm.seen().to_vec();
+    assert_eq!(
+        field(&seen, "H"),
+        host_sha,
+        "the host's file differs in the guest"
+    );
+    assert!(seen.contains(&"REMOUNTED".to_owned()), "{seen:?}");
+    assert_eq!(
+        field(&seen, "G2"),
+        field(&seen, "G"),
+        "lost across umount/mount"
+    );
+    assert_eq!(field(&seen, "H2"), host_sha, "lost across umount/mount");
+    // At the limit the guest's write fails with ENOSPC.
+    let fill = field(&seen, "FILL");
+    assert!(fill.contains("No space left on device"), "FILL {fill}");
+
+    // Shrinking below the 13 MiB in use is refused; growing works.
+    let r = run(&["hylics", &name, "resize", "4M"]);
+    assert_ne!(r.code, Some(0), "a shrink below the use must fail");
+    assert!(r.stderr.contains("in use"), "{}", r.stderr);
+    let r = run(&["hylics", &name, "resize", "128M"]);
+    assert_eq!(r.code, Some(0), "resize: {}", r.stderr);
+    let info = run(&["hylics", &name, "info", "--json"]);
+    let info: Value = serde_json::from_str(&info.stdout).unwrap();
+    assert_eq!(info["size_bytes"], 128u64 << 20);
+    assert_eq!(info["resizes"], 1);
+    assert_eq!(info["guest_path"], "/hylics");
+    vm.send("go");
+    vm.wait_line("===DONE");
+    let (code, seen, err) = vm.finish();
+    assert_eq!(code, Some(0), "stderr: {err}");
+    assert_eq!(field(&seen, "DF2"), (128 * 1024).to_string(), "{seen:?}");
+    assert!(seen.contains(&"FILL2 ok".to_owned()), "{seen:?}");
+    assert_eq!(field(&seen, "G3"), field(&seen, "G"));
+
+    // The stats report the share; the mount is gone with the VM.
+    let stats: Value =
+        serde_json::from_str(&std::fs::read_to_string(format!("/tmp/{name}.json")).unwrap())
+            .unwrap();
+    let _ = std::fs::remove_file(format!("/tmp/{name}.json"));
+    assert_eq!(stats["share"]["size_bytes"], 128u64 << 20, "{stats}");
+    assert_eq!(stats["share"]["resizes"], 1);
+    assert!(
+        !host_mounted(&dir),
+        "the share is still mounted after the VM"
+    );
+    assert!(!dir.exists(), "the share's directory outlived the VM");
+}
+
+/// Two VMs at once: each sees only its own share, and each virtiofsd's whole world (its root
+/// after the sandbox's pivot_root) is its VM's tmpfs.
+#[test]
+fn a_vm_sees_only_its_own_share_and_its_daemon_nothing_else() {
+    const SCRIPT: &str = r#"
+echo "mine-$1" > "/hylics/only-$1"
+sync
+echo ===WROTE
+read go
+echo "LS $(ls -A /hylics | tr '\n' ' ')"
+echo "UP $(ls -A /hylics/.. | grep -c .)"
+echo ===DONE
+"#;
+    let a = vm_name("share-a");
+    let b = vm_name("share-b");
+    let start = |name: &str, tag: &str| {
+        LiveVm::start(&[
+            "--name",
+            name,
+            "--net",
+            "none",
+            "--mem",
+            "256",
+            "--shared-mem",
+            "16M",
+            "--",
+            "sh",
+            "-c",
+            SCRIPT,
+            "sh",
+            tag,
+        ])
+    };
+    let mut va = start(&a, "a");
+    let mut vb = start(&b, "b");
+    va.wait_line("===WROTE");
+    vb.wait_line("===WROTE");
+    let (da, db) = (share_path(&a), share_path(&b));
+    assert_ne!(da, db);
+    // The host's view of each share: only that VM's file.
+    assert_eq!(names(&da), ["only-a"]);
+    assert_eq!(names(&db), ["only-b"]);
+    // Each daemon's root is its share: nothing of the host, nothing of the other VM.
+    for (dir, own) in [(&da, "only-a"), (&db, "only-b")] {
+        let pid = virtiofsd_of(dir);
+        let root = PathBuf::from(format!("/proc/{pid}/root"));
+        assert_eq!(
+            names(&root),
+            [own],
+            "virtiofsd {pid} reaches more than its share"
+        );
+    }
+    va.send("go");
+    vb.send("go");
+    va.wait_line("===DONE");
+    vb.wait_line("===DONE");
+    let (ca, la, ea) = va.finish();
+    let (cb, lb, eb) = vb.finish();
+    assert_eq!(ca, Some(0), "{ea}");
+    assert_eq!(cb, Some(0), "{eb}");
+    // The guests see the same: their own file only.
+    assert_eq!(field(&la, "LS").trim(), "only-a");
+    assert_eq!(field(&lb, "LS").trim(), "only-b");
+    // `..` of the mount point is the guest's own root, not anything of the host.
+    assert!(field(&la, "UP").parse::<u32>().unwrap() > 5);
+}
+
+#[test]
+fn bad_share_requests_get_clear_errors() {
+    let r = run(&["run", "--shared-mem", "4K", "--", "true"]);
+    assert_ne!(r.code, Some(0));
+    assert!(
+        r.stderr.contains("--shared-mem") && r.stderr.contains("out of range"),
+        "{}",
+        r.stderr
+    );
+    let r = run(&["run", "--shared-mem", "64M,path=/etc", "--", "true"]);
+    assert_ne!(r.code, Some(0));
+    assert!(r.stderr.contains("system directory"), "{}", r.stderr);
+    let r = run(&["run", "--shared-mem", "64M,cache=maybe", "--", "true"]);
+    assert_ne!(r.code, Some(0));
+    assert!(r.stderr.contains("unknown cache mode"), "{}", r.stderr);
+    let r = run(&["hylics", "no-such-vm-here", "path"]);
+    assert_ne!(r.code, Some(0));
+    assert!(r.stderr.contains("no running VM"), "{}", r.stderr);
+}
