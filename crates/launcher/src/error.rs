@@ -88,11 +88,11 @@ pub enum LaunchError {
         #[source]
         source: crate::hylics::ShareError,
     },
-    #[error("VM {vm}: shared in-memory file system: {source}")]
-    Virtiofsd {
+    #[error("VM {vm}: {source}")]
+    Daemon {
         vm: String,
         #[source]
-        source: crate::hylics::VirtiofsdError,
+        source: crate::daemon::DaemonError,
     },
     #[error("cannot set up the plugin channel: {0}")]
     Channel(String),

@@ -6,6 +6,7 @@ mod child;
 pub mod config;
 pub mod control;
 pub mod copymap;
+pub mod daemon;
 pub mod devices;
 pub mod disksource;
 pub mod error;

@@ -182,9 +182,8 @@ impl Device for BlkDevice {
         }
         DeviceReport {
             disk: Some(ds),
-            net: None,
-            share: None,
             error,
+            ..DeviceReport::default()
         }
     }
 }

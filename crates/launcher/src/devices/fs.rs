@@ -4,9 +4,10 @@
 use std::sync::{Arc, Mutex};
 
 use super::{Device, DeviceEntry, DeviceEnv, DeviceMetrics, DeviceReport};
+use crate::daemon::Daemon;
 use crate::error::LaunchError;
 use crate::hylics::spec::TAG;
-use crate::hylics::virtiofsd::{self, Virtiofsd};
+use crate::hylics::virtiofsd;
 use crate::hylics::Share;
 use crate::qemu::chardev_socket;
 use crate::stages::Sample;
@@ -26,7 +27,7 @@ pub struct FsDevice {
     share: Arc<Share>,
     socket: std::path::PathBuf,
     /// Locked only to poll and to stop it.
-    daemon: Mutex<Option<Virtiofsd>>,
+    daemon: Mutex<Option<Daemon>>,
     guest_cmdline: String,
 }
 
@@ -35,14 +36,14 @@ fn start(env: &DeviceEnv<'_>) -> Result<Vec<Box<dyn Device>>, LaunchError> {
         return Ok(Vec::new());
     };
     let vm = env.cfg.name.as_str();
-    let err = |source| LaunchError::Virtiofsd {
+    let err = |source| LaunchError::Daemon {
         vm: vm.to_owned(),
         source,
     };
     let bin = virtiofsd::find().map_err(err)?;
     let paths = env.prep.rt.paths();
     let socket = paths.fs_socket();
-    let daemon = Virtiofsd::start(
+    let daemon = virtiofsd::start(
         &bin,
         &socket,
         share.dir(),
@@ -81,11 +82,7 @@ impl Device for FsDevice {
     }
 
     fn stopped(&self) -> Option<String> {
-        let mut d = self.daemon.lock().ok()?;
-        let daemon = d.as_mut()?;
-        daemon
-            .exited()
-            .map(|s| format!("virtiofsd exited ({s}): {}", daemon.log_tail()))
+        self.daemon.lock().ok()?.as_mut()?.stopped()
     }
 
     fn metrics(&self) -> DeviceMetrics {
@@ -101,18 +98,11 @@ impl Device for FsDevice {
 
     fn finish(self: Box<Self>) -> DeviceReport {
         let daemon = self.daemon.lock().ok().and_then(|mut d| d.take());
-        let error = daemon.and_then(|d| {
-            let tail = d.log_tail();
-            match d.stop() {
-                Some(s) if !s.success() => Some(format!("{ID}: virtiofsd exited ({s}): {tail}")),
-                _ => None,
-            }
-        });
+        let error = daemon.and_then(Daemon::stop).map(|e| format!("{ID}: {e}"));
         DeviceReport {
-            disk: None,
-            net: None,
             share: Some(self.share.info()),
             error,
+            ..DeviceReport::default()
         }
     }
 }

@@ -102,7 +102,7 @@ impl std::fmt::Debug for DeviceMetrics {
 }
 
 /// What a device reports at the end of a run.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct DeviceReport {
     /// Disk counters (block devices).
     pub disk: Option<DiskStats>,

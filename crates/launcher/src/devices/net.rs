@@ -206,12 +206,7 @@ impl Device for QemuNic {
 
     fn finish(self: Box<Self>) -> DeviceReport {
         let _ = std::fs::remove_file(&self.info);
-        DeviceReport {
-            disk: None,
-            net: None,
-            share: None,
-            error: None,
-        }
+        DeviceReport::default()
     }
 }
 
@@ -281,10 +276,9 @@ impl Device for NetDeviceRun {
         let _ = std::fs::remove_file(&self.info);
         // The namespace goes with `self.host` (QEMU and the backend are gone).
         DeviceReport {
-            disk: None,
             net: Some(ns),
-            share: None,
             error,
+            ..DeviceReport::default()
         }
     }
 }

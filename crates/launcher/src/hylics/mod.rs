@@ -13,4 +13,3 @@ pub mod virtiofsd;
 
 pub use share::{Share, ShareError};
 pub use spec::{CacheMode, ShareSpec, ShareSpecError};
-pub use virtiofsd::VirtiofsdError;
