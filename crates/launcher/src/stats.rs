@@ -94,6 +94,9 @@ pub struct RunStats {
     /// The shared in-memory file system (`--shared-mem`), as it was at the end.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub share: Option<vmsight_proto::hylics::ShareInfo>,
+    /// Hylics' send offload (with a share).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub offload: Option<crate::hylics::offload::OffloadSnapshot>,
     /// Classification counters of `--insights`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub insights: Option<vmsight_insight::ClassCounters>,
@@ -182,6 +185,7 @@ impl RunStats {
             disks,
             nics: Vec::new(),
             share: None,
+            offload: None,
             insights: None,
             trace,
             memory: ProcessMemory::read_self(),
@@ -285,6 +289,18 @@ impl fmt::Display for RunStats {
                 s.files,
                 s.resizes,
                 s.cache
+            )?;
+        }
+        if let Some(o) = &self.offload {
+            writeln!(
+                f,
+                "  send offload: {} requests, {} files sent, {} KiB sent by the host, {} failed, {} bad requests, {} turned away",
+                o.requests,
+                o.files_sent,
+                o.bytes_sent / 1024,
+                o.failures,
+                o.bad_requests,
+                o.busy
             )?;
         }
         for (i, d) in self.disks.iter().enumerate() {

@@ -24,3 +24,134 @@ pub struct ShareInfo {
     /// Resizes since the VM started.
     pub resizes: u64,
 }
+
+/// The vsock port on the host (CID 2) where vmsight's Hylics service takes the guest
+/// library's requests.
+pub const SERVICE_PORT: u32 = 5100;
+/// The guest's vsock CID (each VM has its own vsock device, so every guest can have the same).
+pub const GUEST_CID: u32 = 3;
+/// The longest request line accepted (a guest that sends more is disconnected).
+pub const MAX_REQUEST_LINE: usize = 4096;
+
+/// A request from the guest library (`libhylics`) on the vsock channel: one JSON object per
+/// line; each gets one [`HylicsReply`] line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum HylicsRequest {
+    /// Module scheme: the host opens a TCP connection to `dest` (`IP:PORT`, from the VM's own
+    /// network namespace) and sends `len` bytes of the share's file `path` from `offset`
+    /// (`len` 0: to the end of the file), without the bytes passing through the guest.
+    SendFile {
+        dest: String,
+        /// Relative to the share's root (a leading `/` is allowed and means the same).
+        path: String,
+        #[serde(default)]
+        offset: u64,
+        #[serde(default)]
+        len: u64,
+    },
+}
+
+/// The answer to a [`HylicsRequest`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum HylicsReply {
+    /// Done: `bytes` were sent.
+    Sent { ok: True, bytes: u64 },
+    /// Refused or failed; nothing more will be sent for this request.
+    Failed { ok: False, error: String },
+}
+
+/// `true` on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "bool", into = "bool")]
+pub struct True;
+
+/// `false` on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "bool", into = "bool")]
+pub struct False;
+
+impl From<True> for bool {
+    fn from(_: True) -> bool {
+        true
+    }
+}
+
+impl From<False> for bool {
+    fn from(_: False) -> bool {
+        false
+    }
+}
+
+impl TryFrom<bool> for True {
+    type Error = &'static str;
+    fn try_from(b: bool) -> Result<Self, Self::Error> {
+        b.then_some(True).ok_or("expected true")
+    }
+}
+
+impl TryFrom<bool> for False {
+    type Error = &'static str;
+    fn try_from(b: bool) -> Result<Self, Self::Error> {
+        (!b).then_some(False).ok_or("expected false")
+    }
+}
+
+impl HylicsReply {
+    /// A success.
+    pub fn sent(bytes: u64) -> HylicsReply {
+        HylicsReply::Sent { ok: True, bytes }
+    }
+
+    /// A failure with its sentence.
+    pub fn failed(error: impl Into<String>) -> HylicsReply {
+        HylicsReply::Failed {
+            ok: False,
+            error: error.into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_wire_format_is_what_libhylics_writes_and_reads() {
+        let r: HylicsRequest = serde_json::from_str(
+            r#"{"op":"send-file","dest":"10.0.2.1:9000","path":"/v.mp4","offset":4096}"#,
+        )
+        .expect("parses");
+        assert_eq!(
+            r,
+            HylicsRequest::SendFile {
+                dest: "10.0.2.1:9000".into(),
+                path: "/v.mp4".into(),
+                offset: 4096,
+                len: 0
+            }
+        );
+        assert_eq!(
+            serde_json::to_string(&HylicsReply::sent(7)).expect("json"),
+            r#"{"ok":true,"bytes":7}"#
+        );
+        assert_eq!(
+            serde_json::to_string(&HylicsReply::failed("no")).expect("json"),
+            r#"{"ok":false,"error":"no"}"#
+        );
+        for r in [HylicsReply::sent(7), HylicsReply::failed("no")] {
+            let s = serde_json::to_string(&r).expect("json");
+            assert_eq!(serde_json::from_str::<HylicsReply>(&s).expect("parses"), r);
+        }
+    }
+
+    #[test]
+    fn unknown_operations_and_fields_are_refused() {
+        assert!(serde_json::from_str::<HylicsRequest>(r#"{"op":"rm","path":"/"}"#).is_err());
+        assert!(serde_json::from_str::<HylicsRequest>(
+            r#"{"op":"send-file","dest":"a","path":"b","mode":1}"#
+        )
+        .is_err());
+    }
+}

@@ -47,6 +47,13 @@ pub const FS_SOCKET: &str = "fs0.sock";
 pub const HYLICS_INFO: &str = "hylics.json";
 /// The mount point of the VM's share (a tmpfs) inside its directory.
 pub const SHARE_DIR: &str = "share";
+/// The vsock device's vhost-user socket (vhost-device-vsock).
+pub const VSOCK_SOCKET: &str = "vsock0.sock";
+/// The vsock device's host side (hybrid vsock): guest connections to host port P arrive at
+/// `vsock.sock_P`; host connections go through `vsock.sock` with `CONNECT P`.
+pub const VSOCK_UDS: &str = "vsock.sock";
+/// vhost-device-vsock's log.
+pub const VSOCK_LOG: &str = "vsock.log";
 /// virtiofsd's log.
 pub const VIRTIOFSD_LOG: &str = "virtiofsd.log";
 /// Copy of the guest's serial console.

@@ -12,6 +12,7 @@
 pub mod blk;
 pub mod fs;
 pub mod net;
+pub mod vsock;
 
 use std::sync::Arc;
 
@@ -23,7 +24,7 @@ use crate::stream::DiskStream;
 use crate::vm::prepare::Prepared;
 
 /// Every device kind, started in this order.
-pub static DEVICES: &[&DeviceEntry] = &[&blk::ENTRY, &net::ENTRY, &fs::ENTRY];
+pub static DEVICES: &[&DeviceEntry] = &[&blk::ENTRY, &net::ENTRY, &fs::ENTRY, &vsock::ENTRY];
 
 /// How an entry starts its devices.
 pub type StartFn = fn(&DeviceEnv<'_>) -> Result<Vec<Box<dyn Device>>, LaunchError>;
@@ -110,6 +111,8 @@ pub struct DeviceReport {
     pub net: Option<crate::stats::NetStats>,
     /// The share at the end (the virtio-fs device).
     pub share: Option<vmsight_proto::hylics::ShareInfo>,
+    /// The send offload's counters (the vsock device).
+    pub offload: Option<crate::hylics::offload::OffloadSnapshot>,
     /// The backend ended with an error.
     pub error: Option<String>,
 }

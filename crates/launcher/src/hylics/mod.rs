@@ -7,6 +7,7 @@
 //! the size limit changes while the VM runs (`vmsight hylics NAME resize SIZE`). The device is
 //! `crate::devices::fs`.
 
+pub mod offload;
 pub mod share;
 pub mod spec;
 pub mod virtiofsd;

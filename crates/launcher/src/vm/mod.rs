@@ -196,6 +196,7 @@ fn teardown(cfg: &VmConfig, prep: &Prepared, t: Teardown) -> RunOutcome {
         disks: disk_stats,
         nics: nic_stats,
         share: share_info,
+        offload: offload_stats,
         error: backend_error,
     } = finish_devices(devices, &mut streams);
     let trace_summary = qemu.trace.map(|t| t.finish());
@@ -232,6 +233,7 @@ fn teardown(cfg: &VmConfig, prep: &Prepared, t: Teardown) -> RunOutcome {
     stats.insights = insight_counters;
     stats.nics = nic_stats;
     stats.share = share_info;
+    stats.offload = offload_stats;
     RunOutcome {
         reason: ending.reason(&late),
         stats,
@@ -243,6 +245,7 @@ struct Finished {
     disks: Vec<DiskStats>,
     nics: Vec<NetStats>,
     share: Option<vmsight_proto::hylics::ShareInfo>,
+    offload: Option<crate::hylics::offload::OffloadSnapshot>,
     /// The first backend error.
     error: Option<String>,
 }
@@ -253,6 +256,7 @@ fn finish_devices(devices: Vec<Box<dyn Device>>, streams: &mut Vec<DiskStream>) 
     let mut disks = Vec::new();
     let mut nics = Vec::new();
     let mut share = None;
+    let mut offload = None;
     let mut error = None;
     for (i, d) in devices.into_iter().enumerate() {
         let report = d.finish();
@@ -261,6 +265,7 @@ fn finish_devices(devices: Vec<Box<dyn Device>>, streams: &mut Vec<DiskStream>) 
         }
         nics.extend(report.net);
         share = share.or(report.share);
+        offload = offload.or(report.offload);
         let Some(mut ds) = report.disk else {
             continue;
         };
@@ -275,6 +280,7 @@ fn finish_devices(devices: Vec<Box<dyn Device>>, streams: &mut Vec<DiskStream>) 
         disks,
         nics,
         share,
+        offload,
         error,
     }
 }
