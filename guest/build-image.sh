@@ -268,7 +268,7 @@ done
 # libvmsight (application hints, docs/insights.md): header, shared and static library, and the
 # LD_PRELOAD shim, which carries its own copy of the hint calls so it needs no other library.
 LIB="$RECIPE_DIR/lib"
-for f in vmsight.h vmsight.c preload.c; do
+for f in vmsight.h vmsight.c preload.c hylics.h hylics.c; do
     [ -f "$LIB/$f" ] || die "recipe file $LIB/$f is missing"
 done
 install -D -m 644 "$LIB/vmsight.h" "$ROOT/usr/local/include/vmsight.h"
@@ -281,6 +281,11 @@ run ar rcs "$ROOT/usr/local/lib/libvmsight.a" "$TMP/vmsight.o" || die "ar failed
 run gcc -O2 -fPIC -shared -Wall -Wextra -fvisibility=hidden \
     -o "$ROOT/usr/local/lib/libvmsight-preload.so" "$LIB/preload.c" "$LIB/vmsight.c" -ldl ||
     die "compiling libvmsight-preload.so failed"
+# libhylics (Hylics' send offload over vsock, docs/hylics.md).
+install -D -m 644 "$LIB/hylics.h" "$ROOT/usr/local/include/hylics.h"
+run gcc -O2 -fPIC -shared -Wall -Wextra -Wl,-soname,libhylics.so.1 \
+    -o "$ROOT/usr/local/lib/libhylics.so.1" "$LIB/hylics.c" || die "compiling libhylics.so failed"
+ln -sf libhylics.so.1 "$ROOT/usr/local/lib/libhylics.so"
 run ldconfig -r "$ROOT" || die "ldconfig failed in the root file system"
 
 # Helper programs are static unless their source has a "// build: dynamic FLAGS..." line (then
