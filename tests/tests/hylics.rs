@@ -266,3 +266,145 @@ fn bad_share_requests_get_clear_errors() {
     assert_ne!(r.code, Some(0));
     assert!(r.stderr.contains("no running VM"), "{}", r.stderr);
 }
+
+/// A TCP receiver for the VM's namespace: prints `GOT <sha256> <bytes>` per connection.
+const RECEIVER: &str = r#"
+import hashlib, socket, sys
+srv = socket.create_server((sys.argv[1], int(sys.argv[2])))
+print("LISTENING", flush=True)
+while True:
+    c, _ = srv.accept()
+    h = hashlib.sha256(); n = 0
+    while True:
+        b = c.recv(1 << 20)
+        if not b:
+            break
+        h.update(b); n += len(b)
+    print("GOT", h.hexdigest(), n, flush=True)
+    c.close()
+"#;
+
+/// The guest side of the send offload: a file in the share sent by the host (whole, then a
+/// range), the guest NIC's transmit counter around it, hostile requests.
+const OFFLOAD_SCRIPT: &str = r#"
+head -c 16M /dev/urandom > /hylics/video.bin
+sync
+echo "SHA $(sha256sum /hylics/video.bin | cut -c1-64)"
+tx0=$(cat /sys/class/net/eth0/statistics/tx_bytes)
+i=0; until hylics-send 10.0.2.1:9000 /hylics/video.bin > /tmp/n 2>/tmp/e; do i=$((i+1)); [ $i -lt 100 ] || { cat /tmp/e; exit 9; }; sleep 0.3; done
+tx1=$(cat /sys/class/net/eth0/statistics/tx_bytes)
+echo "SENT $(cat /tmp/n)"
+echo "TXDELTA $((tx1 - tx0))"
+echo "RANGE $(hylics-send 10.0.2.1:9000 video.bin 1000 5000)"
+echo "RANGESHA $(tail -c +1001 /hylics/video.bin | head -c 5000 | sha256sum | cut -c1-64)"
+echo "HEADSHA $(head -c 100 /hylics/video.bin | sha256sum | cut -c1-64)"
+hylics-send 10.0.2.1:9000 ../../../etc/passwd 2>/tmp/e; echo "ESCAPE $? $(cat /tmp/e)"
+hylics-send 127.0.0.1:22 video.bin 2>/tmp/e; echo "LOOPBACK $? $(cat /tmp/e)"
+python3 -c '
+import socket
+s = socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)
+s.connect((2, 5100))
+s.sendall(b"x" * 10000 + b"\n")
+print("JUNK", s.recv(200).decode().strip())
+'
+echo "AFTER $(hylics-send 10.0.2.1:9000 video.bin 0 100)"
+echo ===DONE
+"#;
+
+#[test]
+fn the_host_sends_a_share_file_for_the_guest_and_the_payload_skips_the_guest_nic() {
+    let name = vm_name("offload");
+    let stats_path = format!("/tmp/{name}.json");
+    let mut vm = LiveVm::start(&[
+        "--name",
+        &name,
+        "--shared-mem",
+        "64M",
+        "--stats-json",
+        &stats_path,
+        "--",
+        "sh",
+        "-c",
+        OFFLOAD_SCRIPT,
+    ]);
+    wait_until("the VM's network", 120, || {
+        run(&["net", &name, "info"]).code == Some(0)
+    });
+    let mut rx = Bg(vmsight()
+        .args([
+            "net", &name, "exec", "python3", "-c", RECEIVER, "10.0.2.1", "9000",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap());
+    let got = collect_lines(&mut rx.0);
+    vm.wait_line("===DONE");
+    let (code, seen, err) = vm.finish();
+    assert_eq!(code, Some(0), "stderr: {err}; stdout {seen:?}");
+    wait_until("the receiver's reports", 30, || {
+        got.lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.starts_with("GOT "))
+            .count()
+            >= 3
+    });
+    let got: Vec<String> = got
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| l.starts_with("GOT "))
+        .cloned()
+        .collect();
+
+    // The whole file: the receiver's sha256 is the guest's.
+    let sha = field(&seen, "SHA");
+    assert_eq!(got[0], format!("GOT {sha} {}", 16 << 20), "{got:?}");
+    assert_eq!(field(&seen, "SENT"), (16u64 << 20).to_string());
+    // The payload did not cross the guest's NIC: its transmit counter moved by far less than
+    // the 16 MiB sent (only the retries' and the guest's own chatter).
+    let tx: u64 = field(&seen, "TXDELTA").parse().unwrap();
+    assert!(
+        tx < 1 << 20,
+        "the guest's NIC sent {tx} bytes during the offload"
+    );
+    // A range: 5000 bytes from offset 1000, and later the first 100 bytes, each against the
+    // guest's own sha256 of that range.
+    assert_eq!(field(&seen, "RANGE"), "5000");
+    assert_eq!(
+        got[1],
+        format!("GOT {} 5000", field(&seen, "RANGESHA")),
+        "{got:?}"
+    );
+    assert_eq!(
+        got[2],
+        format!("GOT {} 100", field(&seen, "HEADSHA")),
+        "{got:?}"
+    );
+    // Hostile requests are refused with a reason, and the service still works afterwards.
+    let esc = field(&seen, "ESCAPE");
+    assert!(
+        esc.starts_with("1 ") && esc.contains("cannot open"),
+        "ESCAPE {esc}"
+    );
+    let lo = field(&seen, "LOOPBACK");
+    assert!(
+        lo.starts_with("1 ") && lo.contains("not allowed"),
+        "LOOPBACK {lo}"
+    );
+    let junk = field(&seen, "JUNK");
+    assert!(
+        junk.contains("\"ok\":false") && junk.contains("bad request"),
+        "JUNK {junk}"
+    );
+    assert_eq!(field(&seen, "AFTER"), "100");
+    // The counters agree with what the receiver got.
+    let stats: Value =
+        serde_json::from_str(&std::fs::read_to_string(&stats_path).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&stats_path);
+    let o = &stats["offload"];
+    assert_eq!(o["bytes_sent"], (16u64 << 20) + 5000 + 100, "{o}");
+    assert_eq!(o["files_sent"], 3, "{o}");
+    assert_eq!(o["bad_requests"], 1, "{o}");
+    assert!(o["failures"].as_u64().unwrap() >= 2, "{o}");
+}
