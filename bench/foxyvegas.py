@@ -15,8 +15,11 @@ For each congestion control (the sender guest's `net.ipv4.tcp_congestion_control
 FoxyVegas off and on (interleaved), a fresh sender guest runs `iperf3 -c 10.0.5.15 -t --secs`
 and samples `ss -ti` every 0.2 s (the guest kernel's own smoothed RTT of the data connection,
 the one with the most bytes acked: queueing delay included). Reported per row (median of --reps): throughput at the receiver (KB/s),
-retransmissions, the guest's RTT p50/p99 over the samples, and with FoxyVegas the ACKs
-rewritten. The paper sent 400 MB per run; --secs scales that down (20 s = 40 MB at 2000 KB/s).
+retransmissions, the guest's RTT p50/p99 over the samples, the connection's minimum RTT as
+the guest measured it (`ss` minrtt: the base the p99 is compared with, guest-side delays
+included like the p99's) and p99/min, also over the samples after the first 2 s (the guest's
+smoothed RTT starts from the handshake's sample and decays with a 1/8 gain, so its first
+samples are not queueing delay), and with FoxyVegas the ACKs rewritten. The paper sent 400 MB per run; --secs scales that down (20 s = 40 MB at 2000 KB/s).
 
   bench/foxyvegas.py [--ccs cubic,reno,bic,bbr,vegas,westwood] [--secs 20] [--reps 1]
                      [--rate 2000] [--queue 6000] [--delay-ms 10] [--verbose]
@@ -32,6 +35,9 @@ import threading
 import time
 
 VMSIGHT = os.environ.get("VMSIGHT", os.path.join(os.path.dirname(__file__), "..", "target", "release", "vmsight"))
+# `ss` sampling period in the sender guest, and the start left out of the steady-state p99.
+SAMPLE_S = 0.2
+WARMUP_S = 2.0
 ALL_CCS = "bic,cubic,reno,htcp,highspeed,hybla,westwood,scalable,vegas,illinois,yeah,veno,bbr"
 
 RECEIVER = r"""
@@ -47,8 +53,8 @@ i=0; until ping -c 1 -W 1 10.0.5.15 >/dev/null 2>&1; do i=$((i+1)); [ $i -lt 120
 iperf3 -c 10.0.5.15 -t {secs} -C {cc} -f k > /tmp/ip.txt 2>&1 &
 ip=$!
 while kill -0 $ip 2>/dev/null; do
-  ss -tin dst 10.0.5.15 | awk '{{r=""; b=0; for (i=1;i<=NF;i++) {{ if ($i ~ /^rtt:/) {{ split(substr($i,5),x,"/"); r=x[1] }} if ($i ~ /^bytes_acked:/) b=substr($i,13)+0 }} if (r!="" && b>m) {{ m=b; best=r }} }} END {{ if (best!="") print "RTT", best }}'
-  sleep 0.2
+  ss -tin dst 10.0.5.15 | awk '{{r=""; mr=""; b=0; for (i=1;i<=NF;i++) {{ if ($i ~ /^rtt:/) {{ split(substr($i,5),x,"/"); r=x[1] }} if ($i ~ /^minrtt:/) mr=substr($i,8); if ($i ~ /^bytes_acked:/) b=substr($i,13)+0 }} if (r!="" && b>m) {{ m=b; best=r; bmr=mr }} }} END {{ if (best!="") print "RTT", best, bmr }}'
+  sleep {sample}
 done
 awk '/sender/ {{print "RETR", $9}} /receiver/ {{print "KBPS", $7}}' /tmp/ip.txt
 """
@@ -93,7 +99,7 @@ def sender_run(a, cc, foxy, tmp):
     args = [VMSIGHT, "run", "--name", "fvs", "--stats-json", stats]
     if foxy:
         args.append("--foxyvegas")
-    args += ["--", "sh", "-c", SENDER.format(cc=cc, secs=a.secs)]
+    args += ["--", "sh", "-c", SENDER.format(cc=cc, secs=a.secs, sample=SAMPLE_S)]
     p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_net("fvs")
     link(a)
@@ -101,12 +107,20 @@ def sender_run(a, cc, foxy, tmp):
     if p.returncode != 0:
         sys.exit(f"sender {cc} foxy={foxy} failed: {err[-1500:]}")
     rtts = [float(line.split()[1]) for line in out.splitlines() if line.startswith("RTT ")]
+    # The guest's own minimum RTT of the connection (ss minrtt): the base the p99 is compared
+    # with, measured the same way as the p99 (guest-side delays included).
+    minrtts = [float(line.split()[2]) for line in out.splitlines()
+               if line.startswith("RTT ") and len(line.split()) > 2]
     kbps = [float(line.split()[1]) for line in out.splitlines() if line.startswith("KBPS ")]
     retr = [int(line.split()[1]) for line in out.splitlines() if line.startswith("RETR ") and line.split()[1].isdigit()]
     st = json.load(open(stats))
     fv = st["nics"][0].get("foxyvegas") or {}
     return {"kBps": (kbps[0] / 8) if kbps else float("nan"), "retr": retr[0] if retr else -1,
             "rtt50": pct(rtts, 50), "rtt99": pct(rtts, 99), "samples": len(rtts),
+            # The guest's smoothed RTT starts from the handshake's sample and decays with a
+            # 1/8 gain; the p99 after the first WARMUP_S seconds leaves that start out.
+            "rtt99w": pct(rtts[int(WARMUP_S / SAMPLE_S):], 99), "first": rtts[:3],
+            "minrtt": min(minrtts) if minrtts else float("nan"),
             "rewrites": fv.get("rewrites", 0), "base_rtt_us": fv.get("lowest_base_rtt_us", 0)}
 
 
@@ -140,7 +154,8 @@ def main():
                     r = sender_run(a, cc, foxy, tmp)
                     rows.setdefault((cc, foxy), []).append(r)
                     print(f"{cc:10} foxy={int(foxy)}: {r['kBps']:.0f} KB/s retr {r['retr']} "
-                          f"rtt p50 {r['rtt50']:.1f} p99 {r['rtt99']:.1f} ms ({r['samples']} samples) "
+                          f"rtt p50 {r['rtt50']:.1f} p99 {r['rtt99']:.1f} (after {WARMUP_S:.0f} s {r['rtt99w']:.1f}) "
+                          f"min {r['minrtt']:.1f} ms ({r['samples']} samples, first {r['first']}) "
                           f"rewrites {r['rewrites']}", file=sys.stderr)
     finally:
         rcv.terminate()
@@ -148,13 +163,15 @@ def main():
     med = lambda rs, k: statistics.median(r[k] for r in rs)  # noqa: E731
     print(f"\nbench/foxyvegas.py --ccs {a.ccs} --secs {a.secs} --reps {a.reps} --rate {a.rate} "
           f"--queue {a.queue} --delay-ms {a.delay_ms}; load {os.getloadavg()[0]:.2f}\n")
-    print("| cc | KB/s off | KB/s on | on/off | retr off | retr on | RTT p50 off | RTT p50 on | RTT p99 off | RTT p99 on | rewrites |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| cc | KB/s off | KB/s on | on/off | retr off | retr on | RTT p50 off | RTT p50 on | RTT p99 off | RTT p99 on | p99 on after warm-up | min RTT on | p99/min on (after warm-up) | rewrites |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for cc in ccs:
         off, on = rows[(cc, False)], rows[(cc, True)]
         print(f"| {cc} | {med(off,'kBps'):.0f} | {med(on,'kBps'):.0f} | {med(on,'kBps')/med(off,'kBps'):.2f}x | "
               f"{med(off,'retr'):.0f} | {med(on,'retr'):.0f} | {med(off,'rtt50'):.1f} | {med(on,'rtt50'):.1f} | "
-              f"{med(off,'rtt99'):.1f} | {med(on,'rtt99'):.1f} | {med(on,'rewrites'):.0f} |")
+              f"{med(off,'rtt99'):.1f} | {med(on,'rtt99'):.1f} | {med(on,'rtt99w'):.1f} | {med(on,'minrtt'):.1f} | "
+              f"{statistics.median(r['rtt99'] / r['minrtt'] for r in on):.2f}x "
+              f"({statistics.median(r['rtt99w'] / r['minrtt'] for r in on):.2f}x) | {med(on,'rewrites'):.0f} |")
     base = [r["base_rtt_us"] for rs in rows.values() for r in rs if r["base_rtt_us"]]
     if base:
         print(f"\nbase RTT at the device (FoxyVegas, min over flows): median {statistics.median(base)/1000:.1f} ms; "
