@@ -1,0 +1,254 @@
+#!/usr/bin/env python3
+"""Hylics (issue 13): the shared in-memory file system and the send offload, against the
+guest's own paths, in the same run.
+
+Part "fs" (paper Fig. 12-14 shape): in one guest with `--shared-mem`, fio sequential and random
+reads and writes across block sizes on /hylics (host tmpfs over virtio-fs) and on the root
+virtual disk (ext4 on vmsight's vhost-user-blk). Writes end with fsync, the guest's page cache
+is dropped before every read job, so both paths reach the host (tmpfs pages vs the image file).
+Configurations interleaved per repetition; medians.
+
+Part "stream" (paper Fig. 17/20 shape, with a stand-in computation): a CPU-bound job in the
+guest (`gzip -6` of a generated text file; Debian's ffmpeg is not in the default image) and a
+file stream from the guest's share to a client in the VM's namespace, in five configurations:
+  compute        the computation alone
+  stream-guest   the guest streams the file itself (sendfile over its virtio-net)
+  stream-hylics  the host streams it for the guest (hylics-send, module scheme)
+  both-guest     computation + guest-sent stream (interference)
+  both-hylics    computation + host-sent stream (Hylics)
+Reported: computation time, streaming throughput at the client, and host CPU time (utime +
+stime of vmsight, QEMU and the device daemons) per configuration; ratios to the
+no-interference runs.
+
+  bench/hylics.py [--parts fs,stream] [--reps 3] [--size-mb 64] [--stream-mb 256] [--verbose]
+"""
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+VMSIGHT = os.environ.get("VMSIGHT", os.path.join(os.path.dirname(__file__), "..", "target", "release", "vmsight"))
+TICK = os.sysconf("SC_CLK_TCK")
+BLOCK_SIZES = ["4k", "64k", "1m"]
+JOBS = [("seq-write", "write"), ("seq-read", "read"), ("rand-write", "randwrite"), ("rand-read", "randread")]
+
+FS_GUEST = r"""
+mkdir -p /root/bench
+for dir in {dirs}; do
+  for bs in {sizes}; do
+    for job in {jobs}; do
+      rw=${{job#*:}}; name=${{job%%:*}}
+      case $rw in *read) sync; echo 3 > /proc/sys/vm/drop_caches ;; esac
+      out=$(fio --name=b --directory=$dir --filename=fio.dat --size={size}m --bs=$bs --rw=$rw \
+            --ioengine=psync --end_fsync=1 --invalidate=1 --output-format=terse --terse-version=3 2>&1) || {{ echo "FIOERR $out"; exit 9; }}
+      case $rw in *read) kb=$(echo "$out" | cut -d';' -f7) ;; *) kb=$(echo "$out" | cut -d';' -f48) ;; esac
+      echo "FS $dir $bs $name $kb"
+    done
+    rm -f $dir/fio.dat
+  done
+done
+"""
+
+STREAM_GUEST = r"""
+seq 1 {seq} > /tmp/text
+head -c {mb}M /dev/urandom > /hylics/stream.bin
+sync
+i=0; until hylics-send 10.0.2.1:9001 /hylics/stream.bin 0 1 >/dev/null 2>&1; do i=$((i+1)); [ $i -lt 200 ] || exit 9; sleep 0.2; done
+compute() {{ s=$(date +%s.%N); gzip -6 -c /tmp/text > /dev/null; e=$(date +%s.%N); echo "COMPUTE $(echo "$e - $s" | awk '{{print $1 - $3}}')"; }}
+guest_send() {{ python3 -c '
+import socket, sys
+f = open("/hylics/stream.bin", "rb"); s = socket.create_connection(("10.0.2.1", int(sys.argv[1])))
+s.sendfile(f); s.close()' $1; }}
+hylics() {{ hylics-send 10.0.2.1:$1 /hylics/stream.bin >/dev/null || echo "HYLICS-FAILED"; }}
+for c in {configs}; do
+  echo "PHASE $c"
+  case $c in
+    compute) compute ;;
+    stream-guest) guest_send {ports[stream-guest]} ;;
+    stream-hylics) hylics {ports[stream-hylics]} ;;
+    both-guest) guest_send {ports[both-guest]} & p=$!; compute; wait $p ;;
+    both-hylics) hylics {ports[both-hylics]} & p=$!; compute; wait $p ;;
+  esac
+  echo "PHASE end"
+  sleep 1
+done
+"""
+
+RECEIVER = r"""
+import socket, sys, time
+srv = socket.create_server(("10.0.2.1", int(sys.argv[1])))
+while True:
+    c, _ = srv.accept(); n = 0; t0 = None
+    while True:
+        b = c.recv(1 << 20)
+        if not b:
+            break
+        if t0 is None:
+            t0 = time.monotonic()
+        n += len(b)
+    t1 = time.monotonic()
+    print("RECV", n, (t1 - t0) if t0 else 0.0, flush=True)
+    c.close()
+"""
+
+
+def descendants(pid):
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            kids = subprocess.run(["pgrep", "-P", str(p)], capture_output=True, text=True).stdout.split()
+        except OSError:
+            kids = []
+        todo.extend(int(k) for k in kids)
+    return out
+
+
+def cpu_seconds(pids):
+    total = 0
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            pass
+    return total / TICK
+
+
+def wait_net(name):
+    for _ in range(600):
+        if subprocess.run([VMSIGHT, "net", name, "info"], capture_output=True).returncode == 0:
+            return
+        time.sleep(0.1)
+    sys.exit(f"VM {name} has no network")
+
+
+def run_fs(a, rep):
+    dirs = ["/hylics", "/root/bench"] if rep % 2 == 0 else ["/root/bench", "/hylics"]
+    script = FS_GUEST.format(dirs=" ".join(dirs), sizes=" ".join(BLOCK_SIZES), size=a.size_mb,
+                             jobs=" ".join(f"{n}:{rw}" for n, rw in JOBS))
+    out = subprocess.run([VMSIGHT, "run", "--name", f"bhy-fs-{os.getpid()}", "--net", "none",
+                          "--shared-mem", f"{a.size_mb * 2 + 64}M", "--mem", "1G", "--", "sh", "-c", script],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"fs run failed ({out.returncode}): {out.stdout[-1500:]} {out.stderr[-1500:]}")
+    res = {}
+    for line in out.stdout.splitlines():
+        if line.startswith("FS "):
+            _, d, bs, name, kb = line.split()
+            res[(d, bs, name)] = float(kb) / 1024.0
+            if a.verbose:
+                print(f"  rep {rep} {d} {bs} {name} {float(kb)/1024:.1f} MiB/s", file=sys.stderr)
+    return res
+
+
+# One receiver port per streaming configuration: the guest's PHASE lines reach the host with
+# a delay, so the receiver's report is matched by port, not by time.
+PORTS = {"stream-guest": 9002, "stream-hylics": 9003, "both-guest": 9004, "both-hylics": 9005}
+
+
+def run_stream(a, rep):
+    configs = ["compute", "stream-guest", "stream-hylics", "both-guest", "both-hylics"]
+    if rep % 2:
+        configs = configs[::-1]
+    name = f"bhy-st-{os.getpid()}"
+    script = STREAM_GUEST.format(seq=a.seq, mb=a.stream_mb, configs=" ".join(configs), ports=PORTS)
+    proc = subprocess.Popen([VMSIGHT, "run", "--name", name, "--shared-mem", f"{a.stream_mb + 64}M",
+                             "--mem", "1G", "--", "sh", "-c", script],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_net(name)
+    recv = {}
+    rx = {}
+    for port in [9001, *PORTS.values()]:
+        recv[port] = subprocess.Popen([VMSIGHT, "net", name, "exec", "python3", "-c", RECEIVER, str(port)],
+                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        rx[port] = []
+        threading.Thread(target=lambda p=port: [rx[p].append(l.split()) for l in recv[p].stdout
+                                                 if l.startswith("RECV ")], daemon=True).start()
+    res = {}
+    phase, cpu0 = None, 0.0
+    for line in proc.stdout:
+        line = line.strip()
+        if a.verbose:
+            print(f"  [{rep}] {line}", file=sys.stderr)
+        if line.startswith("PHASE "):
+            pids = descendants(proc.pid)
+            if line == "PHASE end":
+                res[phase]["cpu"] = cpu_seconds(pids) - cpu0
+                res[phase]["wall"] = time.monotonic() - res[phase]["t0"]
+            else:
+                phase = line.split()[1]
+                res[phase] = {"t0": time.monotonic()}
+                cpu0 = cpu_seconds(pids)
+        elif line.startswith("COMPUTE "):
+            res[phase]["compute"] = float(line.split()[1])
+        elif line == "HYLICS-FAILED":
+            sys.exit(f"hylics-send failed in {phase}")
+    err = proc.stderr.read()
+    proc.wait()
+    time.sleep(0.5)
+    for c, port in PORTS.items():
+        if rx[port]:
+            n, secs = int(rx[port][-1][1]), float(rx[port][-1][2])
+            res[c]["mbps"] = n / secs / 1e6 if secs > 0 else float("nan")
+            res[c]["bytes"] = n
+    for r in recv.values():
+        r.terminate()
+        r.wait()
+    if proc.returncode != 0:
+        sys.exit(f"stream run failed ({proc.returncode}): {err[-2000:]}")
+    return res
+
+
+def med(xs):
+    xs = [x for x in xs if x == x]
+    return statistics.median(xs) if xs else float("nan")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--parts", default="fs,stream")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--size-mb", type=int, default=64, help="fio file size per job")
+    ap.add_argument("--stream-mb", type=int, default=256, help="streamed file size")
+    ap.add_argument("--seq", type=int, default=3000000, help="lines of the text gzip compresses")
+    ap.add_argument("--verbose", action="store_true")
+    a = ap.parse_args()
+    parts = a.parts.split(",")
+    load0 = os.getloadavg()[0]
+    if "fs" in parts:
+        runs = [run_fs(a, rep) for rep in range(a.reps)]
+        print(f"\nbench/hylics.py --parts fs --reps {a.reps} --size-mb {a.size_mb}; load {load0:.2f} -> {os.getloadavg()[0]:.2f}\n")
+        print("| job | bs | /hylics MiB/s | virtual disk MiB/s | hylics / disk |")
+        print("|---|---|---|---|---|")
+        for name, _ in JOBS:
+            for bs in BLOCK_SIZES:
+                h = med([r.get(("/hylics", bs, name), float("nan")) for r in runs])
+                d = med([r.get(("/root/bench", bs, name), float("nan")) for r in runs])
+                print(f"| {name} | {bs} | {h:.1f} | {d:.1f} | {h / d:.2f}x |")
+    if "stream" in parts:
+        runs = [run_stream(a, rep) for rep in range(a.reps)]
+        print(f"\nbench/hylics.py --parts stream --reps {a.reps} --stream-mb {a.stream_mb} --seq {a.seq}; "
+              f"load {load0:.2f} -> {os.getloadavg()[0]:.2f}\n")
+        print("| configuration | computation s | stream MB/s at the client | host CPU s | wall s |")
+        print("|---|---|---|---|---|")
+        rows = {}
+        for c in ["compute", "stream-guest", "stream-hylics", "both-guest", "both-hylics"]:
+            rows[c] = {k: med([r[c].get(k, float("nan")) for r in runs]) for k in ["compute", "mbps", "cpu", "wall"]}
+            v = rows[c]
+            print(f"| {c} | {v['compute']:.2f} | {v['mbps']:.1f} | {v['cpu']:.2f} | {v['wall']:.2f} |")
+        c0, sg, sh = rows["compute"]["compute"], rows["stream-guest"]["mbps"], rows["stream-hylics"]["mbps"]
+        print(f"\ncomputation time under interference: guest-sent {rows['both-guest']['compute'] / c0:.2f}x, "
+              f"Hylics {rows['both-hylics']['compute'] / c0:.2f}x of alone")
+        print(f"stream throughput under interference: guest-sent {rows['both-guest']['mbps'] / sg:.2f}x of its alone, "
+              f"Hylics {rows['both-hylics']['mbps'] / sh:.2f}x of its alone; Hylics alone / guest alone {sh / sg:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
