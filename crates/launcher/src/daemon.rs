@@ -190,6 +190,27 @@ impl Daemon {
     }
 }
 
+/// A device's daemon, shared between the supervisor's polls (`stopped`) and teardown.
+#[derive(Debug)]
+pub struct DaemonSlot(std::sync::Mutex<Option<Daemon>>);
+
+impl DaemonSlot {
+    pub fn new(d: Daemon) -> DaemonSlot {
+        DaemonSlot(std::sync::Mutex::new(Some(d)))
+    }
+
+    /// [`Device::stopped`](crate::devices::Device::stopped) for a device served by this daemon.
+    pub fn stopped(&self) -> Option<String> {
+        self.0.lock().ok()?.as_mut()?.stopped()
+    }
+
+    /// Stops the daemon ([`Daemon::stop`]); the error sentence names the device `id`.
+    pub fn stop(&self, id: &str) -> Option<String> {
+        let d = self.0.lock().ok()?.take()?;
+        d.stop().map(|e| format!("{id}: {e}"))
+    }
+}
+
 /// The last 3 non-empty lines of a log, joined (empty if unreadable).
 fn log_tail(log: &Path) -> String {
     let text = std::fs::read_to_string(log).unwrap_or_default();

@@ -118,6 +118,19 @@ pub fn chardev_socket(id: &str, path: &Path) -> String {
     format!("socket,id={id},path={}", path.display())
 }
 
+/// QEMU's arguments for a vhost-user PCI device `model` (e.g. `vhost-user-fs-pci`) whose
+/// backend listens on `socket`: a chardev named `id` and the device `{id}dev` on it, with the
+/// device's own `props` (`key=value,...`, may be empty).
+pub fn vhost_user_pci(id: &str, socket: &Path, model: &str, props: &str) -> Vec<String> {
+    let sep = if props.is_empty() { "" } else { "," };
+    vec![
+        "-chardev".into(),
+        chardev_socket(id, socket),
+        "-device".into(),
+        format!("{model},chardev={id},id={id}dev{sep}{props}"),
+    ]
+}
+
 /// The kernel command line vmsight boots with; `extra` is appended.
 pub fn kernel_cmdline(name: &str, extra: &[String]) -> String {
     let mut s = format!(
@@ -232,6 +245,24 @@ pub fn command_script(argv: &[String]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn vhost_user_devices_get_a_chardev_and_a_device_on_it() {
+        let p = std::path::Path::new("/r/fs0.sock");
+        assert_eq!(
+            vhost_user_pci("fs0", p, "vhost-user-fs-pci", "tag=t"),
+            [
+                "-chardev",
+                "socket,id=fs0,path=/r/fs0.sock",
+                "-device",
+                "vhost-user-fs-pci,chardev=fs0,id=fs0dev,tag=t"
+            ]
+        );
+        assert_eq!(
+            vhost_user_pci("v", p, "vhost-user-vsock-pci", "")[3],
+            "vhost-user-vsock-pci,chardev=v,id=vdev"
+        );
+    }
 
     fn plan() -> QemuPlan {
         QemuPlan {

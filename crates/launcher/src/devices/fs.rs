@@ -1,15 +1,15 @@
 //! vhost-user-fs: the VM's share (Hylics), served by virtiofsd from the tmpfs vmsight mounted
 //! for the VM (`crate::hylics`).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use super::{Device, DeviceEntry, DeviceEnv, DeviceMetrics, DeviceReport};
-use crate::daemon::Daemon;
+use crate::daemon::DaemonSlot;
 use crate::error::LaunchError;
 use crate::hylics::spec::TAG;
 use crate::hylics::virtiofsd;
 use crate::hylics::Share;
-use crate::qemu::chardev_socket;
+use crate::qemu::vhost_user_pci;
 use crate::stages::Sample;
 
 pub static ENTRY: DeviceEntry = DeviceEntry {
@@ -26,8 +26,7 @@ const QUEUE_SIZE: u16 = 1024;
 pub struct FsDevice {
     share: Arc<Share>,
     socket: std::path::PathBuf,
-    /// Locked only to poll and to stop it.
-    daemon: Mutex<Option<Daemon>>,
+    daemon: DaemonSlot,
     guest_cmdline: String,
 }
 
@@ -54,7 +53,7 @@ fn start(env: &DeviceEnv<'_>) -> Result<Vec<Box<dyn Device>>, LaunchError> {
     Ok(vec![Box::new(FsDevice {
         share: share.clone(),
         socket,
-        daemon: Mutex::new(Some(daemon)),
+        daemon: DaemonSlot::new(daemon),
         guest_cmdline: spec.guest_cmdline(),
     })])
 }
@@ -69,12 +68,12 @@ impl Device for FsDevice {
     }
 
     fn qemu_args(&self) -> Vec<String> {
-        vec![
-            "-chardev".into(),
-            chardev_socket(ID, &self.socket),
-            "-device".into(),
-            format!("vhost-user-fs-pci,chardev={ID},id={ID}dev,tag={TAG},queue-size={QUEUE_SIZE}"),
-        ]
+        vhost_user_pci(
+            ID,
+            &self.socket,
+            "vhost-user-fs-pci",
+            &format!("tag={TAG},queue-size={QUEUE_SIZE}"),
+        )
     }
 
     fn kernel_args(&self) -> Vec<String> {
@@ -82,7 +81,7 @@ impl Device for FsDevice {
     }
 
     fn stopped(&self) -> Option<String> {
-        self.daemon.lock().ok()?.as_mut()?.stopped()
+        self.daemon.stopped()
     }
 
     fn metrics(&self) -> DeviceMetrics {
@@ -97,11 +96,9 @@ impl Device for FsDevice {
     }
 
     fn finish(self: Box<Self>) -> DeviceReport {
-        let daemon = self.daemon.lock().ok().and_then(|mut d| d.take());
-        let error = daemon.and_then(Daemon::stop).map(|e| format!("{ID}: {e}"));
         DeviceReport {
             share: Some(self.share.info()),
-            error,
+            error: self.daemon.stop(ID),
             ..DeviceReport::default()
         }
     }

@@ -3,17 +3,17 @@
 //! on host port 5100 (`crate::hylics::offload`). Present when the VM has a share
 //! (`--shared-mem`).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use vmsight_proto::hylics::GUEST_CID;
 use vmsight_proto::layout::{VSOCK_LOG, VSOCK_UDS};
 
 use super::{Device, DeviceEntry, DeviceEnv, DeviceMetrics, DeviceReport};
-use crate::daemon::{find_tool, Daemon, DaemonError};
+use crate::daemon::{find_tool, Daemon, DaemonError, DaemonSlot};
 use crate::error::LaunchError;
 use crate::hylics::offload::{OffloadCtx, OffloadMetrics, OffloadService};
 use crate::net::NetMode;
-use crate::qemu::chardev_socket;
+use crate::qemu::vhost_user_pci;
 use crate::stages::Sample;
 
 pub static ENTRY: DeviceEntry = DeviceEntry {
@@ -29,7 +29,7 @@ pub const VSOCK_ENV: &str = "VMSIGHT_VSOCK_DEVICE";
 /// The vsock device and the services behind it.
 pub struct VsockDevice {
     socket: std::path::PathBuf,
-    daemon: Mutex<Option<Daemon>>,
+    daemon: DaemonSlot,
     offload: Option<OffloadService>,
     metrics: Arc<OffloadMetrics>,
 }
@@ -79,7 +79,7 @@ fn start(env: &DeviceEnv<'_>) -> Result<Vec<Box<dyn Device>>, LaunchError> {
     })?;
     Ok(vec![Box::new(VsockDevice {
         socket,
-        daemon: Mutex::new(Some(daemon)),
+        daemon: DaemonSlot::new(daemon),
         metrics: offload.metrics(),
         offload: Some(offload),
     })])
@@ -95,16 +95,11 @@ impl Device for VsockDevice {
     }
 
     fn qemu_args(&self) -> Vec<String> {
-        vec![
-            "-chardev".into(),
-            chardev_socket(ID, &self.socket),
-            "-device".into(),
-            format!("vhost-user-vsock-pci,chardev={ID},id={ID}dev"),
-        ]
+        vhost_user_pci(ID, &self.socket, "vhost-user-vsock-pci", "")
     }
 
     fn stopped(&self) -> Option<String> {
-        self.daemon.lock().ok()?.as_mut()?.stopped()
+        self.daemon.stopped()
     }
 
     fn metrics(&self) -> DeviceMetrics {
@@ -122,11 +117,9 @@ impl Device for VsockDevice {
         if let Some(s) = self.offload.take() {
             s.stop();
         }
-        let daemon = self.daemon.lock().ok().and_then(|mut d| d.take());
-        let error = daemon.and_then(Daemon::stop).map(|e| format!("{ID}: {e}"));
         DeviceReport {
             offload: Some(self.metrics.snapshot()),
-            error,
+            error: self.daemon.stop(ID),
             ..DeviceReport::default()
         }
     }
