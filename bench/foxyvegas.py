@@ -34,6 +34,9 @@ import tempfile
 import threading
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
+from vmproc import wait_net  # noqa: E402
+
 VMSIGHT = os.environ.get("VMSIGHT", os.path.join(os.path.dirname(__file__), "..", "target", "release", "vmsight"))
 # `ss` sampling period in the sender guest, and the start left out of the steady-state p99.
 SAMPLE_S = 0.2
@@ -62,14 +65,6 @@ awk '/sender/ {{print "RETR", $9}} /receiver/ {{print "KBPS", $7}}' /tmp/ip.txt
 
 def sh(cmd, check=True):
     return subprocess.run(cmd, shell=True, check=check, capture_output=True, text=True)
-
-
-def wait_net(name):
-    for _ in range(600):
-        if subprocess.run([VMSIGHT, "net", name, "info"], capture_output=True).returncode == 0:
-            return
-        time.sleep(0.1)
-    sys.exit(f"VM {name} has no network")
 
 
 def link(a):
@@ -101,7 +96,7 @@ def sender_run(a, cc, foxy, tmp):
         args.append("--foxyvegas")
     args += ["--", "sh", "-c", SENDER.format(cc=cc, secs=a.secs, sample=SAMPLE_S)]
     p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_net("fvs")
+    wait_net(VMSIGHT, "fvs")
     link(a)
     out, err = p.communicate()
     if p.returncode != 0:

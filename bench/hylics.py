@@ -31,8 +31,10 @@ import sys
 import threading
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
+from vmproc import TICK, cpu_ticks, descendants, wait_net  # noqa: E402
+
 VMSIGHT = os.environ.get("VMSIGHT", os.path.join(os.path.dirname(__file__), "..", "target", "release", "vmsight"))
-TICK = os.sysconf("SC_CLK_TCK")
 BLOCK_SIZES = ["4k", "64k", "1m"]
 JOBS = [("seq-write", "write"), ("seq-read", "read"), ("rand-write", "randwrite"), ("rand-read", "randread")]
 
@@ -96,39 +98,6 @@ while True:
 """
 
 
-def descendants(pid):
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        try:
-            kids = subprocess.run(["pgrep", "-P", str(p)], capture_output=True, text=True).stdout.split()
-        except OSError:
-            kids = []
-        todo.extend(int(k) for k in kids)
-    return out
-
-
-def cpu_seconds(pids):
-    total = 0
-    for p in pids:
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-        except (OSError, IndexError, ValueError):
-            pass
-    return total / TICK
-
-
-def wait_net(name):
-    for _ in range(600):
-        if subprocess.run([VMSIGHT, "net", name, "info"], capture_output=True).returncode == 0:
-            return
-        time.sleep(0.1)
-    sys.exit(f"VM {name} has no network")
-
-
 def run_fs(a, rep):
     dirs = ["/hylics", "/root/bench"] if rep % 2 == 0 else ["/root/bench", "/hylics"]
     script = FS_GUEST.format(dirs=" ".join(dirs), sizes=" ".join(BLOCK_SIZES), size=a.size_mb,
@@ -162,7 +131,7 @@ def run_stream(a, rep):
     proc = subprocess.Popen([VMSIGHT, "run", "--name", name, "--shared-mem", f"{a.stream_mb + 64}M",
                              "--mem", "1G", "--", "sh", "-c", script],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_net(name)
+    wait_net(VMSIGHT, name)
     recv = {}
     rx = {}
     for port in [9001, *PORTS.values()]:
@@ -180,12 +149,12 @@ def run_stream(a, rep):
         if line.startswith("PHASE "):
             pids = descendants(proc.pid)
             if line == "PHASE end":
-                res[phase]["cpu"] = cpu_seconds(pids) - cpu0
+                res[phase]["cpu"] = cpu_ticks(pids) / TICK - cpu0
                 res[phase]["wall"] = time.monotonic() - res[phase]["t0"]
             else:
                 phase = line.split()[1]
                 res[phase] = {"t0": time.monotonic()}
-                cpu0 = cpu_seconds(pids)
+                cpu0 = cpu_ticks(pids) / TICK
         elif line.startswith("COMPUTE "):
             res[phase]["compute"] = float(line.split()[1])
         elif line == "HYLICS-FAILED":

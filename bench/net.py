@@ -22,8 +22,10 @@ import sys
 import threading
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
+from vmproc import TICK, cpu_ticks  # noqa: E402
+
 VMSIGHT = os.environ.get("VMSIGHT", os.path.join(os.path.dirname(__file__), "..", "target", "release", "vmsight"))
-TICK = os.sysconf("SC_CLK_TCK")
 
 GUEST = r"""
 i=0; until iperf3 -c 10.0.2.1 -t 1 >/dev/null 2>&1; do i=$((i+1)); [ $i -lt 200 ] || exit 9; sleep 0.3; done
@@ -32,18 +34,6 @@ echo PHASE rx; iperf3 -c 10.0.2.1 -t {secs} -f m -R > /tmp/rx.txt; echo PHASE en
 for k in tx rx; do awk -v k=$k '/receiver/ {{print "BPS", k, $7 * 1000000}}' /tmp/$k.txt; done
 ping -c 100 -i 0.02 10.0.2.1 | sed -n 's/.*time=\([0-9.]*\) ms/RTT \1/p'
 """
-
-
-def cpu_ticks(pids):
-    total = 0
-    for p in pids:
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-        except (OSError, IndexError, ValueError):
-            pass
-    return total
 
 
 def qemu_pid(vmsight_pid):
