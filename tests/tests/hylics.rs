@@ -110,6 +110,15 @@ fn the_share_holds_the_same_bytes_on_both_sides_across_remount_and_resize() {
     vm.wait_line("===WROTE");
     let dir = share_path(&name);
     assert!(host_mounted(&dir), "{} is not a mount point", dir.display());
+    {
+        use std::os::unix::fs::MetadataExt;
+        let parent = std::fs::metadata(dir.parent().unwrap()).unwrap();
+        assert_eq!(
+            parent.mode() & 0o777,
+            0o700,
+            "other host users must not reach the share"
+        );
+    }
 
     // Guest -> host: the same bytes.
     let seen = vm.seen().to_vec();

@@ -45,8 +45,9 @@ pub const NET_INFO: &str = "net.json";
 pub const FS_SOCKET: &str = "fs0.sock";
 /// `hylics.json`: the VM's share ([`crate::hylics::ShareInfo`]), for `vmsight hylics`.
 pub const HYLICS_INFO: &str = "hylics.json";
-/// The mount point of the VM's share (a tmpfs) inside its directory.
-pub const SHARE_DIR: &str = "share";
+/// The mount point of the VM's share (a tmpfs) inside its directory; its parent (`hylics/`)
+/// is private to the user running vmsight, so other host users cannot reach the VM's files.
+pub const SHARE_DIR: &str = "hylics/share";
 /// The vsock device's vhost-user socket (vhost-device-vsock).
 pub const VSOCK_SOCKET: &str = "vsock0.sock";
 /// The vsock device's host side (hybrid vsock): guest connections to host port P arrive at

@@ -89,16 +89,23 @@ fn tmpfs_options(size: u64) -> String {
 
 impl Share {
     /// Mounts a tmpfs of `spec.size` bytes at `dir` (made if missing; a stale mount left by a
-    /// killed run of a VM of the same name is replaced) and writes `info_path`.
+    /// killed run of a VM of the same name is replaced) and writes `info_path`. The parent of
+    /// `dir` is made private (0700): the tmpfs's root must be 0755 for the guest, and the
+    /// parent keeps other host users out.
     pub fn create(dir: &Path, info_path: &Path, spec: &ShareSpec) -> Result<Share, ShareError> {
+        let dir_err = |source| ShareError::Dir {
+            path: dir.to_owned(),
+            source,
+        };
         std::fs::DirBuilder::new()
             .mode(0o700)
             .recursive(true)
             .create(dir)
-            .map_err(|source| ShareError::Dir {
-                path: dir.to_owned(),
-                source,
-            })?;
+            .map_err(dir_err)?;
+        if let Some(parent) = dir.parent() {
+            std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o700))
+                .map_err(dir_err)?;
+        }
         // A mount point from a run that never reached teardown: drop it (its files belonged
         // to a VM that is gone).
         while is_mount_point(dir) {
@@ -126,8 +133,8 @@ impl Share {
             resizes: AtomicU64::new(0),
             resizing: Mutex::new(()),
         };
-        // The mount point of the tmpfs itself: 0755 from the mount options; the directory
-        // under it (the runtime directory) stays private to root.
+        // The tmpfs's root: 0755 from the mount options (the guest's view); its parent stays
+        // private.
         let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755));
         share.write_info()?;
         Ok(share)
@@ -213,6 +220,10 @@ impl Drop for Share {
             return;
         }
         let _ = std::fs::remove_dir(&self.dir);
+        // The private parent, when nothing else is in it.
+        if let Some(parent) = self.dir.parent() {
+            let _ = std::fs::remove_dir(parent);
+        }
     }
 }
 
@@ -251,7 +262,7 @@ mod tests {
     #[test]
     fn a_share_holds_at_most_its_size_grows_and_refuses_to_shrink_below_its_use() {
         let tmp = tempfile::tempdir().expect("tmp");
-        let dir = tmp.path().join("share");
+        let dir = tmp.path().join("hylics/share");
         let info = tmp.path().join("hylics.json");
         if !root() {
             let e = Share::create(&dir, &info, &spec(1 << 20)).expect_err("not root");
@@ -260,6 +271,14 @@ mod tests {
         }
         let share = Share::create(&dir, &info, &spec(1 << 20)).expect("mounts");
         assert!(is_mount_point(&dir));
+        use std::os::unix::fs::MetadataExt;
+        let mode = |p: &Path| std::fs::metadata(p).expect("stat").mode() & 0o777;
+        assert_eq!(
+            mode(dir.parent().expect("parent")),
+            0o700,
+            "other users stay out"
+        );
+        assert_eq!(mode(&dir), 0o755, "the guest's root of the share");
         let written: ShareInfo =
             serde_json::from_slice(&std::fs::read(&info).expect("info")).expect("json");
         assert_eq!(written.size_bytes, 1 << 20);
@@ -282,6 +301,10 @@ mod tests {
         share.resize(3 << 20).expect("shrinks");
         drop(share);
         assert!(!dir.exists(), "the mount point goes with the share");
+        assert!(
+            !tmp.path().join("hylics").exists(),
+            "and its private parent"
+        );
         assert!(!info.exists(), "hylics.json goes with the share");
     }
 
