@@ -319,10 +319,10 @@ fn copy_and_unique_hints_engage_with_insights_and_not_without() {
 /// reported synced plus a random delay, and returns the (name, sha256) of the synced files.
 fn run_and_kill(disk: &str, round: u32, delay: Duration, dir: &Path) -> Vec<(String, String)> {
     let script = format!(
-        "mount /dev/vdb /mnt || exit 9; mkdir -p /mnt/r{round}; i=0; \
+        "mount /dev/vdb /mnt || exit 9; rm -rf /mnt/r*; mkdir -p /mnt/r{round} || exit 9; i=0; \
          while true; do i=$((i+1)); f=/mnt/r{round}/f$i; \
-         head -c $(( (i % 7 + 1) * 131072 )) /dev/urandom > $f; \
-         cp $f $f.copy; sync; echo SYNCED $(sha256sum $f) $(sha256sum $f.copy); done"
+         head -c $(( (i % 7 + 1) * 131072 )) /dev/urandom > $f || exit 9; \
+         cp $f $f.copy || exit 9; sync; echo SYNCED $(sha256sum $f) $(sha256sum $f.copy); done"
     );
     let name = format!("dedup-kill-{}-{round}", std::process::id());
     let mut child = vmsight()
@@ -350,11 +350,13 @@ fn run_and_kill(disk: &str, round: u32, delay: Duration, dir: &Path) -> Vec<(Str
         if deadline.is_some_and(|t| Instant::now() >= t) {
             break;
         }
-        if start.elapsed() >= Duration::from_secs(240) {
+        // The writer stopped by itself (its disk full, a failed mount): say why now.
+        let exited = child.try_wait().ok().flatten();
+        if start.elapsed() >= Duration::from_secs(240) || (exited.is_some() && deadline.is_none()) {
             let _ = child.kill();
             let err = std::fs::read_to_string(dir.join("run.err")).unwrap_or_default();
             panic!(
-                "round {round}: the writer never synced; guest output {other:?}; vmsight stderr: {}",
+                "round {round}: the writer never synced (exit: {exited:?}); guest output {other:?}; vmsight stderr: {}",
                 &err[err.len().saturating_sub(3000)..]
             );
         }
