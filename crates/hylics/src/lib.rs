@@ -41,6 +41,9 @@ pub use decision::{Decision, FieldDifference, Reason};
 pub use evict::{bytes_to_free, cold_files_to_evict, EvictionPlan, ShareFile};
 pub use measurement::Measurement;
 pub use queueing::{predicted_response, required_service, solve_m, Prediction};
-pub use replay::{parse_json_lines, replay, to_json_lines, LogError, LogRecord, ReplayError};
+pub use replay::{
+    parse_json_lines, replay, to_json_lines, LogError, LogFile, LogHeader, LogRecord, ReplayError,
+    LOG_VERSION,
+};
 pub use rls::{AdaptiveLoop, AdaptiveSettings, ControlLaw, ModelOrders, Observed, Rls, RlsError};
 pub use service::{CurveError, CurveFile, ServiceCurve, ServicePoint};

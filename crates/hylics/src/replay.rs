@@ -5,6 +5,10 @@
 //! the configuration, a log is self-contained: [`replay`] feeds the logged inputs to a fresh
 //! controller and checks that every decision comes out the same, so each mode's decisions
 //! are reproducible from its log (and a tampered log is detected).
+//!
+//! A log *file* ([`LogFile`]) carries the configuration too: its first line is a
+//! [`LogHeader`] (`{"hylics_controller_log":1,"config":{...}}`), then one record per line, so
+//! `vmsight hylics replay FILE` needs nothing else.
 
 use serde::{Deserialize, Serialize};
 
@@ -43,6 +47,12 @@ pub enum LogError {
         #[source]
         source: serde_json::Error,
     },
+    /// The file is empty: no header line.
+    #[error("the log is empty (no header line)")]
+    NoHeader,
+    /// The header names a format version this build does not read.
+    #[error("log format version {0} is not supported (this build reads version {LOG_VERSION})")]
+    Version(u32),
 }
 
 /// Why a replay failed.
@@ -67,6 +77,85 @@ pub enum ReplayError {
         /// Its replayed value (JSON).
         replayed: String,
     },
+}
+
+/// The version written in [`LogHeader::hylics_controller_log`].
+pub const LOG_VERSION: u32 = 1;
+
+/// The first line of a log file: what kind of file it is and the configuration the decisions
+/// were made with.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogHeader {
+    /// The log format's version ([`LOG_VERSION`]).
+    pub hylics_controller_log: u32,
+    /// The controller's configuration.
+    pub config: ControllerConfig,
+}
+
+impl LogHeader {
+    /// The header of a log written by a controller with `config`.
+    pub fn new(config: ControllerConfig) -> Self {
+        Self {
+            hylics_controller_log: LOG_VERSION,
+            config,
+        }
+    }
+
+    /// The header as one JSON line (ending in `\n`).
+    pub fn to_line(&self) -> Result<String, LogError> {
+        let mut line = serde_json::to_string(self)
+            .map_err(|source| LogError::Serialize { index: 0, source })?;
+        line.push('\n');
+        Ok(line)
+    }
+}
+
+/// A whole log file: header and records.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LogFile {
+    /// The configuration the decisions were made with.
+    pub config: ControllerConfig,
+    /// The decisions, in order.
+    pub records: Vec<LogRecord>,
+}
+
+impl LogFile {
+    /// Parses a log file: a [`LogHeader`] line, then records (blank lines are skipped; a last
+    /// line cut short by a crash is an error like any other malformed line).
+    pub fn parse(text: &str) -> Result<LogFile, LogError> {
+        let mut lines = text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty());
+        let Some((i, first)) = lines.next() else {
+            return Err(LogError::NoHeader);
+        };
+        let header: LogHeader = serde_json::from_str(first).map_err(|source| LogError::Parse {
+            line: i + 1,
+            source,
+        })?;
+        if header.hylics_controller_log != LOG_VERSION {
+            return Err(LogError::Version(header.hylics_controller_log));
+        }
+        let records = lines
+            .map(|(i, l)| {
+                serde_json::from_str(l).map_err(|source| LogError::Parse {
+                    line: i + 1,
+                    source,
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(LogFile {
+            config: header.config,
+            records,
+        })
+    }
+
+    /// Re-runs the decisions ([`replay`]) with the logged configuration.
+    pub fn replay(&self) -> Result<Vec<Decision>, ReplayError> {
+        replay(&self.config, &self.records)
+    }
 }
 
 /// The records as JSON lines (one per line, each ending in `\n`).
@@ -149,7 +238,7 @@ mod tests {
             let replayed = replay(&cfg, &records).unwrap();
             let logged: Vec<&Decision> = records.iter().map(|r| &r.decision).collect();
             assert_eq!(replayed.iter().collect::<Vec<_>>(), logged, "{mode}");
-            // Through JSON, floats may come back one ulp off: equal within FLOAT_TOLERANCE.
+            // Through JSON (serde_json with float_roundtrip) the replay matches too.
             let text = to_json_lines(&records).unwrap();
             let parsed = parse_json_lines(&text).unwrap();
             assert_eq!(parsed.len(), records.len());
@@ -195,6 +284,30 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn a_log_file_carries_its_configuration_and_replays() {
+        let (cfg, records) = logged_run(Mode::Combined);
+        let mut text = LogHeader::new(cfg.clone()).to_line().unwrap();
+        text.push_str(&to_json_lines(&records).unwrap());
+        let file = LogFile::parse(&text).unwrap();
+        assert_eq!(file.config, cfg);
+        assert_eq!(file.records.len(), records.len());
+        assert_eq!(file.replay().unwrap().len(), records.len());
+        assert!(matches!(LogFile::parse(""), Err(LogError::NoHeader)));
+        let future = text.replacen(
+            "\"hylics_controller_log\":1",
+            "\"hylics_controller_log\":9",
+            1,
+        );
+        assert!(matches!(LogFile::parse(&future), Err(LogError::Version(9))));
+        // A record line cut short (a crash mid-write) is reported with its line number.
+        let cut = &text[..text.len() - 20];
+        let n = cut.lines().count();
+        assert!(matches!(LogFile::parse(cut), Err(LogError::Parse { line, .. }) if line == n));
+        // Records without a header are not a log file.
+        assert!(LogFile::parse(&to_json_lines(&records).unwrap()).is_err());
     }
 
     #[test]
