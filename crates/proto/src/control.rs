@@ -47,6 +47,8 @@ pub enum ControlRequest {
         /// The new size limit, bytes.
         bytes: u64,
     },
+    /// The share-size controller's state (`vmsight hylics NAME controller`).
+    HylicsController,
 }
 
 /// What an [`ControlRequest::Idle`] request does.
@@ -175,6 +177,8 @@ pub enum ControlReply {
     IdleMarks(Vec<IdleMark>),
     /// The share after a [`ControlRequest::ShareResize`] request.
     Share(crate::hylics::ShareInfo),
+    /// The controller after a [`ControlRequest::HylicsController`] request.
+    Controller(crate::hylics::ControllerStatus),
     /// The request was refused; the sentence says why.
     Refused(String),
 }
@@ -212,6 +216,8 @@ struct WireReply {
     marks: Option<Vec<IdleMark>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     share: Option<crate::hylics::ShareInfo>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    controller: Option<crate::hylics::ControllerStatus>,
 }
 
 impl WireReply {
@@ -226,6 +232,7 @@ impl WireReply {
             freed: None,
             marks: None,
             share: None,
+            controller: None,
         }
     }
 }
@@ -253,6 +260,10 @@ impl From<ControlReply> for WireReply {
                 share: Some(share),
                 ..WireReply::empty(true)
             },
+            ControlReply::Controller(c) => WireReply {
+                controller: Some(c),
+                ..WireReply::empty(true)
+            },
             ControlReply::Refused(error) => WireReply {
                 error: Some(error),
                 ..WireReply::empty(false)
@@ -263,7 +274,9 @@ impl From<ControlReply> for WireReply {
 
 /// A reply with `"ok": true` but no status in it.
 #[derive(Debug, thiserror::Error)]
-#[error("the reply has none of \"error\", \"disks\", \"freed\", \"marks\" and \"share\"")]
+#[error(
+    "the reply has none of \"error\", \"disks\", \"freed\", \"marks\", \"share\" and \"controller\""
+)]
 pub struct NoStatus;
 
 impl TryFrom<WireReply> for ControlReply {
@@ -284,6 +297,9 @@ impl TryFrom<WireReply> for ControlReply {
         }
         if let (Some(share), None) = (w.share, &w.disks) {
             return Ok(ControlReply::Share(share));
+        }
+        if let (Some(c), None) = (w.controller, &w.disks) {
+            return Ok(ControlReply::Controller(c));
         }
         let status = VmStatus {
             disks: w.disks.ok_or(NoStatus)?,
@@ -436,6 +452,23 @@ mod tests {
                 files: 1,
                 cache: "auto".into(),
                 resizes: 1,
+            }),
+            ControlReply::Controller(crate::hylics::ControllerStatus {
+                mode: "combined".into(),
+                tau_secs: 1.5,
+                target_bytes: 96 << 20,
+                share_bytes: 128 << 20,
+                ci_secs: 4.0,
+                decisions: 3,
+                tasks: 20,
+                arrivals: 21,
+                rejected_reports: 0,
+                refused_shrinks: 1,
+                advised_files: 2,
+                last_r_secs: Some(1.2),
+                last_lambda: None,
+                last_reasons: vec!["queueing_reset".into()],
+                log: Some("/tmp/c.log".into()),
             }),
             ControlReply::Refused("unknown command".into()),
         ] {

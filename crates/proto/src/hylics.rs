@@ -32,10 +32,14 @@ pub const SERVICE_PORT: u32 = 5100;
 pub const GUEST_CID: u32 = 3;
 /// The longest request line accepted (a guest that sends more is disconnected).
 pub const MAX_REQUEST_LINE: usize = 4096;
+/// At most this many paths in one [`HylicsReply::Advice`] (the guest asks again for more).
+pub const MAX_ADVICE_FILES: usize = 64;
+/// The longest task response time the controller accepts from the guest, seconds (a day).
+pub const MAX_RESPONSE_SECS: f64 = 86_400.0;
 
 /// A request from the guest library (`libhylics`) on the vsock channel: one JSON object per
 /// line; each gets one [`HylicsReply`] line.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum HylicsRequest {
     /// Module scheme: the host opens a TCP connection to `dest` (`IP:PORT`, from the VM's own
@@ -50,6 +54,14 @@ pub enum HylicsRequest {
         #[serde(default)]
         len: u64,
     },
+    /// Profiler: one task arrived now (the controller's λ). Optional: without any, the
+    /// controller counts completed tasks as arrivals.
+    Arrive,
+    /// Profiler: one task completed, `response_secs` after it arrived (the controller's R).
+    Task { response_secs: f64 },
+    /// Which files should leave the share so that the controller's smaller size fits
+    /// (answered with [`HylicsReply::Advice`]).
+    Advice,
 }
 
 /// The answer to a [`HylicsRequest`].
@@ -58,6 +70,16 @@ pub enum HylicsRequest {
 pub enum HylicsReply {
     /// Done: `bytes` were sent.
     Sent { ok: True, bytes: u64 },
+    /// The files to move out of the share, coldest first (paths relative to the share's
+    /// root, starting with `/`; at most [`MAX_ADVICE_FILES`]), to free `free_bytes`; an empty
+    /// list when nothing has to move.
+    Advice {
+        ok: True,
+        free_bytes: u64,
+        evict: Vec<String>,
+    },
+    /// Done, nothing to report (task reports).
+    Ack { ok: True },
     /// Refused or failed; nothing more will be sent for this request.
     Failed { ok: False, error: String },
 }
@@ -104,6 +126,11 @@ impl HylicsReply {
         HylicsReply::Sent { ok: True, bytes }
     }
 
+    /// A success without data.
+    pub fn ack() -> HylicsReply {
+        HylicsReply::Ack { ok: True }
+    }
+
     /// A failure with its sentence.
     pub fn failed(error: impl Into<String>) -> HylicsReply {
         HylicsReply::Failed {
@@ -111,6 +138,47 @@ impl HylicsReply {
             error: error.into(),
         }
     }
+}
+
+/// The share-size controller of a running VM (`vmsight hylics NAME controller`, `vmsight run
+/// --stats`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ControllerStatus {
+    /// `static`, `adaptive_only`, `queueing_only` or `combined`.
+    pub mode: String,
+    /// τ, the response-time SLO, seconds.
+    pub tau_secs: f64,
+    /// The size the controller wants, bytes.
+    pub target_bytes: u64,
+    /// The share's size now, bytes (above the target while the guest has not moved files out).
+    pub share_bytes: u64,
+    /// The current control interval, seconds.
+    pub ci_secs: f64,
+    /// Decisions made.
+    pub decisions: u64,
+    /// Task completions reported by the guest.
+    pub tasks: u64,
+    /// Task arrivals reported by the guest.
+    pub arrivals: u64,
+    /// Reports rejected (not a finite response time in [0, a day]) or dropped (more than the
+    /// controller keeps per interval).
+    pub rejected_reports: u64,
+    /// Resizes to the target that were refused because the share held more than the target.
+    pub refused_shrinks: u64,
+    /// Files named in eviction advice to the guest.
+    pub advised_files: u64,
+    /// R of the last interval with tasks, seconds.
+    #[serde(default)]
+    pub last_r_secs: Option<f64>,
+    /// λ of the last interval, tasks per second.
+    #[serde(default)]
+    pub last_lambda: Option<f64>,
+    /// Why the last decision was made (`queueing_reset`, `adaptive_step`, ...).
+    #[serde(default)]
+    pub last_reasons: Vec<String>,
+    /// The JSON decision log, if one is written.
+    #[serde(default)]
+    pub log: Option<String>,
 }
 
 #[cfg(test)]
@@ -144,6 +212,38 @@ mod tests {
             let s = serde_json::to_string(&r).expect("json");
             assert_eq!(serde_json::from_str::<HylicsReply>(&s).expect("parses"), r);
         }
+    }
+
+    #[test]
+    fn profiler_and_advice_messages_round_trip() {
+        let r: HylicsRequest =
+            serde_json::from_str(r#"{"op":"task","response_secs":1.25}"#).expect("parses");
+        assert_eq!(
+            r,
+            HylicsRequest::Task {
+                response_secs: 1.25
+            }
+        );
+        let r: HylicsRequest = serde_json::from_str(r#"{"op":"arrive"}"#).expect("parses");
+        assert_eq!(r, HylicsRequest::Arrive);
+        assert!(serde_json::from_str::<HylicsRequest>(r#"{"op":"task"}"#).is_err());
+        let advice = HylicsReply::Advice {
+            ok: True,
+            free_bytes: 9,
+            evict: vec!["/a b".into()],
+        };
+        let line = serde_json::to_string(&advice).expect("json");
+        assert_eq!(line, r#"{"ok":true,"free_bytes":9,"evict":["/a b"]}"#);
+        assert_eq!(
+            serde_json::from_str::<HylicsReply>(&line).expect("parses"),
+            advice
+        );
+        let ack = serde_json::to_string(&HylicsReply::ack()).expect("json");
+        assert_eq!(ack, r#"{"ok":true}"#);
+        assert_eq!(
+            serde_json::from_str::<HylicsReply>(&ack).expect("parses"),
+            HylicsReply::ack()
+        );
     }
 
     #[test]
