@@ -62,8 +62,11 @@ enum Cmd {
     /// network namespace (docs/network.md).
     Net(crate::net::NetArgs),
     /// The shared in-memory file system of a running VM (`--shared-mem`, Hylics): its host
-    /// directory, size and use, or a new size (docs/hylics.md).
+    /// directory, size and use, a new size, or its controller (docs/hylics.md).
     Hylics(crate::hylics::HylicsArgs),
+    /// Re-run the decisions of a Hylics controller log (`--hylics-slo ...,log=FILE`) and
+    /// check that each comes out the same (docs/hylics.md).
+    HylicsReplay(crate::hylics::ReplayArgs),
     /// Deduplicated volumes (iDedup): create, info, check, gc, export. Serve one with
     /// `vmsight run --disk VOL,dedup`.
     Dedup {
@@ -253,6 +256,13 @@ struct RunArgs {
     /// options after commas: path=DIR (the guest's mount point), cache=auto|always|never|metadata.
     #[arg(long, value_name = "SIZE[,OPTS]")]
     shared_mem: Option<String>,
+    /// Size the share to keep the mean task response time at TAU seconds (Hylics' controller,
+    /// docs/hylics.md; the guest reports tasks through libhylics): options after commas:
+    /// mode=static|adaptive_only|queueing_only|combined, curve=FILE (E[X|m]), min=SIZE,
+    /// max=SIZE, ci=MIN:MAX, r-thresh=SECS, m-thresh=SIZE, b0=S_PER_MIB, b0-max=S_PER_MIB|off,
+    /// log=FILE (JSON decisions; `vmsight hylics replay FILE` re-runs them).
+    #[arg(long, value_name = "TAU[,OPTS]")]
+    hylics_slo: Option<String>,
     /// Command to run in the guest as root; its stdout/stderr/exit status become vmsight's.
     #[arg(last = true, value_name = "CMD")]
     command: Vec<String>,
@@ -322,6 +332,7 @@ pub fn main() -> i32 {
         Cmd::Idle(a) => crate::idle::run(a),
         Cmd::Net(a) => crate::net::run(a),
         Cmd::Hylics(a) => crate::hylics::run(a),
+        Cmd::HylicsReplay(a) => crate::hylics::replay(a),
         Cmd::Dedup { action } => crate::dedup::run(action),
     };
     match res {
@@ -425,6 +436,21 @@ impl TryFrom<RunArgs> for VmConfig {
                 option: "--shared-mem",
                 reason: e.to_string(),
             })?;
+        if a.hylics_slo.is_some() && a.shared_mem.is_none() {
+            return Err(RunArgsError::Needs {
+                option: "--hylics-slo",
+                needs: "a share to size (--shared-mem SIZE)",
+            });
+        }
+        let slo = a
+            .hylics_slo
+            .as_deref()
+            .map(str::parse::<vmsight_launcher::hylics::SloSpec>)
+            .transpose()
+            .map_err(|e| RunArgsError::Value {
+                option: "--hylics-slo",
+                reason: e.to_string(),
+            })?;
         Ok(VmConfig {
             name: a.name.unwrap_or_else(generate_name),
             vcpus: a.vcpus,
@@ -453,6 +479,7 @@ impl TryFrom<RunArgs> for VmConfig {
             idle,
             net,
             share,
+            slo,
             metrics: a.metrics,
             stream: vmsight_launcher::stream::StreamConfig {
                 enabled: !a.no_stream,

@@ -1,9 +1,10 @@
-//! `vmsight hylics NAME path|info|resize SIZE`: the shared in-memory file system of a running
-//! VM (docs/hylics.md).
+//! `vmsight hylics NAME path|info|resize SIZE|controller`: the shared in-memory file system of a
+//! running VM and its controller; `vmsight hylics-replay LOG`: a controller log re-run
+//! (docs/hylics.md).
 
 use clap::{Args, Subcommand};
 use vmsight_proto::control::{ControlReply, ControlRequest};
-use vmsight_proto::hylics::ShareInfo;
+use vmsight_proto::hylics::{ControllerStatus, ShareInfo};
 
 use crate::cli::{control_socket, print_stdout, CliError};
 
@@ -31,6 +32,49 @@ enum HylicsAction {
         /// The new size.
         size: String,
     },
+    /// The share-size controller (`--hylics-slo`): target size, last response time, decisions.
+    Controller {
+        /// Print the raw JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ReplayArgs {
+    /// The log (`vmsight run --hylics-slo ...,log=FILE`).
+    log: std::path::PathBuf,
+    /// Print every replayed decision as a JSON line.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `vmsight hylics-replay LOG`: exit 0 when every logged decision is reproduced, 1 (with the
+/// first difference) when not.
+pub(crate) fn replay(a: ReplayArgs) -> Result<i32, CliError> {
+    let text = std::fs::read_to_string(&a.log)
+        .map_err(|e| CliError::Other(format!("cannot read {}: {e}", a.log.display())))?;
+    let file = vmsight_hylics::LogFile::parse(&text)
+        .map_err(|e| CliError::Other(format!("{}: {e}", a.log.display())))?;
+    let decisions = file
+        .replay()
+        .map_err(|e| CliError::Other(format!("{}: {e}", a.log.display())))?;
+    if a.json {
+        for d in &decisions {
+            print_stdout(&serde_json::to_string(d).map_err(|e| CliError::Other(e.to_string()))?)?;
+        }
+    }
+    let last_mib = decisions
+        .last()
+        .map_or(file.config.m_initial_bytes, |d| d.m_after_bytes) as f64
+        / (1u64 << 20) as f64;
+    eprintln!(
+        "{}: {} decisions of mode {} reproduced (final size {last_mib:.1} MiB)",
+        a.log.display(),
+        decisions.len(),
+        file.config.mode
+    );
+    Ok(0)
 }
 
 pub(crate) fn run(a: HylicsArgs) -> Result<i32, CliError> {
@@ -65,6 +109,31 @@ pub(crate) fn run(a: HylicsArgs) -> Result<i32, CliError> {
                 ))),
             }
         }
+        HylicsAction::Controller { json } => {
+            let status = controller_status(&a.name)?;
+            let text = if json {
+                serde_json::to_string_pretty(&status).map_err(|e| CliError::Other(e.to_string()))?
+            } else {
+                format!(
+                    "VM {}: {}",
+                    a.name,
+                    vmsight_launcher::hylics::control::summary(&status)
+                )
+            };
+            print_stdout(&text)?;
+            Ok(0)
+        }
+    }
+}
+
+fn controller_status(name: &str) -> Result<ControllerStatus, CliError> {
+    let sock = control_socket(name)?;
+    match vmsight_launcher::control::request(&sock, ControlRequest::HylicsController)? {
+        ControlReply::Controller(s) => Ok(s),
+        ControlReply::Refused(why) => Err(CliError::Other(why)),
+        other => Err(CliError::Other(format!(
+            "the VM answered a controller request with {other:?}"
+        ))),
     }
 }
 

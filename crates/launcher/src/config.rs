@@ -271,6 +271,8 @@ pub struct VmConfig {
     pub net: crate::net::NetSettings,
     /// `--shared-mem`: Hylics' shared in-memory file system.
     pub share: Option<crate::hylics::ShareSpec>,
+    /// `--hylics-slo`: the controller sizing the share (needs `share`).
+    pub slo: Option<crate::hylics::SloSpec>,
 }
 
 /// What `--background`, `--idle`, `--idle-interval`, `--idle-max-hold` and `--idle-log` ask

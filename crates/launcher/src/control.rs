@@ -203,6 +203,7 @@ mod tests {
             ControlRequest::DedupGc { .. } => ControlReply::DedupGc { freed: 3 },
             ControlRequest::Idle { .. } => ControlReply::IdleMarks(Vec::new()),
             ControlRequest::ShareResize { .. } => ControlReply::Refused("no share".into()),
+            ControlRequest::HylicsController => ControlReply::Refused("no controller".into()),
         });
         ControlServer::serve(sock, service).expect("binds")
     }

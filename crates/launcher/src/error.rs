@@ -88,6 +88,18 @@ pub enum LaunchError {
         #[source]
         source: crate::hylics::ShareError,
     },
+    #[error("VM {vm}: --hylics-slo: {source}")]
+    Slo {
+        vm: String,
+        #[source]
+        source: crate::hylics::SloError,
+    },
+    #[error("VM {vm}: {source}")]
+    Controller {
+        vm: String,
+        #[source]
+        source: crate::hylics::ControlError,
+    },
     #[error("VM {vm}: {source}")]
     Daemon {
         vm: String,

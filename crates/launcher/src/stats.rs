@@ -97,6 +97,9 @@ pub struct RunStats {
     /// Hylics' send offload (with a share).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub offload: Option<crate::hylics::offload::OffloadSnapshot>,
+    /// Hylics' share-size controller (`--hylics-slo`), at the end.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub controller: Option<vmsight_proto::hylics::ControllerStatus>,
     /// Classification counters of `--insights`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub insights: Option<vmsight_insight::ClassCounters>,
@@ -186,6 +189,7 @@ impl RunStats {
             nics: Vec::new(),
             share: None,
             offload: None,
+            controller: None,
             insights: None,
             trace,
             memory: ProcessMemory::read_self(),
@@ -302,6 +306,9 @@ impl fmt::Display for RunStats {
                 o.bad_requests,
                 o.busy
             )?;
+        }
+        if let Some(c) = &self.controller {
+            writeln!(f, "  {}", crate::hylics::control::summary(c))?;
         }
         for (i, d) in self.disks.iter().enumerate() {
             let m = &d.metrics;

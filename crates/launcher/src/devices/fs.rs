@@ -31,7 +31,7 @@ pub struct FsDevice {
 }
 
 fn start(env: &DeviceEnv<'_>) -> Result<Vec<Box<dyn Device>>, LaunchError> {
-    let (Some(spec), Some(share)) = (&env.cfg.share, env.share) else {
+    let (Some(spec), Some(share)) = (&env.cfg.share, env.hylics.map(|h| &h.share)) else {
         return Ok(Vec::new());
     };
     let vm = env.cfg.name.as_str();

@@ -55,8 +55,8 @@ pub struct DeviceEnv<'a> {
     pub streams: &'a [DiskStream],
     /// FoxyIdle's attribution, when FoxyIdle is on (every disk gets an idle stage).
     pub idle: Option<&'a std::sync::Arc<crate::idle::Attributor>>,
-    /// The VM's shared in-memory file system, when `--shared-mem` asks for one.
-    pub share: Option<&'a std::sync::Arc<crate::hylics::Share>>,
+    /// The VM's shared in-memory file system (and its controller), with `--shared-mem`.
+    pub hylics: Option<&'a crate::hylics::Hylics>,
 }
 
 /// A running device.
@@ -111,6 +111,8 @@ pub struct DeviceReport {
     pub net: Option<crate::stats::NetStats>,
     /// The share at the end (the virtio-fs device).
     pub share: Option<vmsight_proto::hylics::ShareInfo>,
+    /// The share-size controller at the end (the vsock device, `--hylics-slo`).
+    pub controller: Option<vmsight_proto::hylics::ControllerStatus>,
     /// The send offload's counters (the vsock device).
     pub offload: Option<crate::hylics::offload::OffloadSnapshot>,
     /// The backend ended with an error.

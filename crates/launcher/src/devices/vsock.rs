@@ -12,6 +12,7 @@ use super::{Device, DeviceEntry, DeviceEnv, DeviceMetrics, DeviceReport};
 use crate::daemon::{find_tool, Daemon, DaemonError, DaemonSlot};
 use crate::error::LaunchError;
 use crate::hylics::offload::{OffloadCtx, OffloadMetrics, OffloadService};
+use crate::hylics::ShareController;
 use crate::net::NetMode;
 use crate::qemu::vhost_user_pci;
 use crate::stages::Sample;
@@ -32,6 +33,7 @@ pub struct VsockDevice {
     daemon: DaemonSlot,
     offload: Option<OffloadService>,
     metrics: Arc<OffloadMetrics>,
+    controller: Option<Arc<ShareController>>,
 }
 
 /// The vhost-device-vsock to run.
@@ -40,7 +42,7 @@ pub fn find() -> Result<std::path::PathBuf, DaemonError> {
 }
 
 fn start(env: &DeviceEnv<'_>) -> Result<Vec<Box<dyn Device>>, LaunchError> {
-    let Some(share) = env.share else {
+    let Some(hylics) = env.hylics else {
         return Ok(Vec::new());
     };
     let vm = env.cfg.name.as_str();
@@ -69,8 +71,9 @@ fn start(env: &DeviceEnv<'_>) -> Result<Vec<Box<dyn Device>>, LaunchError> {
     let offload = OffloadService::start(
         &uds,
         OffloadCtx {
-            share_dir: share.dir().to_owned(),
+            share_dir: hylics.share.dir().to_owned(),
             netns,
+            controller: hylics.controller.clone(),
         },
     )
     .map_err(|e| LaunchError::Listen {
@@ -82,6 +85,7 @@ fn start(env: &DeviceEnv<'_>) -> Result<Vec<Box<dyn Device>>, LaunchError> {
         daemon: DaemonSlot::new(daemon),
         metrics: offload.metrics(),
         offload: Some(offload),
+        controller: hylics.controller.clone(),
     })])
 }
 
@@ -104,11 +108,18 @@ impl Device for VsockDevice {
 
     fn metrics(&self) -> DeviceMetrics {
         let m = self.metrics.clone();
+        let c = self.controller.clone();
         DeviceMetrics {
             kind: ENTRY.kind,
             id: self.id(),
             disk: None,
-            samples: Arc::new(move || offload_samples(&m)),
+            samples: Arc::new(move || {
+                let mut s = offload_samples(&m);
+                if let Some(c) = &c {
+                    s.extend(controller_samples(c));
+                }
+                s
+            }),
             stages: Vec::new(),
         }
     }
@@ -119,6 +130,7 @@ impl Device for VsockDevice {
         }
         DeviceReport {
             offload: Some(self.metrics.snapshot()),
+            controller: self.controller.as_ref().map(|c| c.stop()),
             error: self.daemon.stop(ID),
             ..DeviceReport::default()
         }
@@ -143,6 +155,38 @@ fn offload_samples(m: &OffloadMetrics) -> Vec<Sample> {
             "hylics_offload_failures_total",
             "Send-offload requests that failed.",
             s.failures,
+        ),
+    ]
+}
+
+/// The share-size controller's state as metric samples (names in docs/metrics.md).
+fn controller_samples(c: &ShareController) -> Vec<Sample> {
+    let s = c.status();
+    vec![
+        Sample::gauge(
+            "hylics_controller_target_bytes",
+            "Share size the controller wants.",
+            s.target_bytes,
+        ),
+        Sample::counter(
+            "hylics_controller_decisions_total",
+            "Control intervals decided.",
+            s.decisions,
+        ),
+        Sample::counter(
+            "hylics_controller_tasks_total",
+            "Task completions the guest reported.",
+            s.tasks,
+        ),
+        Sample::gauge(
+            "hylics_controller_response_microseconds",
+            "Mean response time of the last interval with tasks, microseconds.",
+            (s.last_r_secs.unwrap_or(0.0) * 1e6) as u64,
+        ),
+        Sample::counter(
+            "hylics_controller_refused_shrinks_total",
+            "Shrinks refused because the share held more than the target.",
+            s.refused_shrinks,
         ),
     ]
 }

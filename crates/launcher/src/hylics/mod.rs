@@ -6,11 +6,28 @@
 //! init at `/hylics`. Host tools read and write the same files (`vmsight hylics NAME path`);
 //! the size limit changes while the VM runs (`vmsight hylics NAME resize SIZE`). The device is
 //! `crate::devices::fs`.
+//!
+//! With `--hylics-slo`, a controller ([`control::ShareController`], paper §5) sizes the share
+//! from the task response times the guest library reports over vsock ([`offload`] serves
+//! that channel; the device is `crate::devices::vsock`).
 
+pub mod control;
 pub mod offload;
 pub mod share;
+pub mod slo;
 pub mod spec;
 pub mod virtiofsd;
 
+use std::sync::Arc;
+
+pub use control::{ControlError, ShareController};
 pub use share::{Share, ShareError};
+pub use slo::{SloError, SloSpec};
 pub use spec::{CacheMode, ShareSpec, ShareSpecError};
+
+/// A VM's Hylics parts: its share and, with `--hylics-slo`, the controller sizing it.
+#[derive(Clone)]
+pub struct Hylics {
+    pub share: Arc<Share>,
+    pub controller: Option<Arc<ShareController>>,
+}

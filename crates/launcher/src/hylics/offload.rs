@@ -5,6 +5,8 @@
 //! The service listens on the vsock device's host socket for guest connections to host port
 //! [`SERVICE_PORT`] (`<rt>/vsock.sock_5100`, vhost-device-vsock's hybrid vsock). Each
 //! connection carries JSON lines: a [`HylicsRequest`] per line, a [`HylicsReply`] per line.
+//! The same channel carries the guest library's task reports and eviction-advice requests to
+//! the share-size controller ([`super::control`]).
 //!
 //! Everything the guest sends is hostile input:
 //! - request lines are bounded ([`MAX_REQUEST_LINE`]) and must parse as a known request;
@@ -32,6 +34,8 @@ use serde::Serialize;
 use vmsight_proto::hylics::{HylicsReply, HylicsRequest, MAX_REQUEST_LINE, SERVICE_PORT};
 use vmsight_proto::server::{ServeError, UnixServer};
 
+use super::control::ShareController;
+
 /// Guest connections served at once; more are answered "busy" and closed.
 pub const MAX_CONNECTIONS: u64 = 16;
 /// How long a connection to the client may take.
@@ -50,6 +54,10 @@ pub enum OffloadError {
     DestNotAllowed(SocketAddr),
     #[error("this VM has no network namespace of its own (--net isolated): no send offload")]
     NoNamespace,
+    #[error("no Hylics controller in this VM (start it with --hylics-slo TAU)")]
+    NoController,
+    #[error("{0}")]
+    Report(#[from] super::control::ReportError),
     #[error("the path is empty or has a NUL byte")]
     Path,
     #[error("cannot open {path:?} in the share: {source}")]
@@ -134,6 +142,8 @@ pub struct OffloadCtx {
     pub share_dir: PathBuf,
     /// The VM's network namespace (`/run/netns/...`), if it has one.
     pub netns: Option<PathBuf>,
+    /// The share-size controller the task reports go to (`--hylics-slo`).
+    pub controller: Option<Arc<ShareController>>,
 }
 
 /// The running service.
@@ -225,13 +235,10 @@ fn serve_conn(stream: UnixStream, ctx: &OffloadCtx, m: &OffloadMetrics) {
         };
         m.requests.fetch_add(1, Ordering::Relaxed);
         let answer = match handle(&req, ctx, m) {
-            Ok(bytes) => {
-                m.files_sent.fetch_add(1, Ordering::Relaxed);
-                HylicsReply::sent(bytes)
-            }
+            Ok(answer) => answer,
             Err(e) => {
                 m.failures.fetch_add(1, Ordering::Relaxed);
-                tracing::info!(error = %e, "hylics: send offload failed");
+                tracing::debug!(error = %e, "hylics: a guest request failed");
                 HylicsReply::failed(e.to_string())
             }
         };
@@ -249,7 +256,11 @@ fn parse_request(line: &[u8]) -> Option<HylicsRequest> {
     serde_json::from_slice(line).ok()
 }
 
-fn handle(req: &HylicsRequest, ctx: &OffloadCtx, m: &OffloadMetrics) -> Result<u64, OffloadError> {
+fn handle(
+    req: &HylicsRequest,
+    ctx: &OffloadCtx,
+    m: &OffloadMetrics,
+) -> Result<HylicsReply, OffloadError> {
     match req {
         HylicsRequest::SendFile {
             dest,
@@ -257,21 +268,55 @@ fn handle(req: &HylicsRequest, ctx: &OffloadCtx, m: &OffloadMetrics) -> Result<u
             offset,
             len,
         } => {
-            let dest = parse_dest(dest)?;
-            let netns = ctx.netns.as_deref().ok_or(OffloadError::NoNamespace)?;
-            let file = open_in_share(&ctx.share_dir, path)?;
-            let size = file
-                .metadata()
-                .map_err(|source| OffloadError::Open {
-                    path: path.clone(),
-                    source,
-                })?
-                .len();
-            let count = range(path, size, *offset, *len)?;
-            let sock = connect_in_netns(netns, dest)?;
-            send_range(&file, &sock, *offset, count, dest, m)
+            let bytes = send_file(ctx, m, dest, path, *offset, *len)?;
+            m.files_sent.fetch_add(1, Ordering::Relaxed);
+            Ok(HylicsReply::sent(bytes))
+        }
+        HylicsRequest::Arrive => {
+            controller(ctx)?.arrived()?;
+            Ok(HylicsReply::ack())
+        }
+        HylicsRequest::Task { response_secs } => {
+            controller(ctx)?.done(*response_secs)?;
+            Ok(HylicsReply::ack())
+        }
+        HylicsRequest::Advice => {
+            let a = controller(ctx)?.advice();
+            Ok(HylicsReply::Advice {
+                ok: vmsight_proto::hylics::True,
+                free_bytes: a.free_bytes,
+                evict: a.evict,
+            })
         }
     }
+}
+
+fn controller(ctx: &OffloadCtx) -> Result<&ShareController, OffloadError> {
+    ctx.controller.as_deref().ok_or(OffloadError::NoController)
+}
+
+/// Module scheme: sends `len` bytes of the share's `path` from `offset` to `dest`.
+fn send_file(
+    ctx: &OffloadCtx,
+    m: &OffloadMetrics,
+    dest: &str,
+    path: &str,
+    offset: u64,
+    len: u64,
+) -> Result<u64, OffloadError> {
+    let dest = parse_dest(dest)?;
+    let netns = ctx.netns.as_deref().ok_or(OffloadError::NoNamespace)?;
+    let file = open_in_share(&ctx.share_dir, path)?;
+    let size = file
+        .metadata()
+        .map_err(|source| OffloadError::Open {
+            path: path.to_owned(),
+            source,
+        })?
+        .len();
+    let count = range(path, size, offset, len)?;
+    let sock = connect_in_netns(netns, dest)?;
+    send_range(&file, &sock, offset, count, dest, m)
 }
 
 /// `IP:PORT`, not loopback, unspecified or multicast.

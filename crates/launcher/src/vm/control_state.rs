@@ -32,7 +32,7 @@ pub struct ControlState {
     devices: Vec<DeviceMetrics>,
     insight: Option<vmsight_insight::InsightEngine>,
     idle: Option<Arc<crate::idle::Attributor>>,
-    share: Option<Arc<crate::hylics::Share>>,
+    hylics: Option<crate::hylics::Hylics>,
 }
 
 impl ControlState {
@@ -41,7 +41,7 @@ impl ControlState {
         devices: &[Box<dyn Device>],
         insight: Option<vmsight_insight::InsightEngine>,
         idle: Option<Arc<crate::idle::Attributor>>,
-        share: Option<Arc<crate::hylics::Share>>,
+        hylics: Option<crate::hylics::Hylics>,
     ) -> Self {
         Self {
             streams: streams
@@ -57,7 +57,7 @@ impl ControlState {
             devices: devices.iter().map(|d| d.metrics()).collect(),
             insight,
             idle,
-            share,
+            hylics,
         }
     }
 
@@ -140,12 +140,13 @@ impl ControlState {
             },
             ControlRequest::Idle { action, target } => self.idle(action, target.as_deref()),
             ControlRequest::ShareResize { bytes } => self.share_resize(bytes),
+            ControlRequest::HylicsController => self.controller(),
         }
     }
 
     /// `vmsight hylics NAME resize SIZE`: the share afterwards, or why not.
     fn share_resize(&self, bytes: u64) -> ControlReply {
-        let Some(share) = &self.share else {
+        let Some(share) = self.hylics.as_ref().map(|h| &h.share) else {
             return ControlReply::Refused(
                 "this VM has no shared in-memory file system (start it with --shared-mem SIZE)"
                     .into(),
@@ -157,6 +158,17 @@ impl ControlState {
         match share.resize(bytes) {
             Ok(info) => ControlReply::Share(info),
             Err(e) => ControlReply::Refused(e.to_string()),
+        }
+    }
+
+    /// `vmsight hylics NAME controller`: the controller's state, or why there is none.
+    fn controller(&self) -> ControlReply {
+        match self.hylics.as_ref().and_then(|h| h.controller.as_ref()) {
+            Some(c) => ControlReply::Controller(c.status()),
+            None => ControlReply::Refused(
+                "this VM has no Hylics controller (start it with --shared-mem SIZE --hylics-slo TAU)"
+                    .into(),
+            ),
         }
     }
 

@@ -71,14 +71,14 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
     let insight = services::insight_engine(cfg)?;
     let mut streams = services::disk_streams(cfg, &prep);
     let idle = services::idle_attributor(cfg, &prep)?;
-    let share = services::share(cfg, &prep)?;
+    let hylics = services::hylics(cfg, &prep)?;
     let devices = devices::start_all(&DeviceEnv {
         cfg,
         prep: &prep,
         insight: insight.as_ref().map(|(e, _)| e),
         streams: &streams,
         idle: idle.as_ref(),
-        share: share.as_ref(),
+        hylics: hylics.as_ref(),
     })?;
     phase("devices");
     let svc = services::start(
@@ -88,7 +88,7 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
         &mut streams,
         insight.as_ref().map(|(e, _)| e),
         idle,
-        share,
+        hylics,
     )?;
     phase("services");
     let qemu = spawn::spawn(cfg, arts, &prep, &devices, &svc, insight.as_ref())?;
@@ -197,6 +197,7 @@ fn teardown(cfg: &VmConfig, prep: &Prepared, t: Teardown) -> RunOutcome {
         nics: nic_stats,
         share: share_info,
         offload: offload_stats,
+        controller: controller_status,
         error: backend_error,
     } = finish_devices(devices, &mut streams);
     let trace_summary = qemu.trace.map(|t| t.finish());
@@ -234,6 +235,7 @@ fn teardown(cfg: &VmConfig, prep: &Prepared, t: Teardown) -> RunOutcome {
     stats.nics = nic_stats;
     stats.share = share_info;
     stats.offload = offload_stats;
+    stats.controller = controller_status;
     RunOutcome {
         reason: ending.reason(&late),
         stats,
@@ -246,6 +248,7 @@ struct Finished {
     nics: Vec<NetStats>,
     share: Option<vmsight_proto::hylics::ShareInfo>,
     offload: Option<crate::hylics::offload::OffloadSnapshot>,
+    controller: Option<vmsight_proto::hylics::ControllerStatus>,
     /// The first backend error.
     error: Option<String>,
 }
@@ -257,6 +260,7 @@ fn finish_devices(devices: Vec<Box<dyn Device>>, streams: &mut Vec<DiskStream>) 
     let mut nics = Vec::new();
     let mut share = None;
     let mut offload = None;
+    let mut controller = None;
     let mut error = None;
     for (i, d) in devices.into_iter().enumerate() {
         let report = d.finish();
@@ -266,6 +270,7 @@ fn finish_devices(devices: Vec<Box<dyn Device>>, streams: &mut Vec<DiskStream>) 
         nics.extend(report.net);
         share = share.or(report.share);
         offload = offload.or(report.offload);
+        controller = controller.or(report.controller);
         let Some(mut ds) = report.disk else {
             continue;
         };
@@ -281,6 +286,7 @@ fn finish_devices(devices: Vec<Box<dyn Device>>, streams: &mut Vec<DiskStream>) 
         nics,
         share,
         offload,
+        controller,
         error,
     }
 }

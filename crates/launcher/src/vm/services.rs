@@ -103,21 +103,32 @@ pub fn idle_attributor(
 }
 
 /// The VM's shared in-memory file system (a tmpfs in its runtime directory), when
-/// `--shared-mem` asks for one; the virtio-fs device serves it.
-pub fn share(
+/// `--shared-mem` asks for one (the virtio-fs device serves it), and its controller with
+/// `--hylics-slo` (the vsock device feeds it).
+pub fn hylics(
     cfg: &VmConfig,
     prep: &Prepared,
-) -> Result<Option<Arc<crate::hylics::Share>>, LaunchError> {
+) -> Result<Option<crate::hylics::Hylics>, LaunchError> {
     let Some(spec) = &cfg.share else {
         return Ok(None);
     };
+    let vm = || cfg.name.clone();
     let paths = prep.rt.paths();
-    crate::hylics::Share::create(&paths.share_dir(), &paths.hylics_info(), spec)
-        .map(|s| Some(Arc::new(s)))
-        .map_err(|source| LaunchError::Share {
-            vm: cfg.name.clone(),
-            source,
-        })
+    let share = crate::hylics::Share::create(&paths.share_dir(), &paths.hylics_info(), spec)
+        .map(Arc::new)
+        .map_err(|source| LaunchError::Share { vm: vm(), source })?;
+    let controller = match &cfg.slo {
+        None => None,
+        Some(slo) => {
+            let config = slo
+                .config(share.size())
+                .map_err(|source| LaunchError::Slo { vm: vm(), source })?;
+            let c = crate::hylics::ShareController::start(config, share.clone(), slo.log_path())
+                .map_err(|source| LaunchError::Controller { vm: vm(), source })?;
+            Some(c)
+        }
+    };
+    Ok(Some(crate::hylics::Hylics { share, controller }))
 }
 
 /// A file-update stream (tap queue) per writable disk; consumers start with the services.
@@ -137,7 +148,7 @@ pub fn start(
     streams: &mut [DiskStream],
     insight: Option<&InsightEngine>,
     idle: Option<Arc<crate::idle::Attributor>>,
-    share: Option<Arc<crate::hylics::Share>>,
+    hylics: Option<crate::hylics::Hylics>,
 ) -> Result<Services, LaunchError> {
     let delivery = Arc::new(Delivery::open(
         cfg.stream.host.clone(),
@@ -162,7 +173,7 @@ pub fn start(
         ),
         None => None,
     };
-    let control = ControlState::new(streams, devices, insight.cloned(), idle.clone(), share);
+    let control = ControlState::new(streams, devices, insight.cloned(), idle.clone(), hylics);
     let metrics = super::metrics::serve(cfg, devices, streams)?;
     let control = crate::control::ControlServer::serve(
         &prep.rt.paths().control_socket(),
