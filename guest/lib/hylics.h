@@ -1,12 +1,23 @@
-/* hylics.h: libhylics, the guest side of Hylics' send offload (docs/hylics.md).
+/* hylics.h: libhylics, the guest side of Hylics (docs/hylics.md).
  *
- * A program that keeps its data in the shared in-memory file system (mounted at /hylics by the
- * image's init when the VM runs with `vmsight run --shared-mem SIZE`) asks vmsight to send a
- * file to a client: vmsight sends it from the host's copy of the share with sendfile(2), so the
- * bytes never pass through the guest's CPUs or its network device (the paper's "module"
- * scheme). The request and its answer travel over vsock (host CID 2, port HYLICS_PORT).
+ * Send offload: a program that keeps its data in the shared in-memory file system (mounted at
+ * /hylics by the image's init when the VM runs with `vmsight run --shared-mem SIZE`) asks
+ * vmsight to send a file to a client: vmsight sends it from the host's copy of the share with
+ * sendfile(2), so the bytes never pass through the guest's CPUs or its network device (the
+ * paper's "module" scheme).
  *
- * Link with -lhylics. The command-line form is `hylics-send DEST PATH [OFFSET [LEN]]`. */
+ * Task reports: when the VM also runs with vmsight's SLO controller (`vmsight run --shared-mem
+ * SIZE --hylics-slo ...`), the controller sizes the share (the tmpfs size limit) from the
+ * response times of the guest's tasks. The program reports each task's arrival and completion
+ * (hylics_task_arrived, hylics_task_done); when the controller shrinks the share it advises
+ * which files to move out, and hylics_evict moves them to a directory of the guest's own.
+ *
+ * Every request and its answer travel over vsock (host CID 2, port HYLICS_PORT), one JSON
+ * object per line each way. hylics_send_file opens a connection per call; the task reports and
+ * hylics_evict share one connection per process (thread-safe; a forked child makes its own).
+ *
+ * Link with -lhylics. Command-line forms: `hylics-send DEST PATH [OFFSET [LEN]]`,
+ * `hylics-evict DEST_DIR`; `hylics-workload` is a synthetic workload that reports its tasks. */
 #ifndef HYLICS_H
 #define HYLICS_H
 
@@ -26,6 +37,33 @@ extern "C" {
  * no vmsight Hylics service; EPROTO: the service refused or failed, see hylics_last_error()). */
 long long hylics_send_file(const char *dest, const char *path, unsigned long long offset,
                            unsigned long long len);
+
+/* Reports that one task arrived now (request {"op":"arrive"}). Returns 0, or -1 with errno set:
+ * the errno of connect(2) when there is no vmsight Hylics service (e.g. ECONNREFUSED,
+ * ECONNRESET, ENODEV), ETIMEDOUT when it did not answer within 10 s, EPROTO when it refused
+ * (e.g. the VM runs without a controller) or answered something malformed; then
+ * hylics_last_error() has the sentence. Cheap enough to call per task: the connection is kept
+ * open (and reopened once when it broke). */
+int hylics_task_arrived(void);
+
+/* Reports that one task completed, `response_secs` seconds after it arrived (finite, >= 0;
+ * EINVAL otherwise; vmsight refuses more than a day, EPROTO). Request
+ * {"op":"task","response_secs":R}; returns as hylics_task_arrived. */
+int hylics_task_done(double response_secs);
+
+/* Moves out of the share the files vmsight's controller advises (request {"op":"advice"}, the
+ * coldest first) into `dest_dir` under the same relative path: /hylics/a/b.dat goes to
+ * DEST_DIR/a/b.dat (directories created with mode 0755; an existing file is replaced). Each move
+ * copies the file (mode and times kept), fsyncs the copy, checks its size and only then removes
+ * the share's file. Advised paths with ".." components, symlinks (also as directories on the
+ * way) and anything that is not a regular file are skipped; so are files that vanished or
+ * changed during the copy. Asks again after every round that moved something, until the advice
+ * is empty (at most 64 rounds). `dest_dir` must not be on the share (EINVAL); it is created
+ * when missing (not its parents). The share is $HYLICS_ROOT, default /hylics.
+ * Returns the number of files moved, or -1 with errno set (as hylics_task_arrived, or the
+ * errno of a failed move; hylics_last_error() says which file). *bytes_moved (may be NULL)
+ * gets the bytes moved, also those moved before a failure. */
+long hylics_evict(const char *dest_dir, unsigned long long *bytes_moved);
 
 /* The service's last error sentence in this thread ("" if none). */
 const char *hylics_last_error(void);
