@@ -274,6 +274,60 @@ fn bad_share_requests_get_clear_errors() {
     let r = run(&["hylics", "no-such-vm-here", "path"]);
     assert_ne!(r.code, Some(0));
     assert!(r.stderr.contains("no running VM"), "{}", r.stderr);
+    // The controller: needs a share, a valid SLO, and a curve for the predictor.
+    let r = run(&["run", "--hylics-slo", "1", "--", "true"]);
+    assert_ne!(r.code, Some(0));
+    assert!(r.stderr.contains("--shared-mem"), "{}", r.stderr);
+    let r = run(&[
+        "run",
+        "--shared-mem",
+        "64M",
+        "--hylics-slo",
+        "1,mode=fast",
+        "--",
+        "true",
+    ]);
+    assert_ne!(r.code, Some(0));
+    assert!(
+        r.stderr.contains("unknown Hylics controller mode"),
+        "{}",
+        r.stderr
+    );
+    let r = run(&[
+        "run",
+        "--shared-mem",
+        "64M",
+        "--hylics-slo=-2",
+        "--",
+        "true",
+    ]);
+    assert_ne!(r.code, Some(0));
+    assert!(r.stderr.contains("not a time"), "{}", r.stderr);
+    let r = run(&[
+        "run",
+        "--shared-mem",
+        "64M",
+        "--hylics-slo",
+        "1",
+        "--",
+        "true",
+    ]);
+    assert_ne!(r.code, Some(0));
+    assert!(r.stderr.contains("curve=FILE"), "{}", r.stderr);
+    // A log that is not one, or was tampered with, does not replay.
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.log");
+    std::fs::write(&bad, "{\"k\":1}\n").unwrap();
+    let r = run(&["hylics-replay", bad.to_str().unwrap()]);
+    assert_ne!(r.code, Some(0));
+    assert!(r.stderr.contains("line 1"), "{}", r.stderr);
+    let r = run(&["hylics-replay", "/nonexistent/decisions.log"]);
+    assert_ne!(r.code, Some(0));
+    assert!(
+        r.stderr.contains("/nonexistent/decisions.log"),
+        "{}",
+        r.stderr
+    );
 }
 
 /// A TCP receiver for the VM's namespace: prints `GOT <sha256> <bytes>` per connection.
@@ -416,4 +470,247 @@ fn the_host_sends_a_share_file_for_the_guest_and_the_payload_skips_the_guest_nic
     assert_eq!(o["files_sent"], 3, "{o}");
     assert_eq!(o["bad_requests"], 1, "{o}");
     assert!(o["failures"].as_u64().unwrap() >= 2, "{o}");
+}
+
+/// E[X|m] of the synthetic workload (MiB, seconds), as `hylics-workload --curve` and the
+/// controller's `curve=` file both take it: piecewise linear, 36 ms at 8 MiB to 6 ms at 128 MiB.
+const CURVE: [(u64, f64); 5] = [
+    (8, 0.036),
+    (16, 0.02),
+    (32, 0.012),
+    (64, 0.008),
+    (128, 0.006),
+];
+/// Arrival rate of the workload (Poisson), tasks per second.
+const RATE: f64 = 20.0;
+/// The response-time SLO.
+const TAU: f64 = 0.05;
+/// How long the workload admits tasks, seconds.
+const WORKLOAD_SECS: f64 = 90.0;
+
+/// The oracle, independent of the controller's own inversion: the smallest size (in steps of
+/// 1/16 MiB) at which an M/G/1/PS queue with the curve's service time meets τ:
+/// E[X|m] / (1 - λ E[X|m]) <= τ.
+fn oracle_mib() -> f64 {
+    let x = |m: f64| {
+        let w = CURVE.windows(2).find(|w| m <= w[1].0 as f64).unwrap();
+        let (m0, x0, m1, x1) = (w[0].0 as f64, w[0].1, w[1].0 as f64, w[1].1);
+        x0 + (x1 - x0) * (m - m0) / (m1 - m0)
+    };
+    (8 * 16..=128 * 16)
+        .map(|s| s as f64 / 16.0)
+        .find(|&m| {
+            let xm = x(m);
+            RATE * xm < 1.0 && xm / (1.0 - RATE * xm) <= TAU
+        })
+        .unwrap()
+}
+
+/// The guest: three 8 MiB files in the share (the oldest two colder), a loop that moves out
+/// what the controller advises, and the synthetic workload reporting every task.
+fn controller_script() -> String {
+    let curve: Vec<String> = CURVE.iter().map(|(m, s)| format!("{m}:{s}")).collect();
+    format!(
+        r#"
+set -u
+for i in 1 2 3; do head -c 8M /dev/urandom > /hylics/cold$i.bin; done
+touch -d '-3 hours' /hylics/cold1.bin; touch -d '-2 hours' /hylics/cold2.bin
+(cd /hylics && sha256sum cold*.bin) > /tmp/sums
+(while :; do hylics-evict /var/tmp/evicted | sed 's/^/EVICT /'; sleep 1; done) &
+hylics-workload --curve {} --rate {RATE} --duration {WORKLOAD_SECS} --seed 7
+kill $!
+echo "LEFT $(ls /hylics | tr '\n' ' ')"
+cd /var/tmp/evicted && for f in *; do grep " $f\$" /tmp/sums | sha256sum -c - | sed 's/^/CHK /'; done
+echo ===DONE
+"#,
+        curve.join(",")
+    )
+}
+
+/// One `task ...` line of hylics-workload.
+struct Task {
+    arrive: f64,
+    response: f64,
+    m_mib: f64,
+}
+
+fn tasks(lines: &[String]) -> Vec<Task> {
+    let num = |l: &str, k: &str| -> f64 {
+        l.split_whitespace()
+            .find_map(|w| w.strip_prefix(k))
+            .unwrap_or_else(|| panic!("no {k} in {l}"))
+            .parse()
+            .unwrap()
+    };
+    lines
+        .iter()
+        .filter(|l| l.starts_with("task "))
+        .map(|l| Task {
+            arrive: num(l, "arrive="),
+            response: num(l, "response="),
+            m_mib: num(l, "m="),
+        })
+        .collect()
+}
+
+/// The controller sizes the share of a guest whose workload has a known E[X|m]: it converges
+/// to the size the M/G/1/PS model says meets τ, it shrinks only after the guest moved the
+/// coldest files out on its advice (nothing lost), the guest's statvfs sees exactly the sizes
+/// it decided, every task the workload reported reached it, and its log replays.
+#[test]
+fn the_controller_sizes_the_share_to_the_slo_of_a_workload_with_known_service_times() {
+    let name = vm_name("hctl");
+    let dir = tempfile::tempdir().unwrap();
+    let curve = dir.path().join("curve.json");
+    let points: Vec<Value> = CURVE
+        .iter()
+        .map(|(m, s)| serde_json::json!({"m_bytes": m << 20, "service_secs": s}))
+        .collect();
+    std::fs::write(&curve, serde_json::json!({ "points": points }).to_string()).unwrap();
+    let log = dir.path().join("decisions.log");
+    let stats_path = dir.path().join("stats.json");
+    let slo = format!(
+        "{TAU},curve={},ci=4:16,log={}",
+        curve.display(),
+        log.display()
+    );
+    let r = run(&[
+        "run",
+        "--name",
+        &name,
+        "--net",
+        "none",
+        "--shared-mem",
+        "64M",
+        "--hylics-slo",
+        &slo,
+        "--stats-json",
+        stats_path.to_str().unwrap(),
+        "--",
+        "sh",
+        "-c",
+        &controller_script(),
+    ]);
+    assert_eq!(r.code, Some(0), "stderr: {}", r.stderr);
+    let lines: Vec<String> = r.stdout.lines().map(str::to_owned).collect();
+    assert!(lines.contains(&"===DONE".to_owned()), "{}", r.stdout);
+    let tasks = tasks(&lines);
+    let summary = field(&lines, "summary");
+    assert!(summary.contains("report_failures=0"), "{summary}");
+    assert!(
+        summary.contains(&format!("tasks={} ", tasks.len())),
+        "{summary}"
+    );
+
+    // Every task the workload reported reached the controller, and nothing else did.
+    let stats: Value =
+        serde_json::from_str(&std::fs::read_to_string(&stats_path).unwrap()).unwrap();
+    let c = &stats["controller"];
+    assert_eq!(c["tasks"], tasks.len(), "{c}");
+    assert_eq!(c["arrivals"], tasks.len(), "{c}");
+    assert_eq!(c["rejected_reports"], 0, "{c}");
+
+    // The log replays, and each logged response time is one of the workload's own.
+    let replay = run(&["hylics-replay", log.to_str().unwrap()]);
+    assert_eq!(replay.code, Some(0), "replay: {}", replay.stderr);
+    assert!(replay.stderr.contains("reproduced"), "{}", replay.stderr);
+    let file = vmsight_hylics::LogFile::parse(&std::fs::read_to_string(&log).unwrap()).unwrap();
+    let mut own: Vec<f64> = tasks.iter().map(|t| t.response).collect();
+    own.sort_by(f64::total_cmp);
+    let mut logged: Vec<f64> = file
+        .records
+        .iter()
+        .flat_map(|r| r.input.response_times_secs.iter().copied())
+        .collect();
+    logged.sort_by(f64::total_cmp);
+    let mut i = 0;
+    for v in &logged {
+        while i < own.len() && own[i] < v - 2e-6 {
+            i += 1;
+        }
+        assert!(
+            i < own.len() && (own[i] - v).abs() <= 2e-6,
+            "logged response {v} is no task of the workload"
+        );
+        i += 1;
+    }
+    assert!(
+        logged.len() * 10 >= own.len() * 9,
+        "{} of {} logged",
+        logged.len(),
+        own.len()
+    );
+
+    // The shrink waited for the guest: refused while the 24 MiB of files were there, the two
+    // coldest files moved out intact, the warm one stayed.
+    assert!(c["refused_shrinks"].as_u64().unwrap() >= 1, "{c}");
+    let evicted = lines
+        .iter()
+        .filter(|l| l.starts_with("EVICT moved 2 files"))
+        .count();
+    assert_eq!(evicted, 1, "{lines:?}");
+    assert_eq!(field(&lines, "LEFT").trim(), "cold3.bin");
+    let checks: Vec<&String> = lines.iter().filter(|l| l.starts_with("CHK ")).collect();
+    assert_eq!(
+        checks.iter().map(|l| l.as_str()).collect::<Vec<_>>(),
+        ["CHK cold1.bin: OK", "CHK cold2.bin: OK"]
+    );
+
+    // The guest saw the sizes the controller set (its own statvfs), and went below the 24 MiB
+    // the files had held.
+    let decided: Vec<f64> = std::iter::once(64.0)
+        .chain(
+            file.records
+                .iter()
+                .map(|r| r.decision.m_after_bytes as f64 / (1 << 20) as f64),
+        )
+        .collect();
+    for t in &tasks {
+        assert!(
+            decided.iter().any(|m| (m - t.m_mib).abs() < 0.01),
+            "the guest saw {} MiB, which the controller never set ({decided:?})",
+            t.m_mib
+        );
+    }
+    assert!(tasks.iter().any(|t| t.m_mib < 24.0));
+
+    // Convergence: over the second half of the intervals with tasks, the share averaged within
+    // a factor of two of the oracle's size, and the workload's own mean response time (second
+    // half of its run) within a factor of two of τ. The start (64 MiB) was 4.7x the oracle with
+    // R at a fifth of τ.
+    let m_star = oracle_mib();
+    let busy: Vec<_> = file
+        .records
+        .iter()
+        .filter(|r| r.decision.tasks > 0)
+        .collect();
+    let late = &busy[busy.len() / 2..];
+    let span: f64 = late
+        .iter()
+        .map(|r| r.input.t_secs - r.input.start_secs)
+        .sum();
+    let late_m = late
+        .iter()
+        .map(|r| (r.input.t_secs - r.input.start_secs) * r.decision.m_before_bytes as f64)
+        .sum::<f64>()
+        / span
+        / (1 << 20) as f64;
+    assert!(
+        (m_star / 2.0..=m_star * 2.0).contains(&late_m),
+        "late mean size {late_m:.1} MiB, oracle {m_star} MiB"
+    );
+    let late_tasks: Vec<f64> = tasks
+        .iter()
+        .filter(|t| t.arrive >= WORKLOAD_SECS / 2.0)
+        .map(|t| t.response)
+        .collect();
+    let late_r = late_tasks.iter().sum::<f64>() / late_tasks.len() as f64;
+    assert!(
+        (TAU / 2.0..=TAU * 2.0).contains(&late_r),
+        "late mean response {late_r:.4} s, tau {TAU}"
+    );
+    eprintln!(
+        "oracle {m_star} MiB; late mean size {late_m:.1} MiB; late mean response {late_r:.4} s (tau {TAU}); {} decisions",
+        file.records.len()
+    );
 }
