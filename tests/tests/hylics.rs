@@ -256,77 +256,38 @@ echo ===DONE
     assert!(field(&la, "UP").parse::<u32>().unwrap() > 5);
 }
 
+/// `vmsight ARGS` fails and its stderr says `says`.
+fn fails_with(args: &[&str], says: &str) {
+    let r = run(args);
+    assert_ne!(r.code, Some(0), "{args:?} succeeded");
+    assert!(r.stderr.contains(says), "{args:?}: {}", r.stderr);
+}
+
 #[test]
 fn bad_share_requests_get_clear_errors() {
-    let r = run(&["run", "--shared-mem", "4K", "--", "true"]);
-    assert_ne!(r.code, Some(0));
-    assert!(
-        r.stderr.contains("--shared-mem") && r.stderr.contains("out of range"),
-        "{}",
-        r.stderr
-    );
-    let r = run(&["run", "--shared-mem", "64M,path=/etc", "--", "true"]);
-    assert_ne!(r.code, Some(0));
-    assert!(r.stderr.contains("system directory"), "{}", r.stderr);
-    let r = run(&["run", "--shared-mem", "64M,cache=maybe", "--", "true"]);
-    assert_ne!(r.code, Some(0));
-    assert!(r.stderr.contains("unknown cache mode"), "{}", r.stderr);
-    let r = run(&["hylics", "no-such-vm-here", "path"]);
-    assert_ne!(r.code, Some(0));
-    assert!(r.stderr.contains("no running VM"), "{}", r.stderr);
+    let share = |opt: &'static str| ["run", "--shared-mem", opt, "--", "true"];
+    fails_with(&share("4K"), "out of range");
+    fails_with(&share("4K"), "--shared-mem");
+    fails_with(&share("64M,path=/etc"), "system directory");
+    fails_with(&share("64M,cache=maybe"), "unknown cache mode");
+    fails_with(&["hylics", "no-such-vm-here", "path"], "no running VM");
     // The controller: needs a share, a valid SLO, and a curve for the predictor.
-    let r = run(&["run", "--hylics-slo", "1", "--", "true"]);
-    assert_ne!(r.code, Some(0));
-    assert!(r.stderr.contains("--shared-mem"), "{}", r.stderr);
-    let r = run(&[
-        "run",
-        "--shared-mem",
-        "64M",
-        "--hylics-slo",
-        "1,mode=fast",
-        "--",
-        "true",
-    ]);
-    assert_ne!(r.code, Some(0));
-    assert!(
-        r.stderr.contains("unknown Hylics controller mode"),
-        "{}",
-        r.stderr
-    );
-    let r = run(&[
-        "run",
-        "--shared-mem",
-        "64M",
-        "--hylics-slo=-2",
-        "--",
-        "true",
-    ]);
-    assert_ne!(r.code, Some(0));
-    assert!(r.stderr.contains("not a time"), "{}", r.stderr);
-    let r = run(&[
-        "run",
-        "--shared-mem",
-        "64M",
-        "--hylics-slo",
-        "1",
-        "--",
-        "true",
-    ]);
-    assert_ne!(r.code, Some(0));
-    assert!(r.stderr.contains("curve=FILE"), "{}", r.stderr);
-    // A log that is not one, or was tampered with, does not replay.
+    fails_with(&["run", "--hylics-slo", "1", "--", "true"], "--shared-mem");
+    for (slo, says) in [
+        ("--hylics-slo=1,mode=fast", "unknown Hylics controller mode"),
+        ("--hylics-slo=-2", "not a time"),
+        ("--hylics-slo=1", "curve=FILE"),
+    ] {
+        fails_with(&["run", "--shared-mem", "64M", slo, "--", "true"], says);
+    }
+    // A log that is not one, or a missing one, does not replay.
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("bad.log");
     std::fs::write(&bad, "{\"k\":1}\n").unwrap();
-    let r = run(&["hylics-replay", bad.to_str().unwrap()]);
-    assert_ne!(r.code, Some(0));
-    assert!(r.stderr.contains("line 1"), "{}", r.stderr);
-    let r = run(&["hylics-replay", "/nonexistent/decisions.log"]);
-    assert_ne!(r.code, Some(0));
-    assert!(
-        r.stderr.contains("/nonexistent/decisions.log"),
-        "{}",
-        r.stderr
+    fails_with(&["hylics-replay", bad.to_str().unwrap()], "line 1");
+    fails_with(
+        &["hylics-replay", "/nonexistent/decisions.log"],
+        "/nonexistent/decisions.log",
     );
 }
 
