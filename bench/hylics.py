@@ -20,7 +20,11 @@ Reported: computation time, streaming throughput at the client, and host CPU tim
 stime of vmsight, QEMU and the device daemons) per configuration; ratios to the
 no-interference runs.
 
-  bench/hylics.py [--parts fs,stream] [--reps 3] [--size-mb 64] [--stream-mb 256] [--verbose]
+Part "control" (paper §6.4 / Table 3 shape, scaled to minutes): the share-size controller in
+each mode against a synthetic workload with known E[X|m]; see bench/lib/hylics_control.py.
+
+  bench/hylics.py [--parts fs,stream,control] [--reps 3] [--size-mb 64] [--stream-mb 256]
+                  [--control-secs 120] [--verbose]
 """
 import argparse
 import os
@@ -187,6 +191,7 @@ def main():
     ap.add_argument("--size-mb", type=int, default=64, help="fio file size per job")
     ap.add_argument("--stream-mb", type=int, default=256, help="streamed file size")
     ap.add_argument("--seq", type=int, default=3000000, help="lines of the text gzip compresses")
+    ap.add_argument("--control-secs", type=int, default=120, help="workload length per controller run")
     ap.add_argument("--verbose", action="store_true")
     a = ap.parse_args()
     parts = a.parts.split(",")
@@ -217,6 +222,9 @@ def main():
               f"Hylics {rows['both-hylics']['compute'] / c0:.2f}x of alone")
         print(f"stream throughput under interference: guest-sent {rows['both-guest']['mbps'] / sg:.2f}x of its alone, "
               f"Hylics {rows['both-hylics']['mbps'] / sh:.2f}x of its alone; Hylics alone / guest alone {sh / sg:.2f}x")
+    if "control" in parts:
+        import hylics_control
+        hylics_control.run(VMSIGHT, a.reps, a.control_secs, a.verbose)
 
 
 if __name__ == "__main__":
