@@ -62,12 +62,73 @@ pub enum HylicsRequest {
     /// Which files should leave the share so that the controller's smaller size fits
     /// (answered with [`HylicsReply::Advice`]).
     Advice,
+    /// Socket scheme, step 1: drop the frames of this TCP connection in both directions
+    /// until it is handed over (the guest freezes its socket next).
+    SockHold { local: String, remote: String },
+    /// Socket scheme, step 2: recreate the frozen connection `tcp` at the host, send `len`
+    /// bytes (0: to the end) of the share's file `path` from `offset` on it, wait until the
+    /// peer acknowledged them, freeze it again; answered with [`HylicsReply::SockSent`] (the
+    /// state to restore in the guest) or a failure (the guest restores its own state).
+    SockSend {
+        path: String,
+        #[serde(default)]
+        offset: u64,
+        #[serde(default)]
+        len: u64,
+        tcp: TcpState,
+    },
+    /// Socket scheme, step 3: the guest restored its socket; its frames flow again.
+    SockRelease { local: String, remote: String },
 }
+
+/// A frozen TCP connection, as `TCP_REPAIR` dumps it and restores it (the socket scheme).
+/// Sequence numbers are absolute; windows are in bytes (already scaled).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TcpState {
+    /// The guest's end, `IP:PORT` (IPv4).
+    pub local: String,
+    /// The peer, `IP:PORT`.
+    pub remote: String,
+    /// The next sequence number to send (`TCP_QUEUE_SEQ` of the send queue); the send queue
+    /// is empty at a hand-over, so every byte before it was acknowledged.
+    pub snd_seq: u32,
+    /// The next sequence number expected from the peer (`TCP_QUEUE_SEQ` of the receive queue).
+    pub rcv_seq: u32,
+    /// The peer's MSS.
+    pub mss: u32,
+    /// Negotiated options (`tcpi_options`): timestamps, SACK, window scaling.
+    pub tstamp: bool,
+    pub sack: bool,
+    pub wscale: bool,
+    /// Window-scale shifts: the peer's (`snd`) and ours (`rcv`).
+    pub snd_wscale: u8,
+    pub rcv_wscale: u8,
+    /// `TCP_TIMESTAMP`: the timestamp value the peer sees now.
+    pub ts_val: u32,
+    /// `TCP_REPAIR_WINDOW`.
+    pub snd_wl1: u32,
+    pub snd_wnd: u32,
+    pub max_window: u32,
+    pub rcv_wnd: u32,
+    pub rcv_wup: u32,
+    /// Host to guest only: bytes the peer sent while the host held the connection (unread,
+    /// hex), which the guest puts back into its receive queue. At most
+    /// [`MAX_HANDBACK_BYTES`].
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub rcv_data: String,
+}
+
+/// The most received bytes the host hands back to the guest with a connection.
+pub const MAX_HANDBACK_BYTES: usize = 16 << 10;
 
 /// The answer to a [`HylicsRequest`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum HylicsReply {
+    /// Socket scheme: `bytes` sent on the connection; `tcp` is its state now. (First: the
+    /// shapes are tried in order, and [`HylicsReply::Sent`] would match it too.)
+    SockSent { ok: True, bytes: u64, tcp: TcpState },
     /// Done: `bytes` were sent.
     Sent { ok: True, bytes: u64 },
     /// The files to move out of the share, coldest first (paths relative to the share's
@@ -244,6 +305,62 @@ mod tests {
             serde_json::from_str::<HylicsReply>(&ack).expect("parses"),
             HylicsReply::ack()
         );
+    }
+
+    #[test]
+    fn socket_hand_over_messages_round_trip() {
+        let tcp = TcpState {
+            local: "10.0.2.15:8080".into(),
+            remote: "10.0.2.1:40000".into(),
+            snd_seq: 4_000_000_000,
+            rcv_seq: 7,
+            mss: 1460,
+            tstamp: true,
+            sack: true,
+            wscale: true,
+            snd_wscale: 7,
+            rcv_wscale: 7,
+            ts_val: 123,
+            snd_wl1: 6,
+            snd_wnd: 65_536,
+            max_window: 65_536,
+            rcv_wnd: 65_536,
+            rcv_wup: 7,
+            rcv_data: String::new(),
+        };
+        let req = HylicsRequest::SockSend {
+            path: "/v".into(),
+            offset: 0,
+            len: 0,
+            tcp: tcp.clone(),
+        };
+        let line = serde_json::to_string(&req).expect("json");
+        assert!(line.starts_with(r#"{"op":"sock-send""#), "{line}");
+        assert!(
+            !line.contains("rcv_data"),
+            "empty hand-back data is left out: {line}"
+        );
+        assert_eq!(
+            serde_json::from_str::<HylicsRequest>(&line).expect("parses"),
+            req
+        );
+        let reply = HylicsReply::SockSent {
+            ok: True,
+            bytes: 9,
+            tcp: TcpState {
+                rcv_data: "6869".into(),
+                ..tcp
+            },
+        };
+        let line = serde_json::to_string(&reply).expect("json");
+        assert_eq!(
+            serde_json::from_str::<HylicsReply>(&line).expect("parses"),
+            reply
+        );
+        assert!(serde_json::from_str::<HylicsRequest>(
+            r#"{"op":"sock-hold","local":"10.0.2.15:1","remote":"10.0.2.1:2"}"#
+        )
+        .is_ok());
     }
 
     #[test]
