@@ -186,6 +186,14 @@ impl Tap {
         Ok(())
     }
 
+    /// A second handle on the same tap (a dup of its file descriptor).
+    pub fn try_clone(&self) -> io::Result<Tap> {
+        Ok(Tap {
+            fd: self.fd.try_clone()?,
+            name: self.name.clone(),
+        })
+    }
+
     /// Reads one frame (virtio-net header + Ethernet frame) into `buf`; `WouldBlock` when
     /// none is waiting.
     pub fn read(&self, buf: &mut [u8]) -> io::Result<usize> {

@@ -4,3 +4,4 @@
 pub mod flows;
 pub mod foxyvegas;
 pub mod pcap;
+pub mod steer;
