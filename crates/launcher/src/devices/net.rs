@@ -25,12 +25,51 @@ const ID: &str = "net0";
 
 /// The VM's NIC being served.
 pub struct NetDeviceRun {
+    /// Hylics' host namespace for handed-over connections (dropped before `host`).
+    handover: Option<crate::hylics::handover::HostSide>,
     host: HostNet,
     socket: std::path::PathBuf,
     handle: Option<NetHandle>,
     metrics: Arc<NetMetrics>,
     stages: Vec<(&'static str, Arc<dyn StageMetrics>)>,
     info: std::path::PathBuf,
+}
+
+/// The host namespace of Hylics' socket scheme: it looks like the guest (MAC, address,
+/// gateway) and its frames go out of the VM's tap.
+fn handover_host(
+    vm: &str,
+    host: &host::HostNet,
+    tap: &vmsight_netdev::Tap,
+    ctl: &Arc<vmsight_netdev::stages::steer::SteerControl>,
+) -> Result<crate::hylics::handover::HostSide, LaunchError> {
+    let err = |reason: String| LaunchError::Net {
+        vm: vm.to_owned(),
+        reason,
+    };
+    let vm_tap = tap
+        .try_clone()
+        .map_err(|e| err(format!("cannot dup the tap: {e}")))?;
+    let spec = &host.spec;
+    let guest = crate::net::spec::ISOLATED_GUEST;
+    let ns = host
+        .netns
+        .as_ref()
+        .ok_or_else(|| err("the socket scheme needs the VM's own namespace".into()))?;
+    crate::hylics::handover::HostSide::start(
+        &crate::hylics::handover::HostSideSpec {
+            vm,
+            guest_mac: &host.mac,
+            guest_cidr: guest.to_string(),
+            gateway: spec.host.map(|h| h.addr.to_string()),
+            mtu: spec.mtu,
+            vm_netns: ns.name(),
+            vm_tap_name: &host.tap_name,
+        },
+        vm_tap,
+        ctl.clone(),
+    )
+    .map_err(|e| err(e.to_string()))
 }
 
 fn start(env: &DeviceEnv<'_>) -> Result<Vec<Box<dyn Device>>, LaunchError> {
@@ -48,7 +87,12 @@ fn start(env: &DeviceEnv<'_>) -> Result<Vec<Box<dyn Device>>, LaunchError> {
             &env.prep.rt.paths().net_info(),
         )?)]);
     }
-    let built = netstages::build(&NetCtx { vm, net: settings })?;
+    let steer = env.hylics.and_then(|h| h.steer.as_ref());
+    let built = netstages::build(&NetCtx {
+        vm,
+        net: settings,
+        steer,
+    })?;
     let mut stages = Vec::new();
     let mut pipeline = Vec::new();
     for (name, stage, metrics) in built {
@@ -67,6 +111,10 @@ fn start(env: &DeviceEnv<'_>) -> Result<Vec<Box<dyn Device>>, LaunchError> {
         vm: vm.to_owned(),
         reason: "the tap was already taken".into(),
     })?;
+    let handover = match steer {
+        Some(ctl) => Some(handover_host(vm, &host, &tap, ctl)?),
+        None => None,
+    };
     let handle =
         spawn_net_backend(&cfg, &socket, tap, NetPipeline::new(pipeline)).map_err(|source| {
             LaunchError::NetDevice {
@@ -81,6 +129,7 @@ fn start(env: &DeviceEnv<'_>) -> Result<Vec<Box<dyn Device>>, LaunchError> {
         host,
         socket,
         stages,
+        handover,
     };
     run.write_info()?;
     Ok(vec![Box::new(run)])
@@ -262,6 +311,8 @@ impl Device for NetDeviceRun {
             .take()
             .and_then(|h| h.wait().err())
             .map(|e| format!("{ID}: {e}"));
+        // The device is gone: the host namespace and its forwarding thread go too.
+        drop(self.handover.take());
         let mut ns = NetStats {
             id: ID.into(),
             tap: self.host.tap_name.clone(),

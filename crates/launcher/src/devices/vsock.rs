@@ -74,6 +74,8 @@ fn start(env: &DeviceEnv<'_>) -> Result<Vec<Box<dyn Device>>, LaunchError> {
             share_dir: hylics.share.dir().to_owned(),
             netns,
             controller: hylics.controller.clone(),
+            vm: vm.to_owned(),
+            steer: hylics.steer.clone(),
         },
     )
     .map_err(|e| LaunchError::Listen {

@@ -12,6 +12,7 @@
 //! that channel; the device is `crate::devices::vsock`).
 
 pub mod control;
+pub mod handover;
 pub mod offload;
 pub mod share;
 pub mod slo;
@@ -25,9 +26,11 @@ pub use share::{Share, ShareError};
 pub use slo::{SloError, SloSpec};
 pub use spec::{CacheMode, ShareSpec, ShareSpecError};
 
-/// A VM's Hylics parts: its share and, with `--hylics-slo`, the controller sizing it.
+/// A VM's Hylics parts: its share, with `--hylics-slo` the controller sizing it, and with an
+/// isolated network on vmsight's NIC the steering table of the socket scheme.
 #[derive(Clone)]
 pub struct Hylics {
     pub share: Arc<Share>,
     pub controller: Option<Arc<ShareController>>,
+    pub steer: Option<Arc<vmsight_netdev::stages::steer::SteerControl>>,
 }

@@ -35,6 +35,8 @@ use vmsight_proto::hylics::{HylicsReply, HylicsRequest, MAX_REQUEST_LINE, SERVIC
 use vmsight_proto::server::{ServeError, UnixServer};
 
 use super::control::ShareController;
+use super::handover::{self, HandoverError};
+use vmsight_netdev::stages::steer::{FlowKey, SteerControl};
 
 /// Guest connections served at once; more are answered "busy" and closed.
 pub const MAX_CONNECTIONS: u64 = 16;
@@ -56,6 +58,10 @@ pub enum OffloadError {
     NoNamespace,
     #[error("no Hylics controller in this VM (start it with --hylics-slo TAU)")]
     NoController,
+    #[error("socket hand-over: {0}")]
+    Handover(#[from] HandoverError),
+    #[error("sock-send on a connection this channel did not hold first (sock-hold)")]
+    NotHeld,
     #[error("{0}")]
     Report(#[from] super::control::ReportError),
     #[error("the path is empty or has a NUL byte")]
@@ -144,6 +150,10 @@ pub struct OffloadCtx {
     pub netns: Option<PathBuf>,
     /// The share-size controller the task reports go to (`--hylics-slo`).
     pub controller: Option<Arc<ShareController>>,
+    /// The VM (its host namespace for handed-over connections is named after it).
+    pub vm: String,
+    /// The NIC's steering table (socket scheme), with an isolated network on vmsight's NIC.
+    pub steer: Option<Arc<SteerControl>>,
 }
 
 /// The running service.
@@ -218,6 +228,7 @@ fn serve_conn(stream: UnixStream, ctx: &OffloadCtx, m: &OffloadMetrics) {
     };
     let mut input = BufReader::new(stream);
     let mut line = Vec::new();
+    let mut held = HeldFlows::new(ctx.steer.clone());
     loop {
         line.clear();
         let limit = (MAX_REQUEST_LINE + 1) as u64;
@@ -234,7 +245,7 @@ fn serve_conn(stream: UnixStream, ctx: &OffloadCtx, m: &OffloadMetrics) {
             return;
         };
         m.requests.fetch_add(1, Ordering::Relaxed);
-        let answer = match handle(&req, ctx, m) {
+        let answer = match handle(&req, ctx, m, &mut held) {
             Ok(answer) => answer,
             Err(e) => {
                 m.failures.fetch_add(1, Ordering::Relaxed);
@@ -256,12 +267,96 @@ fn parse_request(line: &[u8]) -> Option<HylicsRequest> {
     serde_json::from_slice(line).ok()
 }
 
+/// The connections one guest connection holds; released when it ends, so a guest that
+/// disappears mid-hand-over never leaves a connection steered away from it.
+struct HeldFlows {
+    steer: Option<Arc<SteerControl>>,
+    flows: Vec<FlowKey>,
+}
+
+impl HeldFlows {
+    fn new(steer: Option<Arc<SteerControl>>) -> Self {
+        Self {
+            steer,
+            flows: Vec::new(),
+        }
+    }
+
+    fn steer(&self) -> Result<&Arc<SteerControl>, OffloadError> {
+        self.steer
+            .as_ref()
+            .ok_or(OffloadError::Handover(HandoverError::NoSteering))
+    }
+
+    fn hold(&mut self, key: FlowKey) -> Result<(), OffloadError> {
+        self.steer()?.hold(key).map_err(HandoverError::from)?;
+        if !self.flows.contains(&key) {
+            self.flows.push(key);
+        }
+        Ok(())
+    }
+
+    fn release(&mut self, key: FlowKey) -> Result<(), OffloadError> {
+        self.flows.retain(|k| *k != key);
+        self.steer()?.release(key);
+        Ok(())
+    }
+}
+
+impl Drop for HeldFlows {
+    fn drop(&mut self) {
+        if let Some(s) = &self.steer {
+            for k in self.flows.drain(..) {
+                s.release(k);
+            }
+        }
+    }
+}
+
 fn handle(
     req: &HylicsRequest,
     ctx: &OffloadCtx,
     m: &OffloadMetrics,
+    held: &mut HeldFlows,
 ) -> Result<HylicsReply, OffloadError> {
     match req {
+        HylicsRequest::SockHold { local, remote } => {
+            held.hold(handover::flow_key(local, remote)?)?;
+            Ok(HylicsReply::ack())
+        }
+        HylicsRequest::SockRelease { local, remote } => {
+            held.release(handover::flow_key(local, remote)?)?;
+            Ok(HylicsReply::ack())
+        }
+        HylicsRequest::SockSend {
+            path,
+            offset,
+            len,
+            tcp,
+        } => {
+            let key = handover::flow_key(&tcp.local, &tcp.remote)?;
+            if !held.flows.contains(&key) {
+                return Err(OffloadError::NotHeld);
+            }
+            let file = open_in_share(&ctx.share_dir, path)?;
+            let size = file
+                .metadata()
+                .map_err(|source| OffloadError::Open {
+                    path: path.clone(),
+                    source,
+                })?
+                .len();
+            let count = range(path, size, *offset, *len)?;
+            let (bytes, back) =
+                handover::send_on_connection(&ctx.vm, held.steer()?, tcp, file, *offset, count)?;
+            m.bytes_sent.fetch_add(bytes, Ordering::Relaxed);
+            m.files_sent.fetch_add(1, Ordering::Relaxed);
+            Ok(HylicsReply::SockSent {
+                ok: vmsight_proto::hylics::True,
+                bytes,
+                tcp: back,
+            })
+        }
         HylicsRequest::SendFile {
             dest,
             path,

@@ -21,6 +21,11 @@ pub struct Netns {
 }
 
 impl Netns {
+    /// Takes ownership of the existing namespace `name` (deleted when dropped).
+    pub fn adopt(name: String) -> Netns {
+        Netns { name }
+    }
+
     /// The `ip netns` name.
     pub fn name(&self) -> &str {
         &self.name
@@ -140,7 +145,7 @@ fn make_netns(vm: &str) -> Result<Netns, String> {
     Ok(Netns { name })
 }
 
-/// Removes `vmsight-NAME` namespaces whose VM is gone: a `vmsight run` killed with SIGKILL
+/// Removes `vmsight-NAME` (and `vmsight-NAME.hylics`) namespaces whose VM is gone: a `vmsight run` killed with SIGKILL
 /// never reaches teardown, and its namespace would stay forever. A VM is gone when it has no
 /// runtime directory, or its `vm.json` names a process that no longer runs; a directory without
 /// `vm.json` is a VM still starting, and its namespace stays. Returns how many went.
@@ -154,6 +159,8 @@ pub fn sweep_stale_netns(layout: &vmsight_proto::layout::RuntimeLayout) -> usize
         let Some(vm) = ns.strip_prefix("vmsight-") else {
             continue;
         };
+        // A VM's Hylics host namespace (`vmsight-NAME.hylics`) goes with the VM.
+        let vm = vm.strip_suffix(".hylics").unwrap_or(vm);
         if !vm_is_gone(layout, vm) {
             continue;
         }

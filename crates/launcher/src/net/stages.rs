@@ -12,6 +12,7 @@ use std::sync::Arc;
 use vmsight_netdev::stages::flows::{FlowMetrics, Flows, FlowsConfig, FlowsSnapshot};
 use vmsight_netdev::stages::foxyvegas::{FoxyVegas, FoxyVegasMetrics, FoxyVegasSnapshot};
 use vmsight_netdev::stages::pcap::{PcapConfig, PcapMetrics, PcapSnapshot, PcapStage};
+use vmsight_netdev::stages::steer::{Steer, SteerControl, SteerSnapshot};
 use vmsight_netdev::NetStage;
 
 use super::NetSettings;
@@ -30,6 +31,8 @@ pub struct NetStageEntry {
 pub struct NetCtx<'a> {
     pub vm: &'a str,
     pub net: &'a NetSettings,
+    /// Hylics' steering table (the socket scheme), when the VM has a share.
+    pub steer: Option<&'a Arc<SteerControl>>,
 }
 
 /// A stage built for one NIC.
@@ -39,7 +42,7 @@ pub struct BuiltNetStage {
 }
 
 /// Every packet stage vmsight knows.
-pub static NET_STAGES: &[&NetStageEntry] = &[&FLOWS, &PCAP, &FOXYVEGAS];
+pub static NET_STAGES: &[&NetStageEntry] = &[&FLOWS, &PCAP, &FOXYVEGAS, &HYLICS_STEER];
 
 /// Finds an entry by name.
 pub fn entry(name: &str) -> Option<&'static NetStageEntry> {
@@ -229,6 +232,60 @@ impl Snapshotting for FoxyVegasReport {
                 "foxyvegas_flows_active",
                 "TCP flows FoxyVegas tracks.",
                 s.flows_active,
+            ),
+        ]
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// hylics-steer: Hylics' socket scheme (a share and an isolated network on vmsight's NIC).
+
+/// Last from the guest, first towards it: a handed-over connection's frames leave the
+/// pipeline before any other stage sees them (nothing of the host's sending is counted or
+/// rewritten as the guest's).
+static HYLICS_STEER: NetStageEntry = NetStageEntry {
+    name: "hylics-steer",
+    position: 1000,
+    summary: "moves a TCP connection handed over by the guest (Hylics' socket scheme) to the host's socket and back",
+    build: |ctx| {
+        let Some(ctl) = ctx.steer else {
+            return Ok(None);
+        };
+        Ok(Some(BuiltNetStage {
+            stage: Box::new(Steer::new(ctl.clone())),
+            metrics: Some(Arc::new(SteerReport(ctl.clone()))),
+        }))
+    },
+};
+
+struct SteerReport(Arc<SteerControl>);
+
+impl Snapshotting for SteerReport {
+    type Snapshot = SteerSnapshot;
+    const KEY: &'static str = "hylics_steer";
+
+    fn take(&self) -> SteerSnapshot {
+        self.0.snapshot()
+    }
+
+    fn line(s: &SteerSnapshot) -> String {
+        format!(
+            "hylics-steer: {} hand-overs; {} frames to the host socket, {} from it; {} dropped while held, {} the frozen guest sent, {} stray",
+            s.handovers, s.to_host, s.from_host, s.held_drops, s.guest_drops, s.stray
+        )
+    }
+
+    fn samples_of(s: &SteerSnapshot) -> Vec<Sample> {
+        vec![
+            Sample::counter(
+                "hylics_handovers_total",
+                "TCP connections the guest handed to the host (socket scheme).",
+                s.handovers,
+            ),
+            Sample::counter(
+                "hylics_handover_frames_total",
+                "Frames of handed-over connections between the host socket and the peer.",
+                s.to_host + s.from_host,
             ),
         ]
     }

@@ -128,7 +128,17 @@ pub fn hylics(
             Some(c)
         }
     };
-    Ok(Some(crate::hylics::Hylics { share, controller }))
+    // The socket scheme steers connections through vmsight's NIC in an isolated network.
+    let net = &cfg.net.spec;
+    let steer = (cfg.net.enabled()
+        && net.mode == crate::net::NetMode::Isolated
+        && net.device == crate::net::spec::NicDevice::Vmsight)
+        .then(vmsight_netdev::stages::steer::SteerControl::new);
+    Ok(Some(crate::hylics::Hylics {
+        share,
+        controller,
+        steer,
+    }))
 }
 
 /// A file-update stream (tap queue) per writable disk; consumers start with the services.
