@@ -7,7 +7,12 @@
  * hylics_send_file opens a connection per call (a send can take long). The task reports and
  * the advice requests of hylics_evict share one connection per process: a static descriptor
  * guarded by a mutex, reopened once when a write or read on it fails, and never shared with a
- * forked child (the child notices the changed pid and connects anew). */
+ * forked child (the child notices the changed pid and connects anew).
+ *
+ * hylics_sendfile (the socket scheme) hands an accepted TCP connection to vmsight with
+ * TCP_REPAIR on a connection of its own: sock-hold, freeze and dump the socket, sock-send with
+ * the dumped state, restore the socket from the state vmsight answers, sock-release, thaw. See
+ * the section "The socket scheme" below. */
 #define _GNU_SOURCE
 #include "hylics.h"
 
@@ -17,12 +22,19 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
+#include <sys/un.h>
 #include <unistd.h>
 #include <linux/vm_sockets.h>
 
@@ -113,10 +125,38 @@ static const char *share_relative(const char *path)
 
 /* ---- Transport ---------------------------------------------------------------------------- */
 
+/* Testing aid: $HYLICS_SERVICE_UNIX names a Unix stream socket to use instead of vsock. */
+static int connect_unix_service(const char *path)
+{
+    struct sockaddr_un addr;
+    int fd;
+    if (strlen(path) >= sizeof addr.sun_path) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    memset(&addr, 0, sizeof addr);
+    addr.sun_family = AF_UNIX;
+    strcpy(addr.sun_path, path);
+    if (connect(fd, (struct sockaddr *)&addr, sizeof addr) < 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    return fd;
+}
+
 static int connect_service(void)
 {
     struct sockaddr_vm addr;
-    int fd = socket(AF_VSOCK, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const char *unix_path = getenv("HYLICS_SERVICE_UNIX");
+    int fd;
+    if (unix_path && *unix_path)
+        return connect_unix_service(unix_path);
+    fd = socket(AF_VSOCK, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return -1;
     memset(&addr, 0, sizeof addr);
@@ -490,6 +530,7 @@ too_long:
 
 static pthread_mutex_t conn_lock = PTHREAD_MUTEX_INITIALIZER;
 static int conn_fd = -1;      /* the process's connection, or -1 */
+static int conn_domain;       /* its address family (AF_VSOCK; AF_UNIX when testing) */
 static pid_t conn_pid;        /* the process that opened it */
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 
@@ -509,14 +550,15 @@ static void register_atfork(void)
     pthread_atfork(atfork_prepare, atfork_release, atfork_release);
 }
 
-/* Forgets the connection; after a fork the child only closes its copy if it still is a vsock
- * socket (a program may have reused the descriptor's number meanwhile). */
+/* Forgets the connection; after a fork the child only closes its copy if it still is a socket
+ * of the same family (a program may have reused the descriptor's number meanwhile). */
 static void conn_drop(void)
 {
     if (conn_fd >= 0 && conn_pid != getpid()) {
         int domain = 0;
         socklen_t len = sizeof domain;
-        if (getsockopt(conn_fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) == 0 && domain == AF_VSOCK)
+        if (getsockopt(conn_fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) == 0 &&
+            domain == conn_domain)
             close(conn_fd);
     } else if (conn_fd >= 0) {
         close(conn_fd);
@@ -527,9 +569,12 @@ static void conn_drop(void)
 static int conn_open(void)
 {
     struct timeval tv = { .tv_sec = IO_TIMEOUT_SECS, .tv_usec = 0 };
+    socklen_t len = sizeof conn_domain;
     int fd = connect_service();
     if (fd < 0)
         return -1;
+    if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &conn_domain, &len) < 0)
+        conn_domain = AF_VSOCK;
     /* A service that stops answering must not hang the program forever. */
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
@@ -1037,4 +1082,728 @@ out:
         *bytes_moved = bytes;
     errno = e;
     return total;
+}
+
+/* ---- The socket scheme: hand an accepted TCP connection to vmsight and back ---------------- */
+
+/* TCP_REPAIR (Linux >= 3.5, TCP_REPAIR_WINDOW >= 4.8); glibc's netinet/tcp.h has most. */
+#ifndef TCP_REPAIR
+#define TCP_REPAIR 19
+#endif
+#ifndef TCP_REPAIR_QUEUE
+#define TCP_REPAIR_QUEUE 20
+#endif
+#ifndef TCP_QUEUE_SEQ
+#define TCP_QUEUE_SEQ 21
+#endif
+#ifndef TCP_REPAIR_OPTIONS
+#define TCP_REPAIR_OPTIONS 22
+#endif
+#ifndef TCP_TIMESTAMP
+#define TCP_TIMESTAMP 24
+#endif
+#ifndef TCP_REPAIR_WINDOW
+#define TCP_REPAIR_WINDOW 29
+#endif
+#ifndef TCP_REPAIR_ON
+#define TCP_REPAIR_ON 1
+#endif
+#ifndef TCP_REPAIR_OFF_NO_WP
+#define TCP_REPAIR_OFF_NO_WP -1
+#endif
+#ifndef TCPOPT_MSS
+#define TCPOPT_MSS 2
+#endif
+#ifndef TCPOPT_WINDOW
+#define TCPOPT_WINDOW 3
+#endif
+#ifndef TCPOPT_SACK_PERMITTED
+#define TCPOPT_SACK_PERMITTED 4
+#endif
+#ifndef TCPOPT_TIMESTAMP
+#define TCPOPT_TIMESTAMP 8
+#endif
+#ifndef TCPI_OPT_TIMESTAMPS
+#define TCPI_OPT_TIMESTAMPS 1
+#endif
+#ifndef TCPI_OPT_SACK
+#define TCPI_OPT_SACK 2
+#endif
+#ifndef TCPI_OPT_WSCALE
+#define TCPI_OPT_WSCALE 4
+#endif
+#ifndef SIOCINQ
+#define SIOCINQ 0x541B
+#endif
+#ifndef SIOCOUTQ
+#define SIOCOUTQ 0x5411
+#endif
+/* TCP_REPAIR_QUEUE's values (an enum in glibc, so no #ifndef): */
+#define REPAIR_NO_QUEUE 0
+#define REPAIR_RECV_QUEUE 1
+#define REPAIR_SEND_QUEUE 2
+#define TCP_STATE_ESTABLISHED 1   /* tcpi_state */
+
+#define DRAIN_TIMEOUT_MS 10000    /* the app's sent bytes must be acknowledged within this */
+#define HANDBACK_MAX_BYTES 16384  /* vmsight_proto::hylics::MAX_HANDBACK_BYTES */
+#define ADDR_MAX 24               /* "255.255.255.255:65535" */
+
+struct repair_opt {
+    uint32_t code, val;
+};
+
+struct repair_window {
+    uint32_t snd_wl1, snd_wnd, max_window, rcv_wnd, rcv_wup;
+};
+
+/* A frozen connection: vmsight_proto::hylics::TcpState without the hand-back data. */
+struct tcp_state {
+    struct sockaddr_in local, remote;
+    uint32_t snd_seq, rcv_seq, mss, ts_val;
+    int tstamp, sack, wscale;
+    unsigned snd_wscale, rcv_wscale;
+    struct repair_window win;
+};
+
+/* What the app may have set on its socket; put back after the hand-over. */
+struct app_opts {
+    int fl, keepalive, nodelay, reuseaddr;
+    int keepidle, keepintvl, keepcnt, user_timeout;   /* -1: could not be read */
+};
+
+static int tcp_setopt(int fd, int opt, int val)
+{
+    return setsockopt(fd, IPPROTO_TCP, opt, &val, sizeof val);
+}
+
+static int tcp_getopt(int fd, int opt, int *val)
+{
+    socklen_t len = sizeof *val;
+    return getsockopt(fd, IPPROTO_TCP, opt, val, &len);
+}
+
+static int fail_errno(const char *what)
+{
+    int e = errno;
+    set_errorf("%s: %s", what, strerror(e));
+    errno = e;
+    return -1;
+}
+
+static void format_addr(const struct sockaddr_in *a, char *out)
+{
+    char ip[INET_ADDRSTRLEN];
+    inet_ntop(AF_INET, &a->sin_addr, ip, sizeof ip);
+    snprintf(out, ADDR_MAX, "%s:%u", ip, (unsigned)ntohs(a->sin_port));
+}
+
+/* The connection's ends; EAFNOSUPPORT unless it is an IPv4 TCP socket, ENOTCONN unless it is
+ * established. */
+static int tcp_endpoints(int fd, struct sockaddr_in *local, struct sockaddr_in *remote)
+{
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+    struct tcp_info ti;
+    int type = 0, proto = 0;
+    socklen_t il = sizeof type;
+    if (getsockname(fd, (struct sockaddr *)&ss, &len) < 0)
+        return fail_errno("not a socket");
+    if (ss.ss_family != AF_INET || getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &il) < 0 ||
+        type != SOCK_STREAM || (il = sizeof proto,
+                                getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &il) < 0) ||
+        proto != IPPROTO_TCP) {
+        set_error("the socket scheme takes IPv4 TCP connections only");
+        errno = EAFNOSUPPORT;
+        return -1;
+    }
+    memcpy(local, &ss, sizeof *local);
+    len = sizeof *remote;
+    if (getpeername(fd, (struct sockaddr *)remote, &len) < 0)
+        return fail_errno("the socket is not connected");
+    len = sizeof ti;
+    memset(&ti, 0, sizeof ti);
+    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) < 0)
+        return fail_errno("cannot read TCP_INFO");
+    if (ti.tcpi_state != TCP_STATE_ESTABLISHED) {
+        set_error("the connection is not established (closing?)");
+        errno = ENOTCONN;
+        return -1;
+    }
+    return 0;
+}
+
+static void app_opts_save(int fd, struct app_opts *o)
+{
+    socklen_t len = sizeof(int);
+    o->fl = fcntl(fd, F_GETFL);
+    o->keepalive = o->reuseaddr = -1;
+    if (getsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &o->keepalive, &len) < 0)
+        o->keepalive = -1;
+    len = sizeof(int);
+    if (getsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &o->reuseaddr, &len) < 0)
+        o->reuseaddr = -1;
+    if (tcp_getopt(fd, TCP_NODELAY, &o->nodelay) < 0)
+        o->nodelay = -1;
+    if (tcp_getopt(fd, TCP_KEEPIDLE, &o->keepidle) < 0)
+        o->keepidle = -1;
+    if (tcp_getopt(fd, TCP_KEEPINTVL, &o->keepintvl) < 0)
+        o->keepintvl = -1;
+    if (tcp_getopt(fd, TCP_KEEPCNT, &o->keepcnt) < 0)
+        o->keepcnt = -1;
+    if (tcp_getopt(fd, TCP_USER_TIMEOUT, &o->user_timeout) < 0)
+        o->user_timeout = -1;
+}
+
+/* Best effort: the options a repair-mode reset may have cleared, and SO_REUSEADDR, which
+ * TCP_REPAIR overrides (left at "force", a later TIME_WAIT would keep a new listener from
+ * binding the port even with SO_REUSEADDR). */
+static void app_opts_apply(int fd, const struct app_opts *o)
+{
+    int one = 1;
+    if (o->fl >= 0 && fcntl(fd, F_GETFL) != o->fl)
+        fcntl(fd, F_SETFL, o->fl);
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, o->reuseaddr >= 0 ? &o->reuseaddr : &one,
+               sizeof one);
+    if (o->keepalive >= 0)
+        setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &o->keepalive, sizeof o->keepalive);
+    if (o->nodelay >= 0)
+        tcp_setopt(fd, TCP_NODELAY, o->nodelay);
+    if (o->keepidle > 0)
+        tcp_setopt(fd, TCP_KEEPIDLE, o->keepidle);
+    if (o->keepintvl > 0)
+        tcp_setopt(fd, TCP_KEEPINTVL, o->keepintvl);
+    if (o->keepcnt > 0)
+        tcp_setopt(fd, TCP_KEEPCNT, o->keepcnt);
+    if (o->user_timeout >= 0)
+        tcp_setopt(fd, TCP_USER_TIMEOUT, o->user_timeout);
+}
+
+/* Repair mode needs CAP_NET_ADMIN: tried (on and off at once) before anything is asked. */
+static int tcp_repair_allowed(int fd, const struct app_opts *o)
+{
+    if (tcp_setopt(fd, TCP_REPAIR, TCP_REPAIR_ON) < 0) {
+        int e = errno;
+        set_errorf("TCP_REPAIR: %s%s", strerror(e),
+                   e == EPERM ? " (the socket scheme needs root or CAP_NET_ADMIN)" : "");
+        errno = e;
+        return -1;
+    }
+    tcp_setopt(fd, TCP_REPAIR, TCP_REPAIR_OFF_NO_WP);
+    app_opts_apply(fd, o);
+    return 0;
+}
+
+static long long elapsed_ms(const struct timespec *t0)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (t.tv_sec - t0->tv_sec) * 1000LL + (t.tv_nsec - t0->tv_nsec) / 1000000;
+}
+
+/* Waits until every byte the app wrote is acknowledged (the send queue is empty); EBUSY when
+ * that takes longer than DRAIN_TIMEOUT_MS. */
+static int tcp_wait_drained(int fd)
+{
+    struct timespec t0, ms = { 0, 1000000 };
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        int outq = 0;
+        if (ioctl(fd, SIOCOUTQ, &outq) < 0)
+            return fail_errno("SIOCOUTQ");
+        if (outq == 0)
+            return 0;
+        if (elapsed_ms(&t0) >= DRAIN_TIMEOUT_MS) {
+            set_errorf("the send queue did not drain in %d s (%d bytes unacknowledged)",
+                       DRAIN_TIMEOUT_MS / 1000, outq);
+            errno = EBUSY;
+            return -1;
+        }
+        nanosleep(&ms, NULL);
+    }
+}
+
+/* Freeze and dump: repair mode on, then the state and the unread received bytes (*inq, malloc'd,
+ * *inq_len bytes; they stay in the guest). The socket stays in repair mode, also on failure. */
+static int tcp_freeze(int fd, struct tcp_state *st, unsigned char **inq, size_t *inq_len)
+{
+    struct tcp_info ti;
+    socklen_t len;
+    int outq = 0, n = 0, v;
+
+    *inq = NULL;
+    *inq_len = 0;
+    if (tcp_setopt(fd, TCP_REPAIR, TCP_REPAIR_ON) < 0)
+        return fail_errno("TCP_REPAIR on");
+    if (ioctl(fd, SIOCOUTQ, &outq) < 0)
+        return fail_errno("SIOCOUTQ");
+    if (outq != 0) {
+        set_errorf("the app wrote again: %d bytes unacknowledged", outq);
+        errno = EBUSY;
+        return -1;
+    }
+    if (tcp_setopt(fd, TCP_REPAIR_QUEUE, REPAIR_SEND_QUEUE) < 0 ||
+        tcp_getopt(fd, TCP_QUEUE_SEQ, &v) < 0)
+        return fail_errno("cannot read the send sequence");
+    st->snd_seq = (uint32_t)v;
+    if (tcp_setopt(fd, TCP_REPAIR_QUEUE, REPAIR_RECV_QUEUE) < 0 ||
+        tcp_getopt(fd, TCP_QUEUE_SEQ, &v) < 0)
+        return fail_errno("cannot read the receive sequence");
+    st->rcv_seq = (uint32_t)v;
+    if (ioctl(fd, SIOCINQ, &n) < 0)
+        return fail_errno("SIOCINQ");
+    if (n > 0) {
+        ssize_t r;
+        *inq = malloc((size_t)n);
+        if (!*inq) {
+            errno = ENOMEM;
+            return fail_errno("the receive queue");
+        }
+        r = recv(fd, *inq, (size_t)n, MSG_PEEK | MSG_DONTWAIT);
+        if (r != n) {
+            if (r >= 0)
+                errno = EIO;
+            return fail_errno("cannot peek at the receive queue");
+        }
+        *inq_len = (size_t)n;
+    }
+    if (tcp_setopt(fd, TCP_REPAIR_QUEUE, REPAIR_NO_QUEUE) < 0)
+        return fail_errno("TCP_REPAIR_QUEUE");
+    if (tcp_getopt(fd, TCP_MAXSEG, &v) < 0) /* in repair mode: the peer's MSS (mss_clamp) */
+        return fail_errno("TCP_MAXSEG");
+    st->mss = (uint32_t)v;
+    len = sizeof ti;
+    memset(&ti, 0, sizeof ti);
+    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) < 0)
+        return fail_errno("TCP_INFO");
+    st->tstamp = !!(ti.tcpi_options & TCPI_OPT_TIMESTAMPS);
+    st->sack = !!(ti.tcpi_options & TCPI_OPT_SACK);
+    st->wscale = !!(ti.tcpi_options & TCPI_OPT_WSCALE);
+    st->snd_wscale = ti.tcpi_snd_wscale;
+    st->rcv_wscale = ti.tcpi_rcv_wscale;
+    if (tcp_getopt(fd, TCP_TIMESTAMP, &v) < 0)
+        return fail_errno("TCP_TIMESTAMP");
+    st->ts_val = (uint32_t)v;
+    len = sizeof st->win;
+    if (getsockopt(fd, IPPROTO_TCP, TCP_REPAIR_WINDOW, &st->win, &len) < 0)
+        return fail_errno("TCP_REPAIR_WINDOW");
+    return 0;
+}
+
+/* Resets the frozen socket silently (connect(AF_UNSPEC) in repair mode: no FIN, no RST, timers
+ * stopped, queues dropped, the 4-tuple freed); it stays in repair mode, in TCP_CLOSE, ready for
+ * tcp_restore. */
+static int tcp_reset_silently(int fd)
+{
+    struct sockaddr sa;
+    int err;
+    socklen_t len = sizeof err;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_family = AF_UNSPEC;
+    if (connect(fd, &sa, sizeof sa) < 0)
+        return fail_errno("cannot reset the socket for its restore");
+    /* The reset leaves ECONNABORTED pending; read it so the app does not get it. */
+    getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+    return 0;
+}
+
+/* Queues data[0..n) on the receive queue (repair mode, TCP_REPAIR_QUEUE = RECV selected). */
+static int queue_received(int fd, const unsigned char *data, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = send(fd, data, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            if (w == 0)
+                errno = EIO;
+            return -1;
+        }
+        data += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* Restores the connection `st` on the reset socket fd (repair mode, TCP_CLOSE): its receive
+ * queue gets q1[0..n1) then q2[0..n2), which end at st->rcv_seq. Stays in repair mode. */
+static int tcp_restore(int fd, const struct tcp_state *st, const unsigned char *q1, size_t n1,
+                       const unsigned char *q2, size_t n2)
+{
+    struct repair_opt opts[4];
+    size_t nopts = 0;
+    struct sockaddr_in bound;
+    socklen_t len = sizeof bound;
+
+    if (tcp_setopt(fd, TCP_REPAIR_QUEUE, REPAIR_SEND_QUEUE) < 0 ||
+        tcp_setopt(fd, TCP_QUEUE_SEQ, (int)st->snd_seq) < 0)
+        return fail_errno("cannot set the send sequence");
+    if (tcp_setopt(fd, TCP_REPAIR_QUEUE, REPAIR_RECV_QUEUE) < 0 ||
+        tcp_setopt(fd, TCP_QUEUE_SEQ, (int)(st->rcv_seq - (uint32_t)(n1 + n2))) < 0)
+        return fail_errno("cannot set the receive sequence");
+    if (tcp_setopt(fd, TCP_REPAIR_QUEUE, REPAIR_NO_QUEUE) < 0)
+        return fail_errno("TCP_REPAIR_QUEUE");
+    /* Before connect: full-sized segments at once (else 536-byte ones for a while). */
+    if (tcp_setopt(fd, TCP_MAXSEG, (int)st->mss) < 0)
+        return fail_errno("TCP_MAXSEG");
+    /* Repair mode forces address reuse, so the listener's port does not stand in the way. (The
+     * reset unbinds the socket; should it still be bound to the address, that is fine too.) */
+    if (bind(fd, (const struct sockaddr *)&st->local, sizeof st->local) < 0 &&
+        !(errno == EINVAL && getsockname(fd, (struct sockaddr *)&bound, &len) == 0 &&
+          bound.sin_port == st->local.sin_port &&
+          bound.sin_addr.s_addr == st->local.sin_addr.s_addr))
+        return fail_errno("cannot bind the restored socket");
+    if (connect(fd, (const struct sockaddr *)&st->remote, sizeof st->remote) < 0)
+        return fail_errno("cannot connect the restored socket (repair mode: no SYN)");
+    opts[nopts++] = (struct repair_opt){ TCPOPT_MSS, st->mss };
+    if (st->wscale)
+        opts[nopts++] = (struct repair_opt){ TCPOPT_WINDOW,
+                                             st->snd_wscale | (st->rcv_wscale << 16) };
+    if (st->sack)
+        opts[nopts++] = (struct repair_opt){ TCPOPT_SACK_PERMITTED, 0 };
+    if (st->tstamp)
+        opts[nopts++] = (struct repair_opt){ TCPOPT_TIMESTAMP, 0 };
+    if (setsockopt(fd, IPPROTO_TCP, TCP_REPAIR_OPTIONS, opts, (socklen_t)(nopts * sizeof *opts)) < 0)
+        return fail_errno("TCP_REPAIR_OPTIONS");
+    if (st->tstamp && tcp_setopt(fd, TCP_TIMESTAMP, (int)st->ts_val) < 0)
+        return fail_errno("TCP_TIMESTAMP");
+    if (n1 + n2 > 0) {
+        if (tcp_setopt(fd, TCP_REPAIR_QUEUE, REPAIR_RECV_QUEUE) < 0 ||
+            queue_received(fd, q1, n1) < 0 || queue_received(fd, q2, n2) < 0)
+            return fail_errno("cannot refill the receive queue");
+        if (tcp_setopt(fd, TCP_REPAIR_QUEUE, REPAIR_NO_QUEUE) < 0)
+            return fail_errno("TCP_REPAIR_QUEUE");
+    }
+    /* After the receive queue: the kernel wants rcv_wup <= rcv_nxt. */
+    if (setsockopt(fd, IPPROTO_TCP, TCP_REPAIR_WINDOW, &st->win, sizeof st->win) < 0)
+        return fail_errno("TCP_REPAIR_WINDOW");
+    return 0;
+}
+
+/* Thaw: repair mode off without a window probe, the app's options back. */
+static int tcp_thaw(int fd, const struct app_opts *o)
+{
+    int rc = tcp_setopt(fd, TCP_REPAIR, TCP_REPAIR_OFF_NO_WP);
+    int e = errno;
+    app_opts_apply(fd, o);
+    errno = e;
+    return rc;
+}
+
+/* Appends the TcpState JSON object of st (without rcv_data) to buf[*n..cap); 0 if it fits. */
+static int put_tcp_state(char *buf, size_t cap, size_t *n, const struct tcp_state *st)
+{
+    char local[ADDR_MAX], remote[ADDR_MAX];
+    int w;
+    format_addr(&st->local, local);
+    format_addr(&st->remote, remote);
+    w = snprintf(buf + *n, cap - *n,
+                 "{\"local\":\"%s\",\"remote\":\"%s\",\"snd_seq\":%u,\"rcv_seq\":%u,\"mss\":%u,"
+                 "\"tstamp\":%s,\"sack\":%s,\"wscale\":%s,\"snd_wscale\":%u,\"rcv_wscale\":%u,"
+                 "\"ts_val\":%u,\"snd_wl1\":%u,\"snd_wnd\":%u,\"max_window\":%u,\"rcv_wnd\":%u,"
+                 "\"rcv_wup\":%u}",
+                 local, remote, st->snd_seq, st->rcv_seq, st->mss,
+                 st->tstamp ? "true" : "false", st->sack ? "true" : "false",
+                 st->wscale ? "true" : "false", st->snd_wscale, st->rcv_wscale, st->ts_val,
+                 st->win.snd_wl1, st->win.snd_wnd, st->win.max_window, st->win.rcv_wnd,
+                 st->win.rcv_wup);
+    if (w < 0 || (size_t)w >= cap - *n)
+        return -1;
+    *n += (size_t)w;
+    return 0;
+}
+
+static int json_u32(const char *obj, const char *key, uint32_t *out)
+{
+    unsigned long long v;
+    if (json_u64(json_member(obj, key), &v) || v > UINT32_MAX)
+        return -1;
+    *out = (uint32_t)v;
+    return 0;
+}
+
+static int json_bool(const char *obj, const char *key, int *out)
+{
+    const char *v = json_member(obj, key);
+    if (json_is(v, "true"))
+        *out = 1;
+    else if (json_is(v, "false"))
+        *out = 0;
+    else
+        return -1;
+    return 0;
+}
+
+/* The string member `key` of obj must be the address `want` (the same connection). */
+static int json_same_addr(const char *obj, const char *key, const struct sockaddr_in *want)
+{
+    char got[64], exp[ADDR_MAX];
+    const char *v = json_member(obj, key);
+    int bad;
+    if (!v || *v != '"' || !json_string(v, got, sizeof got, &bad) || bad)
+        return -1;
+    format_addr(want, exp);
+    return strcmp(got, exp) == 0 ? 0 : -1;
+}
+
+/* Decodes the optional hex string rcv_data of obj into out (HANDBACK_MAX_BYTES); its length,
+ * or -1 when malformed or too long. */
+static long json_handback(const char *obj, unsigned char *out)
+{
+    static const size_t cap = 2 * HANDBACK_MAX_BYTES + 2;
+    const char *v = json_member(obj, "rcv_data");
+    char *hex;
+    size_t n;
+    long len = -1;
+    int bad;
+    if (!v)
+        return 0;
+    hex = malloc(cap);
+    if (!hex)
+        return -1;
+    if (*v == '"' && json_string(v, hex, cap, &bad) && !bad && (n = strlen(hex)) % 2 == 0 &&
+        n / 2 <= HANDBACK_MAX_BYTES) {
+        len = (long)(n / 2);
+        for (size_t i = 0; i < n / 2; i++) {
+            int hi = hex_digit(hex[2 * i]), lo = hex_digit(hex[2 * i + 1]);
+            if (hi < 0 || lo < 0) {
+                len = -1;
+                break;
+            }
+            out[i] = (unsigned char)(hi << 4 | lo);
+        }
+    }
+    free(hex);
+    return len;
+}
+
+/* Decodes {"ok":true,"bytes":N,"tcp":{TcpState}} into *bytes, *st (the addresses must be the
+ * connection's own, which st holds on entry) and the hand-back data; -1 with EPROTO and
+ * last_error otherwise. */
+static int parse_sock_sent(const char *line, unsigned long long *bytes, struct tcp_state *st,
+                           unsigned char *handback, size_t *handback_len)
+{
+    const char *tcp;
+    uint32_t snd_wscale, rcv_wscale;
+    long hb;
+    if (check_ok(line))
+        return -1;
+    tcp = json_member(line, "tcp");
+    if (json_u64(json_member(line, "bytes"), bytes) || *bytes > (unsigned long long)LLONG_MAX ||
+        !tcp || *tcp != '{' || json_same_addr(tcp, "local", &st->local) ||
+        json_same_addr(tcp, "remote", &st->remote) ||
+        json_u32(tcp, "snd_seq", &st->snd_seq) || json_u32(tcp, "rcv_seq", &st->rcv_seq) ||
+        json_u32(tcp, "mss", &st->mss) || json_bool(tcp, "tstamp", &st->tstamp) ||
+        json_bool(tcp, "sack", &st->sack) || json_bool(tcp, "wscale", &st->wscale) ||
+        json_u32(tcp, "snd_wscale", &snd_wscale) || json_u32(tcp, "rcv_wscale", &rcv_wscale) ||
+        snd_wscale > 14 || rcv_wscale > 14 || json_u32(tcp, "ts_val", &st->ts_val) ||
+        json_u32(tcp, "snd_wl1", &st->win.snd_wl1) || json_u32(tcp, "snd_wnd", &st->win.snd_wnd) ||
+        json_u32(tcp, "max_window", &st->win.max_window) ||
+        json_u32(tcp, "rcv_wnd", &st->win.rcv_wnd) || json_u32(tcp, "rcv_wup", &st->win.rcv_wup) ||
+        (hb = json_handback(tcp, handback)) < 0) {
+        set_error(MALFORMED);
+        errno = EPROTO;
+        return -1;
+    }
+    st->snd_wscale = snd_wscale;
+    st->rcv_wscale = rcv_wscale;
+    *handback_len = (size_t)hb;
+    return 0;
+}
+
+/* One request on the hand-over's own connection; the reply line in rep (REPLY_MAX_BYTES + 2).
+ * timeout_secs 0: wait as long as it takes. 0, or -1 with errno and last_error. */
+static int handover_request(int fd, const char *req, size_t n, char *rep, int timeout_secs)
+{
+    struct timeval tv = { .tv_sec = timeout_secs, .tv_usec = 0 };
+    int extra, r = -1;
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    if (write_all(fd, req, n) == 0 && (r = read_line(fd, rep, REPLY_MAX_BYTES + 2, &extra)) == 0)
+        return 0;
+    if (r == -2 || errno == 0) {
+        set_error(MALFORMED);
+        errno = EPROTO;
+    } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        set_error("vmsight's Hylics service did not answer in time");
+        errno = ETIMEDOUT;
+    } else {
+        fail_errno("the Hylics service closed the connection");
+    }
+    return -1;
+}
+
+/* sock-hold or sock-release of the connection `st`: 0 on {"ok":true}, else -1. */
+static int handover_simple(int fd, const char *op, const struct tcp_state *st, char *rep)
+{
+    char req[256], local[ADDR_MAX], remote[ADDR_MAX];
+    int n;
+    format_addr(&st->local, local);
+    format_addr(&st->remote, remote);
+    n = snprintf(req, sizeof req, "{\"op\":\"%s\",\"local\":\"%s\",\"remote\":\"%s\"}\n", op,
+                 local, remote);
+    if (handover_request(fd, req, (size_t)n, rep, IO_TIMEOUT_SECS))
+        return -1;
+    return check_ok(rep);
+}
+
+/* The hand-over's progress, for the clean-up of a failure. */
+enum handover_stage { HELD, FROZEN, RESET, RESTORED };
+
+long long hylics_sendfile(int sockfd, const char *path, unsigned long long offset,
+                          unsigned long long len)
+{
+    struct tcp_state own, now;
+    struct app_opts opts;
+    unsigned char *inq = NULL, *handback = NULL;
+    size_t inq_len = 0, handback_len = 0, n = 0, prefix;
+    char *req = NULL, *rep = NULL;
+    unsigned long long bytes = 0;
+    enum handover_stage stage = HELD;
+    long long result = -1;
+    int svc = -1, e;
+
+    set_error("");
+    if (sockfd < 0 || !path) {
+        errno = EINVAL;
+        return -1;
+    }
+    if (tcp_endpoints(sockfd, &own.local, &own.remote))
+        return -1;
+    req = malloc(LINE_MAX_BYTES);
+    rep = malloc(REPLY_MAX_BYTES + 2);
+    handback = malloc(HANDBACK_MAX_BYTES);
+    if (!req || !rep || !handback) {
+        set_error("out of memory");
+        errno = ENOMEM;
+        goto out;
+    }
+    /* The sock-send request up to its state, which is appended once frozen. */
+    n = (size_t)snprintf(req, LINE_MAX_BYTES, "{\"op\":\"sock-send\",\"path\":");
+    if (put_json_string(req, LINE_MAX_BYTES, &n, share_relative(path)))
+        goto too_long;
+    n += (size_t)snprintf(req + n, LINE_MAX_BYTES - n, ",\"offset\":%llu,\"len\":%llu,\"tcp\":",
+                          offset, len);
+    /* The state takes at most ~400 bytes. */
+    if (n + 450 >= LINE_MAX_BYTES)
+        goto too_long;
+    prefix = n;
+
+    app_opts_save(sockfd, &opts);
+    if (tcp_repair_allowed(sockfd, &opts) || tcp_wait_drained(sockfd))
+        goto out;
+    svc = connect_service();
+    if (svc < 0) {
+        e = errno;
+        set_error(UNREACHABLE);
+        errno = e;
+        goto out;
+    }
+    {
+        struct timeval tv = { .tv_sec = IO_TIMEOUT_SECS, .tv_usec = 0 };
+        setsockopt(svc, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    }
+
+    /* 1. vmsight drops the connection's frames from now on. */
+    if (handover_simple(svc, "sock-hold", &own, rep))
+        goto release;
+    /* 2. Freeze, dump, reset: the guest's kernel lets go of the connection. */
+    stage = FROZEN;
+    if (tcp_freeze(sockfd, &own, &inq, &inq_len))
+        goto release;
+    if (tcp_reset_silently(sockfd))
+        goto release;
+    stage = RESET;
+    /* 3. vmsight sends on the connection and answers with its state now. */
+    n = prefix;
+    if (put_tcp_state(req, LINE_MAX_BYTES - 2, &n, &own)) {
+        set_error("request too long");
+        errno = ENAMETOOLONG;
+        goto release;
+    }
+    memcpy(req + n, "}\n", 2);
+    n += 2;
+    now = own;
+    if (handover_request(svc, req, n, rep, 0) ||
+        parse_sock_sent(rep, &bytes, &now, handback, &handback_len))
+        goto release; /* as if nothing was sent: the guest's own state goes back */
+    /* 4. The connection as vmsight left it, with the bytes the peer sent meanwhile after the
+     * guest's own unread ones. */
+    if (tcp_restore(sockfd, &now, inq, inq_len, handback, handback_len)) {
+        e = errno;
+        char why[sizeof last_error];
+        snprintf(why, sizeof why, "%s", last_error);
+        /* Back to the reset state: at least a socket the app can close. */
+        if (tcp_reset_silently(sockfd) == 0 &&
+            tcp_restore(sockfd, &own, inq, inq_len, NULL, 0) == 0)
+            stage = RESTORED;
+        set_errorf("sent %llu bytes, but cannot restore the socket: %s", bytes, why);
+        errno = e;
+        goto release;
+    }
+    stage = RESTORED;
+    result = (long long)bytes;
+
+release:
+    e = errno;
+    if (stage == RESET) {
+        /* Failed after the reset: the guest's own state goes back. */
+        char why[sizeof last_error];
+        snprintf(why, sizeof why, "%s", last_error);
+        if (tcp_restore(sockfd, &own, inq, inq_len, NULL, 0) == 0) {
+            stage = RESTORED;
+            set_error(why);
+        } else {
+            char again[sizeof last_error];
+            snprintf(again, sizeof again, "%s", last_error);
+            set_errorf("%.250s; and %.250s", why, again);
+        }
+    }
+    /* 5. Always released, so the connection is never left held. A broken service connection is
+     * reopened once for it. */
+    {
+        char why[sizeof last_error];
+        int rc, ee;
+        snprintf(why, sizeof why, "%s", last_error);
+        rc = handover_simple(svc, "sock-release", &own, rep);
+        if (rc && errno != EPROTO) {
+            close(svc);
+            svc = connect_service();
+            if (svc >= 0)
+                rc = handover_simple(svc, "sock-release", &own, rep);
+        }
+        ee = errno;
+        if (result >= 0 && rc) {
+            char msg[sizeof last_error];
+            snprintf(msg, sizeof msg, "%s", last_error);
+            set_errorf("sent %llu bytes, but vmsight did not release the connection: %s",
+                       bytes, msg);
+            result = -1;
+            e = ee;
+        } else {
+            set_error(why);
+        }
+    }
+    /* 6. Thaw: the socket is the app's again. */
+    if (stage != HELD && tcp_thaw(sockfd, &opts) && result >= 0) {
+        e = errno;
+        fail_errno("TCP_REPAIR off");
+        result = -1;
+    }
+    if (result >= 0)
+        set_error("");
+    errno = e;
+    goto out;
+
+too_long:
+    set_error("request too long");
+    errno = ENAMETOOLONG;
+out:
+    e = errno;
+    if (svc >= 0)
+        close(svc);
+    free(inq);
+    free(handback);
+    free(req);
+    free(rep);
+    errno = e;
+    return result;
 }

@@ -12,12 +12,29 @@
  * (hylics_task_arrived, hylics_task_done); when the controller shrinks the share it advises
  * which files to move out, and hylics_evict moves them to a directory of the guest's own.
  *
+ * Socket scheme: a program that accepted a TCP connection (a client's request) hands that very
+ * connection to vmsight for the body of its answer (hylics_sendfile). The library waits until
+ * everything the program wrote was acknowledged, asks vmsight to hold the connection (its
+ * frames are dropped both ways; TCP recovers them), freezes the socket with TCP_REPAIR and
+ * dumps its state (sequence numbers, MSS, options, window scales, timestamp, windows), resets
+ * it silently and sends the state to vmsight. vmsight recreates the connection on the host,
+ * sends the share's file on it with sendfile(2), waits for the peer's acknowledgements,
+ * freezes it and answers with its state (and the bytes the peer sent meanwhile). The library
+ * restores the socket from that state on the same descriptor, asks vmsight to release the
+ * connection and thaws it: the peer sees one ordinary connection, and the program goes on
+ * writing and reading. TCP_REPAIR needs root or CAP_NET_ADMIN in the guest.
+ *
  * Every request and its answer travel over vsock (host CID 2, port HYLICS_PORT), one JSON
- * object per line each way. hylics_send_file opens a connection per call; the task reports and
- * hylics_evict share one connection per process (thread-safe; a forked child makes its own).
+ * object per line each way. hylics_send_file opens a connection per call, hylics_sendfile one
+ * per hand-over; the task reports and hylics_evict share one connection per process
+ * (thread-safe; a forked child makes its own).
+ *
+ * Testing aid: when the environment variable HYLICS_SERVICE_UNIX names a Unix stream socket,
+ * the library connects there instead of to vsock (same protocol), e.g. to a fake service.
  *
  * Link with -lhylics. Command-line forms: `hylics-send DEST PATH [OFFSET [LEN]]`,
- * `hylics-evict DEST_DIR`; `hylics-workload` is a synthetic workload that reports its tasks. */
+ * `hylics-evict DEST_DIR`; `hylics-workload` is a synthetic workload that reports its tasks;
+ * `hylics-sockserve PORT PATH [HEADER [TRAILER]]` serves one connection with hylics_sendfile. */
 #ifndef HYLICS_H
 #define HYLICS_H
 
@@ -37,6 +54,27 @@ extern "C" {
  * no vmsight Hylics service; EPROTO: the service refused or failed, see hylics_last_error()). */
 long long hylics_send_file(const char *dest, const char *path, unsigned long long offset,
                            unsigned long long len);
+
+/* Socket scheme: vmsight sends `len` bytes (0: to the end of the file) of the share's file
+ * `path` from `offset` (path as for hylics_send_file) on the established IPv4 TCP connection
+ * `sockfd` itself, from the host; afterwards `sockfd` is the same descriptor, connected as
+ * before, with its file status flags (O_NONBLOCK ...) and the options SO_KEEPALIVE,
+ * SO_REUSEADDR, TCP_NODELAY, TCP_KEEPIDLE/KEEPINTVL/KEEPCNT and TCP_USER_TIMEOUT as they were.
+ * Bytes the peer sent and the program has not read yet stay readable, followed by what the
+ * peer sent during the transfer (up to 16 KiB).
+ * Needs root or CAP_NET_ADMIN (TCP_REPAIR). Blocks until the transfer is done and the peer
+ * acknowledged it; no other thread may use `sockfd` meanwhile. Before the hand-over it waits
+ * (up to 10 s) until the peer acknowledged every byte the program wrote on `sockfd`.
+ * Returns the number of bytes sent, or -1 with errno set: EBUSY when the send queue did not
+ * drain; EAFNOSUPPORT when `sockfd` is no IPv4 TCP socket; ENOTCONN when the connection is not
+ * established; EPERM without CAP_NET_ADMIN; ECONNREFUSED (or another connect(2) errno) when
+ * there is no vmsight Hylics service; EPROTO when it refused or failed (the library then
+ * restores the connection as it was before the call, which is right when nothing was sent);
+ * ETIMEDOUT when it did not answer a hold or release in 10 s (the send itself has no time
+ * limit); see hylics_last_error() for the sentence. Whatever fails, the connection is released
+ * and out of repair mode on return. */
+long long hylics_sendfile(int sockfd, const char *path, unsigned long long offset,
+                          unsigned long long len);
 
 /* Reports that one task arrived now (request {"op":"arrive"}). Returns 0, or -1 with errno set:
  * the errno of connect(2) when there is no vmsight Hylics service (e.g. ECONNREFUSED,
