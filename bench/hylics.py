@@ -10,12 +10,15 @@ Configurations interleaved per repetition; medians.
 
 Part "stream" (paper Fig. 17/20 shape, with a stand-in computation): a CPU-bound job in the
 guest (`gzip -6` of a generated text file; Debian's ffmpeg is not in the default image) and a
-file stream from the guest's share to a client in the VM's namespace, in five configurations:
+file stream from the guest's share to a client in the VM's namespace, in seven configurations:
   compute        the computation alone
   stream-guest   the guest streams the file itself (sendfile over its virtio-net)
   stream-hylics  the host streams it for the guest (hylics-send, module scheme)
+  stream-socket  the client connects to the guest, which hands the connection to the host for
+                 the file (hylics-sockserve, socket scheme)
   both-guest     computation + guest-sent stream (interference)
-  both-hylics    computation + host-sent stream (Hylics)
+  both-hylics    computation + host-sent stream (Hylics, module)
+  both-socket    computation + host-sent stream (Hylics, socket)
 Reported: computation time, streaming throughput at the client, and host CPU time (utime +
 stime of vmsight, QEMU and the device daemons) per configuration; ratios to the
 no-interference runs.
@@ -70,6 +73,7 @@ import socket, sys
 f = open("/hylics/stream.bin", "rb"); s = socket.create_connection(("10.0.2.1", int(sys.argv[1])))
 s.sendfile(f); s.close()' $1; }}
 hylics() {{ hylics-send 10.0.2.1:$1 /hylics/stream.bin >/dev/null || echo "HYLICS-FAILED"; }}
+sock() {{ hylics-sockserve $1 /hylics/stream.bin > /tmp/sock.$1 2>&1 || {{ cat /tmp/sock.$1; echo "HYLICS-FAILED"; }}; }}
 for c in {configs}; do
   echo "PHASE $c"
   case $c in
@@ -78,6 +82,8 @@ for c in {configs}; do
     stream-hylics) hylics {ports[stream-hylics]} ;;
     both-guest) guest_send {ports[both-guest]} & p=$!; compute; wait $p ;;
     both-hylics) hylics {ports[both-hylics]} & p=$!; compute; wait $p ;;
+    stream-socket) sock {ports[stream-socket]} ;;
+    both-socket) sock {ports[both-socket]} & p=$!; compute; wait $p ;;
   esac
   echo "PHASE end"
   sleep 1
@@ -123,11 +129,38 @@ def run_fs(a, rep):
 
 # One receiver port per streaming configuration: the guest's PHASE lines reach the host with
 # a delay, so the receiver's report is matched by port, not by time.
-PORTS = {"stream-guest": 9002, "stream-hylics": 9003, "both-guest": 9004, "both-hylics": 9005}
+PORTS = {"stream-guest": 9002, "stream-hylics": 9003, "both-guest": 9004, "both-hylics": 9005,
+         "stream-socket": 9006, "both-socket": 9007}
+CONFIGS = ["compute", "stream-guest", "stream-hylics", "stream-socket", "both-guest", "both-hylics",
+           "both-socket"]
+
+# The socket scheme's client: connects to the guest's hylics-sockserve (retrying until it
+# listens), reads header + file + trailer, then ends its side; reports like RECEIVER.
+SOCK_CLIENT = r"""
+import socket, sys, time
+port, want = int(sys.argv[1]), int(sys.argv[2])
+for _ in range(600):
+    try:
+        c = socket.create_connection(("10.0.2.15", port), timeout=120); break
+    except OSError:
+        time.sleep(0.05)
+n = 0; t0 = None
+while True:
+    b = c.recv(1 << 20)
+    if not b:
+        break
+    if t0 is None:
+        t0 = time.monotonic()
+    n += len(b)
+    if n == want:
+        c.shutdown(socket.SHUT_WR)
+t1 = time.monotonic()
+print("RECV", n, (t1 - t0) if t0 else 0.0, flush=True)
+"""
 
 
 def run_stream(a, rep):
-    configs = ["compute", "stream-guest", "stream-hylics", "both-guest", "both-hylics"]
+    configs = list(CONFIGS)
     if rep % 2:
         configs = configs[::-1]
     name = f"bhy-st-{os.getpid()}"
@@ -138,7 +171,7 @@ def run_stream(a, rep):
     wait_net(VMSIGHT, name)
     recv = {}
     rx = {}
-    for port in [9001, *PORTS.values()]:
+    for port in [9001, *(p for c, p in PORTS.items() if not c.endswith("-socket"))]:
         recv[port] = subprocess.Popen([VMSIGHT, "net", name, "exec", "python3", "-c", RECEIVER, str(port)],
                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         rx[port] = []
@@ -159,6 +192,8 @@ def run_stream(a, rep):
                 phase = line.split()[1]
                 res[phase] = {"t0": time.monotonic()}
                 cpu0 = cpu_ticks(pids) / TICK
+                if phase.endswith("-socket"):
+                    start_sock_client(name, phase, a.stream_mb, recv, rx)
         elif line.startswith("COMPUTE "):
             res[phase]["compute"] = float(line.split()[1])
         elif line == "HYLICS-FAILED":
@@ -177,6 +212,16 @@ def run_stream(a, rep):
     if proc.returncode != 0:
         sys.exit(f"stream run failed ({proc.returncode}): {err[-2000:]}")
     return res
+
+
+def start_sock_client(name, phase, mb, recv, rx):
+    port = PORTS[phase]
+    want = 7 + (mb << 20) + 8  # hylics-sockserve's "HEADER\n" + file + "TRAILER\n"
+    recv[port] = subprocess.Popen([VMSIGHT, "net", name, "exec", "python3", "-c", SOCK_CLIENT, str(port), str(want)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    rx[port] = []
+    threading.Thread(target=lambda p=port: [rx[p].append(l.split()) for l in recv[p].stdout
+                                             if l.startswith("RECV ")], daemon=True).start()
 
 
 def med(xs):
@@ -213,15 +258,19 @@ def main():
         print("| configuration | computation s | stream MB/s at the client | host CPU s | wall s |")
         print("|---|---|---|---|---|")
         rows = {}
-        for c in ["compute", "stream-guest", "stream-hylics", "both-guest", "both-hylics"]:
+        for c in CONFIGS:
             rows[c] = {k: med([r[c].get(k, float("nan")) for r in runs]) for k in ["compute", "mbps", "cpu", "wall"]}
             v = rows[c]
             print(f"| {c} | {v['compute']:.2f} | {v['mbps']:.1f} | {v['cpu']:.2f} | {v['wall']:.2f} |")
         c0, sg, sh = rows["compute"]["compute"], rows["stream-guest"]["mbps"], rows["stream-hylics"]["mbps"]
         print(f"\ncomputation time under interference: guest-sent {rows['both-guest']['compute'] / c0:.2f}x, "
               f"Hylics {rows['both-hylics']['compute'] / c0:.2f}x of alone")
+        so = rows["stream-socket"]["mbps"]
+        print(f"computation time under interference: Hylics-socket {rows['both-socket']['compute'] / c0:.2f}x of alone")
         print(f"stream throughput under interference: guest-sent {rows['both-guest']['mbps'] / sg:.2f}x of its alone, "
-              f"Hylics {rows['both-hylics']['mbps'] / sh:.2f}x of its alone; Hylics alone / guest alone {sh / sg:.2f}x")
+              f"Hylics {rows['both-hylics']['mbps'] / sh:.2f}x of its alone, Hylics-socket "
+              f"{rows['both-socket']['mbps'] / so:.2f}x of its alone; Hylics alone / guest alone {sh / sg:.2f}x, "
+              f"Hylics-socket alone / guest alone {so / sg:.2f}x")
     if "control" in parts:
         import hylics_control
         hylics_control.run(VMSIGHT, a.reps, a.control_secs, a.verbose)
