@@ -335,22 +335,27 @@ echo "AFTER $(hylics-send 10.0.2.1:9000 video.bin 0 100)"
 echo ===DONE
 "#;
 
+/// A VM with a 64 MiB share and the isolated network running `script`, stats to `stats_path`.
+fn start_with_share(name: &str, stats_path: &str, script: &str) -> LiveVm {
+    LiveVm::start(&[
+        "--name",
+        name,
+        "--shared-mem",
+        "64M",
+        "--stats-json",
+        stats_path,
+        "--",
+        "sh",
+        "-c",
+        script,
+    ])
+}
+
 #[test]
 fn the_host_sends_a_share_file_for_the_guest_and_the_payload_skips_the_guest_nic() {
     let name = vm_name("offload");
     let stats_path = format!("/tmp/{name}.json");
-    let mut vm = LiveVm::start(&[
-        "--name",
-        &name,
-        "--shared-mem",
-        "64M",
-        "--stats-json",
-        &stats_path,
-        "--",
-        "sh",
-        "-c",
-        OFFLOAD_SCRIPT,
-    ]);
+    let mut vm = start_with_share(&name, &stats_path, OFFLOAD_SCRIPT);
     wait_until("the VM's network", 120, || {
         run(&["net", &name, "info"]).code == Some(0)
     });
@@ -791,18 +796,7 @@ fn segments(lines: &[String]) -> Vec<Seg> {
 fn a_connection_handed_to_the_host_and_back_carries_header_file_and_trailer_in_order() {
     let name = vm_name("hsock");
     let stats_path = format!("/tmp/{name}.json");
-    let mut vm = LiveVm::start(&[
-        "--name",
-        &name,
-        "--shared-mem",
-        "64M",
-        "--stats-json",
-        &stats_path,
-        "--",
-        "sh",
-        "-c",
-        SOCKET_SCRIPT,
-    ]);
+    let mut vm = start_with_share(&name, &stats_path, SOCKET_SCRIPT);
     vm.wait_line("===LISTENING");
     const FILE: u64 = 8 << 20;
     let want = (7 + FILE + 8).to_string();

@@ -368,48 +368,12 @@ fn restore(st: &TcpState) -> Result<OwnedFd, HandoverError> {
     // SAFETY: `fd` is a socket we just created and own.
     let sock = unsafe { OwnedFd::from_raw_fd(fd) };
     let fd = sock.as_raw_fd();
-    setopt(
-        fd,
-        libc::IPPROTO_TCP,
-        TCP_REPAIR,
-        TCP_REPAIR_ON,
-        "TCP_REPAIR on",
-    )?;
-    setopt(
-        fd,
-        libc::IPPROTO_TCP,
-        TCP_REPAIR_QUEUE,
-        TCP_SEND_QUEUE,
-        "send queue",
-    )?;
-    setopt(
-        fd,
-        libc::IPPROTO_TCP,
-        TCP_QUEUE_SEQ,
-        st.snd_seq as libc::c_int,
-        "send seq",
-    )?;
-    setopt(
-        fd,
-        libc::IPPROTO_TCP,
-        TCP_REPAIR_QUEUE,
-        TCP_RECV_QUEUE,
-        "recv queue",
-    )?;
-    setopt(
-        fd,
-        libc::IPPROTO_TCP,
-        TCP_QUEUE_SEQ,
-        st.rcv_seq as libc::c_int,
-        "recv seq",
-    )?;
-    setopt(
-        fd,
-        libc::IPPROTO_TCP,
-        libc::TCP_MAXSEG,
-        st.mss as libc::c_int,
-        "TCP_MAXSEG",
-    )?;
+    tcp_set(fd, TCP_REPAIR, TCP_REPAIR_ON, "TCP_REPAIR on")?;
+    tcp_set(fd, TCP_REPAIR_QUEUE, TCP_SEND_QUEUE, "send queue")?;
+    tcp_set(fd, TCP_QUEUE_SEQ, st.snd_seq as libc::c_int, "send seq")?;
+    tcp_set(fd, TCP_REPAIR_QUEUE, TCP_RECV_QUEUE, "recv queue")?;
+    tcp_set(fd, TCP_QUEUE_SEQ, st.rcv_seq as libc::c_int, "recv seq")?;
+    tcp_set(fd, libc::TCP_MAXSEG, st.mss as libc::c_int, "TCP_MAXSEG")?;
     setopt(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1, "SO_REUSEADDR")?;
     sockaddr_call(fd, local, "bind", |fd, a, l| {
         // SAFETY: `a` points to a sockaddr_in of length `l` that outlives the call.
@@ -421,13 +385,7 @@ fn restore(st: &TcpState) -> Result<OwnedFd, HandoverError> {
     })?;
     set_repair_options(fd, st)?;
     if st.tstamp {
-        setopt(
-            fd,
-            libc::IPPROTO_TCP,
-            TCP_TIMESTAMP,
-            st.ts_val as libc::c_int,
-            "TCP_TIMESTAMP",
-        )?;
+        tcp_set(fd, TCP_TIMESTAMP, st.ts_val as libc::c_int, "TCP_TIMESTAMP")?;
     }
     let window: [u32; 5] = [
         st.snd_wl1,
@@ -460,25 +418,13 @@ fn set_repair_options(fd: RawFd, st: &TcpState) -> Result<(), HandoverError> {
 /// Repair mode off without a window probe (the peer already knows the window).
 fn thaw(sock: &OwnedFd) -> Result<(), HandoverError> {
     let fd = sock.as_raw_fd();
-    setopt(
-        fd,
-        libc::IPPROTO_TCP,
-        TCP_REPAIR,
-        TCP_REPAIR_OFF_NO_WP,
-        "TCP_REPAIR off",
-    )
+    tcp_set(fd, TCP_REPAIR, TCP_REPAIR_OFF_NO_WP, "TCP_REPAIR off")
 }
 
 /// Repair mode on, and the connection's state (with the received, unread bytes).
 fn freeze(sock: &OwnedFd, local: &str, remote: &str) -> Result<TcpState, HandoverError> {
     let fd = sock.as_raw_fd();
-    setopt(
-        fd,
-        libc::IPPROTO_TCP,
-        TCP_REPAIR,
-        TCP_REPAIR_ON,
-        "TCP_REPAIR on",
-    )?;
+    tcp_set(fd, TCP_REPAIR, TCP_REPAIR_ON, "TCP_REPAIR on")?;
     // A FIN or RST from the peer cannot travel in the state: the guest would never see it.
     let (state, _, _) = tcp_info_fields(fd)?;
     if state != TCP_ESTABLISHED {
@@ -488,28 +434,22 @@ fn freeze(sock: &OwnedFd, local: &str, remote: &str) -> Result<TcpState, Handove
     if inq > MAX_HANDBACK_BYTES {
         return Err(HandoverError::TooMuchReceived(inq));
     }
-    setopt(
-        fd,
-        libc::IPPROTO_TCP,
-        TCP_REPAIR_QUEUE,
-        TCP_SEND_QUEUE,
-        "send queue",
-    )?;
+    tcp_set(fd, TCP_REPAIR_QUEUE, TCP_SEND_QUEUE, "send queue")?;
     let snd_seq = getopt_u32(fd, libc::IPPROTO_TCP, TCP_QUEUE_SEQ)?;
-    setopt(
-        fd,
-        libc::IPPROTO_TCP,
-        TCP_REPAIR_QUEUE,
-        TCP_RECV_QUEUE,
-        "recv queue",
-    )?;
+    tcp_set(fd, TCP_REPAIR_QUEUE, TCP_RECV_QUEUE, "recv queue")?;
     let rcv_seq = getopt_u32(fd, libc::IPPROTO_TCP, TCP_QUEUE_SEQ)?;
     let data = peek(fd, inq)?;
     let mss = getopt_u32(fd, libc::IPPROTO_TCP, libc::TCP_MAXSEG)?;
     let ts_val = getopt_u32(fd, libc::IPPROTO_TCP, TCP_TIMESTAMP)?;
     let (_, options, wscales) = tcp_info_fields(fd)?;
     let mut w = [0u32; 5];
-    getopt_bytes(fd, TCP_REPAIR_WINDOW, &mut w)?;
+    getopt_slice(
+        fd,
+        libc::IPPROTO_TCP,
+        TCP_REPAIR_WINDOW,
+        &mut w,
+        "TCP_REPAIR_WINDOW",
+    )?;
     Ok(TcpState {
         local: local.to_owned(),
         remote: remote.to_owned(),
@@ -589,6 +529,24 @@ fn ioctl_int(fd: RawFd, req: libc::c_ulong) -> Result<i32, HandoverError> {
     Ok(v)
 }
 
+/// `Ok` for a libc call's non-negative result, else the OS error for `what`.
+fn check(rc: libc::c_int, what: &'static str) -> Result<(), HandoverError> {
+    if rc < 0 {
+        return Err(sys(what)(std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// A TCP-level integer socket option.
+fn tcp_set(
+    fd: RawFd,
+    name: libc::c_int,
+    value: libc::c_int,
+    what: &'static str,
+) -> Result<(), HandoverError> {
+    setopt(fd, libc::IPPROTO_TCP, name, value, what)
+}
+
 fn setopt(
     fd: RawFd,
     level: libc::c_int,
@@ -596,20 +554,7 @@ fn setopt(
     value: libc::c_int,
     what: &'static str,
 ) -> Result<(), HandoverError> {
-    // SAFETY: `value` is a live int whose size is passed.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd,
-            level,
-            name,
-            (&value as *const libc::c_int).cast(),
-            size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc < 0 {
-        return Err(sys(what)(std::io::Error::last_os_error()));
-    }
-    Ok(())
+    setopt_slice(fd, level, name, std::slice::from_ref(&value), what)
 }
 
 fn setopt_bytes<T: Copy>(
@@ -618,49 +563,46 @@ fn setopt_bytes<T: Copy>(
     value: &[T],
     what: &'static str,
 ) -> Result<(), HandoverError> {
+    setopt_slice(fd, libc::IPPROTO_TCP, name, value, what)
+}
+
+fn setopt_slice<T: Copy>(
+    fd: RawFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: &[T],
+    what: &'static str,
+) -> Result<(), HandoverError> {
     // SAFETY: `value` is a live slice of plain integers; its byte size is passed.
     let rc = unsafe {
         libc::setsockopt(
             fd,
-            libc::IPPROTO_TCP,
+            level,
             name,
             value.as_ptr().cast(),
             std::mem::size_of_val(value) as libc::socklen_t,
         )
     };
-    if rc < 0 {
-        return Err(sys(what)(std::io::Error::last_os_error()));
-    }
-    Ok(())
+    check(rc, what)
 }
 
 fn getopt_u32(fd: RawFd, level: libc::c_int, name: libc::c_int) -> Result<u32, HandoverError> {
-    let mut v: u32 = 0;
-    let mut len = size_of::<u32>() as libc::socklen_t;
-    // SAFETY: `v` is writable for `len` bytes.
-    let rc = unsafe { libc::getsockopt(fd, level, name, (&mut v as *mut u32).cast(), &mut len) };
-    if rc < 0 {
-        return Err(sys("getsockopt")(std::io::Error::last_os_error()));
-    }
-    Ok(v)
+    let mut v = [0u32];
+    getopt_slice(fd, level, name, &mut v, "getsockopt")?;
+    Ok(v[0])
 }
 
-fn getopt_bytes(fd: RawFd, name: libc::c_int, out: &mut [u32]) -> Result<(), HandoverError> {
+fn getopt_slice(
+    fd: RawFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    out: &mut [u32],
+    what: &'static str,
+) -> Result<(), HandoverError> {
     let mut len = std::mem::size_of_val(out) as libc::socklen_t;
     // SAFETY: `out` is writable for `len` bytes.
-    let rc = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::IPPROTO_TCP,
-            name,
-            out.as_mut_ptr().cast(),
-            &mut len,
-        )
-    };
-    if rc < 0 {
-        return Err(sys("TCP_REPAIR_WINDOW")(std::io::Error::last_os_error()));
-    }
-    Ok(())
+    let rc = unsafe { libc::getsockopt(fd, level, name, out.as_mut_ptr().cast(), &mut len) };
+    check(rc, what)
 }
 
 fn sockaddr_call(
@@ -682,10 +624,7 @@ fn sockaddr_call(
         (&sa as *const libc::sockaddr_in).cast(),
         size_of::<libc::sockaddr_in>() as libc::socklen_t,
     );
-    if rc < 0 {
-        return Err(sys(what)(std::io::Error::last_os_error()));
-    }
-    Ok(())
+    check(rc, what)
 }
 
 /// The network namespace path of the host side, for tests and diagnostics.

@@ -295,35 +295,21 @@ mod tests {
         }
     }
 
-    fn frame(dir: Direction) -> Frame {
-        let data = match dir {
-            Direction::ToGuest => tcp4(
-                [10, 0, 2, 1],
-                40000,
-                [10, 0, 2, 15],
-                8080,
-                1,
-                Some(1),
-                100,
-                false,
-                b"x",
-            ),
-            Direction::FromGuest => tcp4(
-                [10, 0, 2, 15],
-                8080,
-                [10, 0, 2, 1],
-                40000,
-                1,
-                Some(1),
-                100,
-                false,
-                b"x",
-            ),
+    /// A one-byte segment between the guest's port 8080 and the peer's `peer_port`.
+    fn frame_with(dir: Direction, peer_port: u16) -> Frame {
+        let (guest, peer) = (([10, 0, 2, 15], 8080), ([10, 0, 2, 1], peer_port));
+        let ((src, sport), (dst, dport)) = match dir {
+            Direction::ToGuest => (peer, guest),
+            Direction::FromGuest => (guest, peer),
         };
         Frame {
             hdr: Default::default(),
-            data,
+            data: tcp4(src, sport, dst, dport, 1, Some(1), 100, false, b"x"),
         }
+    }
+
+    fn frame(dir: Direction) -> Frame {
+        frame_with(dir, 40000)
     }
 
     #[test]
@@ -337,20 +323,7 @@ mod tests {
         let mut g = frame(Direction::FromGuest);
         assert_eq!(st.on_frame(Direction::FromGuest, &mut g, 0), Verdict::Drop);
         // Another connection of the same guest passes.
-        let mut other = Frame {
-            hdr: Default::default(),
-            data: tcp4(
-                [10, 0, 2, 1],
-                40001,
-                [10, 0, 2, 15],
-                8080,
-                1,
-                Some(1),
-                100,
-                false,
-                b"x",
-            ),
-        };
+        let mut other = frame_with(Direction::ToGuest, 40001);
         assert_eq!(
             st.on_frame(Direction::ToGuest, &mut other, 0),
             Verdict::Pass
