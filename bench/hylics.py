@@ -8,8 +8,10 @@ virtual disk (ext4 on vmsight's vhost-user-blk). Writes end with fsync, the gues
 is dropped before every read job, so both paths reach the host (tmpfs pages vs the image file).
 Configurations interleaved per repetition; medians.
 
-Part "stream" (paper Fig. 17/20 shape, with a stand-in computation): a CPU-bound job in the
-guest (`gzip -6` of a generated text file; Debian's ffmpeg is not in the default image) and a
+Part "stream" (paper Fig. 17/19/20 shape): a CPU-bound job in the guest (`--compute gzip`:
+`gzip -6` of a generated text file; `ffmpeg`: Debian's ffmpeg transcoding its synthetic testsrc
+video with x264; `pigz`: parallel gzip; ffmpeg and pigz come from a media disk that
+bench/media-disk.sh builds from Debian packages, so the default image stays lean) and a
 file stream from the guest's share to a client in the VM's namespace, in seven configurations:
   compute        the computation alone
   stream-guest   the guest streams the file itself (sendfile over its virtio-net)
@@ -67,13 +69,15 @@ seq 1 {seq} > /tmp/text
 head -c {mb}M /dev/urandom > /hylics/stream.bin
 sync
 i=0; until hylics-send 10.0.2.1:9001 /hylics/stream.bin 0 1 >/dev/null 2>&1; do i=$((i+1)); [ $i -lt 200 ] || exit 9; sleep 0.2; done
-compute() {{ s=$(date +%s.%N); gzip -6 -c /tmp/text > /dev/null; e=$(date +%s.%N); echo "COMPUTE $(echo "$e - $s" | awk '{{print $1 - $3}}')"; }}
+{media}
+compute() {{ s=$(date +%s.%N); {job}; e=$(date +%s.%N); echo "COMPUTE $(echo "$e - $s" | awk '{{print $1 - $3}}')"; }}
 guest_send() {{ python3 -c '
 import socket, sys
 f = open("/hylics/stream.bin", "rb"); s = socket.create_connection(("10.0.2.1", int(sys.argv[1])))
 s.sendfile(f); s.close()' $1; }}
 hylics() {{ hylics-send 10.0.2.1:$1 /hylics/stream.bin >/dev/null || echo "HYLICS-FAILED"; }}
 sock() {{ hylics-sockserve $1 /hylics/stream.bin > /tmp/sock.$1 2>&1 || {{ cat /tmp/sock.$1; echo "HYLICS-FAILED"; }}; }}
+compute > /dev/null  # warm-up: the job's binaries and libraries into the page cache
 for c in {configs}; do
   echo "PHASE $c"
   case $c in
@@ -164,9 +168,12 @@ def run_stream(a, rep):
     if rep % 2:
         configs = configs[::-1]
     name = f"bhy-st-{os.getpid()}"
-    script = STREAM_GUEST.format(seq=a.seq, mb=a.stream_mb, configs=" ".join(configs), ports=PORTS)
+    media, job = COMPUTE[a.compute]
+    script = STREAM_GUEST.format(seq=a.seq, mb=a.stream_mb, configs=" ".join(configs), ports=PORTS,
+                                 media=media, job=job.format(secs=a.ffmpeg_secs))
+    disk = ["--disk", f"{a.media_disk},ro"] if a.compute != "gzip" else []
     proc = subprocess.Popen([VMSIGHT, "run", "--name", name, "--shared-mem", f"{a.stream_mb + 64}M",
-                             "--mem", "1G", "--", "sh", "-c", script],
+                             "--mem", "1G", *disk, "--", "sh", "-c", script],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_net(VMSIGHT, name)
     recv = {}
@@ -214,6 +221,20 @@ def run_stream(a, rep):
     return res
 
 
+# The computation job: gzip (in the default image), or Debian's ffmpeg (x264 transcoding of its
+# synthetic testsrc video, paper Fig. 17/20) or pigz (paper Fig. 19) from the media disk
+# (bench/media-disk.sh), mounted read-only and entered with chroot.
+MEDIA = ("mkdir -p /media && mount -o ro /dev/vdb /media && "
+         "for d in dev proc tmp; do mount --bind /$d /media/$d; done")
+COMPUTE = {
+    "gzip": ("", "gzip -6 -c /tmp/text > /dev/null"),
+    "ffmpeg": (MEDIA, "chroot /media ffmpeg -hide_banner -loglevel error -f lavfi "
+               "-i testsrc=duration={secs}:size=640x360:rate=25 -c:v libx264 -preset veryfast "
+               "-threads 2 -f null /dev/null"),
+    "pigz": (MEDIA, "chroot /media pigz -p 2 -6 -c /tmp/text > /dev/null"),
+}
+
+
 def start_sock_client(name, phase, mb, recv, rx):
     port = PORTS[phase]
     want = 7 + (mb << 20) + 8  # hylics-sockserve's "HEADER\n" + file + "TRAILER\n"
@@ -237,8 +258,13 @@ def main():
     ap.add_argument("--stream-mb", type=int, default=256, help="streamed file size")
     ap.add_argument("--seq", type=int, default=3000000, help="lines of the text gzip compresses")
     ap.add_argument("--control-secs", type=int, default=120, help="workload length per controller run")
+    ap.add_argument("--compute", choices=sorted(COMPUTE), default="gzip", help="the stream part's computation")
+    ap.add_argument("--ffmpeg-secs", type=int, default=4, help="length of the video ffmpeg transcodes")
     ap.add_argument("--verbose", action="store_true")
     a = ap.parse_args()
+    if a.compute != "gzip" and "stream" in a.parts:
+        a.media_disk = subprocess.run(["bash", os.path.join(os.path.dirname(__file__), "media-disk.sh")],
+                                      check=True, capture_output=True, text=True).stdout.strip()
     parts = a.parts.split(",")
     load0 = os.getloadavg()[0]
     if "fs" in parts:
@@ -253,7 +279,8 @@ def main():
                 print(f"| {name} | {bs} | {h:.1f} | {d:.1f} | {h / d:.2f}x |")
     if "stream" in parts:
         runs = [run_stream(a, rep) for rep in range(a.reps)]
-        print(f"\nbench/hylics.py --parts stream --reps {a.reps} --stream-mb {a.stream_mb} --seq {a.seq}; "
+        print(f"\nbench/hylics.py --parts stream --reps {a.reps} --stream-mb {a.stream_mb} --seq {a.seq} "
+              f"--compute {a.compute} --ffmpeg-secs {a.ffmpeg_secs}; "
               f"load {load0:.2f} -> {os.getloadavg()[0]:.2f}\n")
         print("| configuration | computation s | stream MB/s at the client | host CPU s | wall s |")
         print("|---|---|---|---|---|")

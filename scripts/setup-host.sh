@@ -9,23 +9,9 @@ log() { printf '[setup] %s\n' "$*" >&2; }
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 
-# The first "URIs:" (deb822) or "deb" line that serves the main Debian archive.
-debian_mirror() {
-    local uri=""
-    if compgen -G "/etc/apt/sources.list.d/*.sources" >/dev/null; then
-        uri=$(awk '/^URIs:/ {for (i=2;i<=NF;i++) print $i}' /etc/apt/sources.list.d/*.sources \
-              | grep -v -- '-security' | head -n1 || true)
-    fi
-    if [ -z "$uri" ] && [ -f /etc/apt/sources.list ]; then
-        uri=$(awk '$1=="deb" && $0 !~ /security/ { for (i=2;i<=NF;i++) if ($i ~ /^(https?|file):/) {print $i; exit} }' \
-              /etc/apt/sources.list || true)
-    fi
-    if [ -z "$uri" ]; then
-        echo "cannot find a Debian mirror in the apt configuration" >&2
-        return 1
-    fi
-    printf '%s\n' "$uri"
-}
+# debian_mirror: the first Debian archive of the apt configuration.
+# shellcheck source=scripts/lib/debian-mirror.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/debian-mirror.sh"
 
 ensure_backports() {
     local list=/etc/apt/sources.list.d/vmsight-backports.list
