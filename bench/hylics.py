@@ -258,6 +258,7 @@ def main():
     ap.add_argument("--stream-mb", type=int, default=256, help="streamed file size")
     ap.add_argument("--seq", type=int, default=3000000, help="lines of the text gzip compresses")
     ap.add_argument("--control-secs", type=int, default=120, help="workload length per controller run")
+    ap.add_argument("--control-workloads", default="12", help="controller workloads: 1 constant, 2 alternating, 3 wrong model")
     ap.add_argument("--compute", choices=sorted(COMPUTE), default="gzip", help="the stream part's computation")
     ap.add_argument("--ffmpeg-secs", type=int, default=4, help="length of the video ffmpeg transcodes")
     ap.add_argument("--verbose", action="store_true")
@@ -300,7 +301,7 @@ def main():
               f"Hylics-socket alone / guest alone {so / sg:.2f}x")
     if "control" in parts:
         import hylics_control
-        hylics_control.run(VMSIGHT, a.reps, a.control_secs, a.verbose)
+        hylics_control.run(VMSIGHT, a.reps, a.control_secs, a.verbose, a.control_workloads)
 
 
 if __name__ == "__main__":
