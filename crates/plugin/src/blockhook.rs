@@ -19,7 +19,7 @@
 
 use std::ffi::{c_uint, c_void};
 
-use qemu_plugin::sys::{self, qemu_plugin_insn};
+use crate::qemu::{Insn, RegAccess};
 use vmsight_ring::blocktag::{
     comm_hash, Ancestor, BlockTag, Declaration, ANCESTORS, PRCTL_BACKGROUND, PRCTL_OPTION,
 };
@@ -54,24 +54,11 @@ impl BlockHooks {
 
     /// Registers the hook callback if `vaddr` is a hooked function entry; returns whether it
     /// did.
-    ///
-    /// # Safety
-    /// `insn` must be an instruction handle of the current translation callback.
-    pub unsafe fn instrument(&self, insn: *mut qemu_plugin_insn, vaddr: u64) -> bool {
-        use qemu_plugin::sys::qemu_plugin_cb_flags::QEMU_PLUGIN_CB_R_REGS;
+    pub fn instrument(&self, insn: &Insn<'_>, vaddr: u64) -> bool {
         let Some(hook) = self.hook_at(vaddr) else {
             return false;
         };
-        // SAFETY: `insn` is live (caller); `on_hook` has the signature QEMU expects; the
-        // user data is a plain integer.
-        unsafe {
-            sys::qemu_plugin_register_vcpu_insn_exec_cb(
-                insn,
-                Some(on_hook),
-                QEMU_PLUGIN_CB_R_REGS,
-                hook as usize as *mut c_void,
-            );
-        }
+        insn.on_exec(on_hook, RegAccess::Read, hook as usize);
         true
     }
 }

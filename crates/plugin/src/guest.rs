@@ -1,25 +1,18 @@
 //! Reading guest state from inside a vCPU callback: registers and guest virtual memory.
 //!
-//! Both go through GLib byte arrays owned by QEMU's GLib. The `qemu-plugin` crate's own
-//! wrappers are not used on these paths: its `qemu_plugin_read_memory_vaddr` passes a
-//! stack-built `GByteArray` header, but QEMU resizes the array with `g_byte_array_set_size`,
-//! which reads and may reallocate GLib's private fields beyond that header (undefined
-//! behaviour); and its `RegisterDescriptor::read` allocates a fresh array and a `Vec` per read.
-//! Here every vCPU owns two real arrays allocated once and reused.
+//! Both go through GLib byte arrays owned by QEMU's GLib: QEMU resizes them with
+//! `g_byte_array_set_size`, which reads and may reallocate GLib's private fields beyond the
+//! public header, so they must be real arrays, not stack-built headers. Every vCPU owns two,
+//! allocated once and reused. Register reads differ between plugin APIs (v4 returns the byte
+//! count, v7 a `bool`), so the count is taken from the array's growth in both.
 
-use std::ffi::{c_int, c_uint, CStr};
+use std::ffi::CStr;
 
-use qemu_plugin::sys::{
-    qemu_plugin_get_registers, qemu_plugin_read_memory_vaddr, qemu_plugin_read_register,
-    qemu_plugin_reg_descriptor, qemu_plugin_register, GArray, GByteArray,
+use crate::qemu::ffi::{
+    self, g_array_free, g_byte_array_set_size, g_byte_array_sized_new, qemu_plugin_get_registers,
+    qemu_plugin_read_memory_vaddr, qemu_plugin_register, GByteArray, RegDescV4, RegDescV7,
 };
-
-// GLib is linked into QEMU, which exports it to plugins.
-extern "C" {
-    fn g_byte_array_sized_new(reserved_size: c_uint) -> *mut GByteArray;
-    fn g_byte_array_set_size(array: *mut GByteArray, length: c_uint) -> *mut GByteArray;
-    fn g_array_free(array: *mut GArray, free_segment: c_int) -> *mut u8;
-}
+use crate::qemu::{self, Api};
 
 /// Largest single guest memory read the helper accepts (bounds the copy and the time spent in
 /// a vCPU callback).
@@ -73,16 +66,14 @@ impl ByteBuf {
         for (i, &h) in handles.iter().enumerate().take(spans.len()) {
             // SAFETY: self.0 is live; reading `len` of a GByteArray we own is sound.
             let before = unsafe { (*self.0).len } as usize;
-            // SAFETY: `h` is a handle QEMU returned from qemu_plugin_get_registers (opaque,
-            // QEMU validates it); the buffer is a real GByteArray QEMU may grow.
-            let n = unsafe { qemu_plugin_read_register(h as *mut qemu_plugin_register, self.0) };
+            let ok = read_register(h, self.0);
             // SAFETY: as above.
             let after = unsafe { (*self.0).len } as usize;
-            if n <= 0 || after != before + n as usize {
+            if !ok || after <= before {
                 failed |= 1 << i;
                 continue;
             }
-            spans[i] = (before, n as usize);
+            spans[i] = (before, after - before);
         }
         // SAFETY: after the reads `data` points to `len` initialised bytes owned by the array.
         let bytes = unsafe {
@@ -171,33 +162,63 @@ pub struct RegInfo {
     pub feature: String,
     /// Opaque handle for `qemu_plugin_read_register`.
     pub handle: usize,
+    /// QEMU refuses writes (v7 marks RIP read-only: the PC moves with `set_pc`); always true
+    /// on v4, which cannot write registers.
+    pub read_only: bool,
+}
+
+/// Reads one register of the current vCPU, appending it to `buf`; false on failure.
+fn read_register(handle: usize, buf: *mut GByteArray) -> bool {
+    let h = handle as *mut qemu_plugin_register;
+    // SAFETY: `handle` came from qemu_plugin_get_registers (opaque, QEMU validates it); `buf`
+    // is a real GByteArray QEMU may grow; we are in a register-reading callback (caller). The
+    // v7 call goes through the v7 form (`bool` result) of the same exported function.
+    unsafe {
+        match qemu::api() {
+            Api::V4 => ffi::qemu_plugin_read_register(h, buf) > 0,
+            Api::V7 => std::mem::transmute::<
+                unsafe extern "C" fn(*mut qemu_plugin_register, *mut GByteArray) -> std::ffi::c_int,
+                ffi::ReadRegisterV7,
+            >(ffi::qemu_plugin_read_register)(h, buf),
+        }
+    }
 }
 
 /// Lists the current vCPU's registers. Only valid in a vCPU-init (or later vCPU) callback.
 pub fn list_registers() -> Vec<RegInfo> {
     // SAFETY: called from a vCPU callback as the API requires; the result is a GArray of
-    // `qemu_plugin_reg_descriptor` that we must free (but not the strings).
+    // register descriptors that we must free (but not the strings).
     let arr = unsafe { qemu_plugin_get_registers() };
     if arr.is_null() {
         return Vec::new();
     }
-    // SAFETY: QEMU returned a valid GArray whose elements are reg descriptors; names and
-    // features are static strings owned by QEMU (or NULL for features).
+    // SAFETY: QEMU returned a valid GArray whose elements are the descriptors of the declared
+    // API (v7's carry `is_readonly`); names and features are static strings owned by QEMU (or
+    // NULL for features).
     let regs = unsafe {
         let a = &*arr;
-        let descs = if a.data.is_null() {
-            &[][..]
-        } else {
-            std::slice::from_raw_parts(a.data.cast::<qemu_plugin_reg_descriptor>(), a.len as usize)
-        };
-        descs
-            .iter()
-            .map(|d| RegInfo {
-                name: cstr_lossy(d.name),
-                feature: cstr_lossy(d.feature),
-                handle: d.handle as usize,
-            })
-            .collect()
+        let n = a.len as usize;
+        match (a.data.is_null(), qemu::api()) {
+            (true, _) => Vec::new(),
+            (false, Api::V4) => std::slice::from_raw_parts(a.data.cast::<RegDescV4>(), n)
+                .iter()
+                .map(|d| RegInfo {
+                    name: cstr_lossy(d.name),
+                    feature: cstr_lossy(d.feature),
+                    handle: d.handle as usize,
+                    read_only: true,
+                })
+                .collect(),
+            (false, Api::V7) => std::slice::from_raw_parts(a.data.cast::<RegDescV7>(), n)
+                .iter()
+                .map(|d| RegInfo {
+                    name: cstr_lossy(d.name),
+                    feature: cstr_lossy(d.feature),
+                    handle: d.handle as usize,
+                    read_only: d.is_readonly,
+                })
+                .collect(),
+        }
     };
     // SAFETY: we own the array (API contract); free the element storage too.
     unsafe { g_array_free(arr, 1) };

@@ -19,13 +19,13 @@
 //! * Nothing the guest does can crash QEMU: callbacks never unwrap, panics are caught at every
 //!   FFI entry point and counted, every guest read is bounded and failures are counted.
 //!
-//! The `qemu-plugin` crate provides the install entry point (`register!`); this crate overrides
-//! `Register::register_default` so it registers its own `extern "C"` callbacks instead of the
-//! crate's handlers, which lock a global mutex and panic (= abort QEMU) on any error.
+//! * One library serves plugin API v4 (QEMU 10.0) and v7 (QEMU 11.1): [`qemu`] declares the
+//!   version QEMU asks for and hides the differences; everything else is version-free.
 
 mod blockhook;
 mod guest;
 mod logic;
+pub mod qemu;
 
 use std::cell::{Cell, UnsafeCell};
 use std::collections::{BTreeSet, HashMap};
@@ -34,13 +34,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-use qemu_plugin::install::{Args, Info};
-use qemu_plugin::plugin::{HasCallbacks, Register};
-use qemu_plugin::sys::{
-    self, qemu_plugin_cb_flags, qemu_plugin_cond, qemu_plugin_insn, qemu_plugin_op,
-    qemu_plugin_scoreboard, qemu_plugin_tb, qemu_plugin_u64,
-};
-use qemu_plugin::{register, PluginId};
+use qemu::{Cond, Insn, InstallInfo, PluginId, RegAccess, Scoreboard, Tb, Word};
 use vmsight_ring::{
     data, flags, layout::plugin_flags, monotonic_ns, Channel, ChannelPlugin, Counter, CounterSink,
     MonitorFilters, Producer, Record, ReturnVia, SumsHeader, COMM_LEN,
@@ -162,9 +156,8 @@ struct State {
     channel: ChannelPlugin,
     opts: Options,
     kernel: Option<KernelLayout>,
-    /// `qemu_plugin_scoreboard *`, stored as an address: the scoreboard is owned by QEMU and
-    /// lives until exit; QEMU synchronises its growth with vCPU execution.
-    scoreboard: usize,
+    /// Owned by QEMU, lives until exit; QEMU synchronises its growth with vCPU execution.
+    scoreboard: Scoreboard,
     /// Register handles; `None` if discovery failed (then counting only).
     regs: OnceLock<Option<Regs>>,
     vcpus: Box<[OnceLock<VcpuState>]>,
@@ -177,11 +170,8 @@ struct State {
 }
 
 impl State {
-    fn entry(&self, offset: usize) -> qemu_plugin_u64 {
-        qemu_plugin_u64 {
-            score: self.scoreboard as *mut qemu_plugin_scoreboard,
-            offset,
-        }
+    fn entry(&self, offset: usize) -> Word {
+        self.scoreboard.word(offset)
     }
 
     fn vcpu(&self, vcpu: c_uint) -> Option<&VcpuState> {
@@ -204,7 +194,7 @@ impl State {
         }
         // SAFETY: the scoreboard is live and `vcpu` was initialised (it has a VcpuState), so
         // QEMU grew the scoreboard to include its element (QEMU does not bounds-check).
-        unsafe { sys::qemu_plugin_u64_get(self.entry(off), vcpu) }
+        unsafe { self.entry(off).get(vcpu) }
     }
 
     /// Writes a scoreboard word of an initialised vCPU (from any vCPU thread: the words are
@@ -215,7 +205,7 @@ impl State {
             return;
         }
         // SAFETY: as in `sb_get`.
-        unsafe { sys::qemu_plugin_u64_set(self.entry(off), vcpu, v) }
+        unsafe { self.entry(off).set(vcpu, v) }
     }
 
     /// Counts a callback that arrived with a vCPU index we never initialised (QEMU does this
@@ -475,7 +465,7 @@ fn guard(vcpu: Option<c_uint>, f: impl FnOnce()) {
 
 fn log_debug(msg: &str) {
     // Shown only with `-d plugin`; failure to log is not worth reporting.
-    let _ = qemu_plugin::qemu_plugin_outs(format!("vmsight-plugin: {msg}\n"));
+    qemu::outs(&format!("vmsight-plugin: {msg}\n"));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -572,46 +562,23 @@ impl TaskMemory for KernelMem<'_> {
 // ---------------------------------------------------------------------------------------------
 // Installation
 
-struct VmsightPlugin;
-
-impl HasCallbacks for VmsightPlugin {}
-
-impl Register for VmsightPlugin {
-    fn register_default(
-        &mut self,
-        id: PluginId,
-        args: &Args,
-        info: &Info,
-    ) -> qemu_plugin::Result<()> {
-        if let Err(e) = install(id, args, info) {
-            // Returning an error would make the qemu-plugin crate panic inside the
-            // `extern "C"` install function, which aborts QEMU with a core dump. Exiting with
-            // status 1 is what QEMU itself does when a plugin fails to install.
-            eprintln!("vmsight-plugin: {e}");
-            eprintln!("vmsight-plugin: {USAGE}");
-            std::process::exit(1);
-        }
-        Ok(())
-    }
-}
-
-register!(VmsightPlugin);
-
-fn install(id: PluginId, args: &Args, info: &Info) -> Result<(), PluginError> {
-    let opts = Options::parse(args.raw.iter().map(String::as_str))?;
+/// Installs the plugin (called by [`qemu::qemu_plugin_install`]).
+fn install(id: PluginId, args: &[String], info: &InstallInfo) -> Result<(), PluginError> {
+    let opts = Options::parse(args.iter().map(String::as_str))?;
     if info.target_name != "x86_64" {
         return Err(PluginError::WrongTarget(info.target_name.clone()));
     }
-    let system = info.system.as_ref().ok_or(PluginError::NotSystemMode)?;
+    let (_, max_vcpus) = info.system.ok_or(PluginError::NotSystemMode)?;
+    let max_vcpus = i64::from(max_vcpus);
     let kernel = opts
         .profile
         .as_deref()
         .map(KernelLayout::load)
         .transpose()?;
     let channel = Channel::attach(&opts.shm)?;
-    if system.max_vcpus > i64::from(channel.max_vcpus()) || system.max_vcpus < 1 {
+    if max_vcpus > i64::from(channel.max_vcpus()) || max_vcpus < 1 {
         return Err(PluginError::TooManyVcpus {
-            qemu: system.max_vcpus,
+            qemu: max_vcpus,
             channel: channel.max_vcpus(),
         });
     }
@@ -622,22 +589,22 @@ fn install(id: PluginId, args: &Args, info: &Info) -> Result<(), PluginError> {
     if kernel.is_some() {
         bits |= plugin_flags::PROFILE;
     }
-    channel.set_plugin_info(sys::QEMU_PLUGIN_VERSION, bits);
-    let blk = block_hooks(&opts, kernel.as_ref(), system.max_vcpus)?;
-    // SAFETY: allocation of a QEMU-managed per-vCPU array; QEMU grows it as vCPUs appear.
-    let scoreboard = unsafe { sys::qemu_plugin_scoreboard_new(SB_ELEMENT) } as usize;
+    channel.set_plugin_info(qemu::api().number(), bits);
+    let blk = block_hooks(&opts, kernel.as_ref(), max_vcpus)?;
+    let scoreboard = Scoreboard::new(SB_ELEMENT);
     let slots = (0..channel.max_vcpus()).map(|_| OnceLock::new()).collect();
     log_debug(&format!(
-        "attached to {} (records={}, profile={:?}, buf={}, sync={}, QEMU API {}..{}, {} vCPUs \
-         max); kernel layout {kernel:?}",
+        "attached to {} (records={}, profile={:?}, buf={}, sync={}, plugin API {} of QEMU's \
+         {}..{}, {} vCPUs max); kernel layout {kernel:?}",
         opts.shm.display(),
         opts.records,
         opts.profile,
         opts.buf,
         opts.sync_every,
-        info.version.mininum,
-        info.version.current,
-        system.max_vcpus
+        qemu::api().number(),
+        info.api_min,
+        info.api_cur,
+        max_vcpus
     ));
     if opts.records && kernel.is_none() {
         log_debug("no profile=: monitoring is off, syscalls are only counted");
@@ -674,12 +641,16 @@ fn install(id: PluginId, args: &Args, info: &Info) -> Result<(), PluginError> {
             reason: "the plugin is already loaded in this QEMU",
         });
     }
-    // These only store function pointers and never fail.
-    let _ = qemu_plugin::qemu_plugin_register_vcpu_init_cb(id, Some(on_vcpu_init));
-    let _ = qemu_plugin::qemu_plugin_register_vcpu_exit_cb(id, Some(on_vcpu_exit));
-    let _ = qemu_plugin::qemu_plugin_register_vcpu_idle_cb(id, Some(on_vcpu_idle));
-    let _ = qemu_plugin::qemu_plugin_register_vcpu_tb_trans_cb(id, Some(on_tb_trans));
-    let _ = qemu_plugin::qemu_plugin_register_atexit_cb(id, |_| guard(None, on_exit));
+    qemu::register_hooks(
+        id,
+        qemu::Hooks {
+            vcpu_init: on_vcpu_init,
+            vcpu_exit: on_vcpu_exit,
+            vcpu_idle: on_vcpu_idle,
+            tb_trans: on_tb_trans,
+            atexit: || guard(None, on_exit),
+        },
+    );
     Ok(())
 }
 
@@ -714,14 +685,14 @@ fn block_hooks(
              are not attributed"
         );
     }
-    channel.set_plugin_info(sys::QEMU_PLUGIN_VERSION, bits);
+    channel.set_plugin_info(qemu::api().number(), bits);
     Ok(layout.map(|layout| blockhook::BlockHooks { channel, layout }))
 }
 
 // ---------------------------------------------------------------------------------------------
-// Callbacks (all `extern "C"`, all guarded)
+// Callbacks (all guarded; instruction callbacks are `extern "C"`)
 
-extern "C" fn on_vcpu_init(_id: PluginId, vcpu: c_uint) {
+fn on_vcpu_init(vcpu: c_uint) {
     guard(Some(vcpu), || vcpu_init(vcpu));
 }
 
@@ -793,7 +764,14 @@ fn discover_registers() -> Option<Regs> {
     let regs = guest::list_registers();
     let names: Vec<String> = regs
         .iter()
-        .map(|r| format!("{}({})", r.name, r.feature))
+        .map(|r| {
+            format!(
+                "{}({}{})",
+                r.name,
+                r.feature,
+                if r.read_only { ",ro" } else { "" }
+            )
+        })
         .collect();
     log_debug(&format!(
         "{} guest registers: {}",
@@ -828,7 +806,7 @@ fn discover_registers() -> Option<Regs> {
     }
 }
 
-extern "C" fn on_vcpu_exit(_id: PluginId, vcpu: c_uint) {
+fn on_vcpu_exit(vcpu: c_uint) {
     guard(Some(vcpu), || {
         if let Some(st) = STATE.get() {
             st.publish(vcpu);
@@ -836,7 +814,7 @@ extern "C" fn on_vcpu_exit(_id: PluginId, vcpu: c_uint) {
     });
 }
 
-extern "C" fn on_vcpu_idle(_id: PluginId, vcpu: c_uint) {
+fn on_vcpu_idle(vcpu: c_uint) {
     guard(Some(vcpu), || {
         if let Some(st) = STATE.get() {
             if st.vcpu(vcpu).is_some() {
@@ -847,11 +825,10 @@ extern "C" fn on_vcpu_idle(_id: PluginId, vcpu: c_uint) {
     });
 }
 
-extern "C" fn on_tb_trans(_id: PluginId, tb: *mut qemu_plugin_tb) {
+fn on_tb_trans(tb: Tb<'_>) {
     guard(None, || {
         let Some(st) = STATE.get() else { return };
-        // SAFETY: `tb` is valid for the duration of this translation callback.
-        let n = unsafe { instrument_tb(st, tb) };
+        let n = instrument_tb(st, tb);
         if n > 0 {
             let vcpu = CURRENT_VCPU.with(Cell::get);
             let vcpu = if vcpu == u32::MAX { 0 } else { vcpu };
@@ -864,12 +841,8 @@ extern "C" fn on_tb_trans(_id: PluginId, tb: *mut qemu_plugin_tb) {
 
 /// Instruments `tb`: user-mode `syscall` instructions, and (when monitoring is possible)
 /// kernel CR3 writes, `sysretq` and `iretq`. Returns how many `syscall`s it instrumented.
-///
-/// # Safety
-/// `tb` must be the handle passed to the current translation callback.
-unsafe fn instrument_tb(st: &State, tb: *mut qemu_plugin_tb) -> u64 {
-    // SAFETY: `tb` is valid for the duration of the translation callback (caller).
-    let tb_vaddr = unsafe { sys::qemu_plugin_tb_vaddr(tb) };
+fn instrument_tb(st: &State, tb: Tb<'_>) -> u64 {
+    let tb_vaddr = tb.vaddr();
     let user = tb_vaddr < USER_SPACE_END;
     let monitoring = st.monitoring();
     let hooks = if user { None } else { st.blk.as_ref() };
@@ -877,20 +850,11 @@ unsafe fn instrument_tb(st: &State, tb: *mut qemu_plugin_tb) -> u64 {
         return 0;
     }
     let mut count = 0;
-    // SAFETY: as above.
-    let n = unsafe { sys::qemu_plugin_tb_n_insns(tb) };
-    for i in 0..n {
-        // SAFETY: `i < n`; the handle is valid until the callback returns.
-        let insn = unsafe { sys::qemu_plugin_tb_get_insn(tb, i) };
-        if insn.is_null() {
-            continue;
-        }
-        // SAFETY: `insn` is a live instruction handle of this TB.
-        let vaddr = unsafe { sys::qemu_plugin_insn_vaddr(insn) };
-        // SAFETY: as above.
-        let size = unsafe { sys::qemu_plugin_insn_size(insn) };
-        // SAFETY: live instruction handle of the current translation callback.
-        if hooks.is_some_and(|h| unsafe { h.instrument(insn, vaddr) }) {
+    for i in 0..tb.n_insns() {
+        let Some(insn) = tb.insn(i) else { continue };
+        let vaddr = insn.vaddr();
+        let size = insn.size();
+        if hooks.is_some_and(|h| h.instrument(&insn, vaddr)) {
             continue; // a hooked function entry (matched by address, whatever its bytes)
         }
         if user {
@@ -901,75 +865,48 @@ unsafe fn instrument_tb(st: &State, tb: *mut qemu_plugin_tb) -> u64 {
             continue; // every instrumented kernel instruction is 2 to 4 bytes long
         }
         let mut bytes = [0u8; 16];
-        // SAFETY: live handle; QEMU copies at most `size <= 15 < 16` bytes into `bytes`.
-        let got = unsafe { sys::qemu_plugin_insn_data(insn, bytes.as_mut_ptr().cast(), size) };
-        let bytes = &bytes[..got.min(size)];
+        let got = insn.data(&mut bytes[..size]);
+        let bytes = &bytes[..got];
         if user {
             if is_syscall_insn(bytes) {
-                // SAFETY: live instruction handle of the current translation callback.
-                unsafe { instrument_syscall(st, insn, vaddr, monitoring) };
+                instrument_syscall(st, &insn, vaddr, monitoring);
                 count += 1;
             }
         } else if let Some(k) = decode_kernel_insn(bytes) {
-            // SAFETY: as above.
-            unsafe { instrument_kernel(st, insn, vaddr, k) };
+            instrument_kernel(st, &insn, vaddr, k);
         }
     }
     count
 }
 
-/// # Safety
-/// `insn` must be an instruction handle of the current translation callback.
-unsafe fn instrument_syscall(st: &State, insn: *mut qemu_plugin_insn, vaddr: u64, mon: bool) {
-    use qemu_plugin_cb_flags::{QEMU_PLUGIN_CB_NO_REGS, QEMU_PLUGIN_CB_R_REGS};
-    use qemu_plugin_cond::{QEMU_PLUGIN_COND_GE, QEMU_PLUGIN_COND_NE};
+fn instrument_syscall(st: &State, insn: &Insn<'_>, vaddr: u64, mon: bool) {
     // Inline ops and callbacks run in registration order, before the instruction executes.
-    // SAFETY: `insn` is a live instruction handle (caller) and the scoreboard lives until exit;
-    // the callbacks are `extern "C"` functions with the signature QEMU expects.
-    unsafe {
-        // Counting: inline adds, no helper call at all.
-        sys::qemu_plugin_register_vcpu_insn_exec_inline_per_vcpu(
-            insn,
-            qemu_plugin_op::QEMU_PLUGIN_INLINE_ADD_U64,
-            st.entry(SB_SYSCALLS),
-            1,
+    // Counting: inline adds, no helper call at all.
+    insn.add_inline(st.entry(SB_SYSCALLS), 1);
+    insn.add_inline(st.entry(SB_SINCE_SYNC), 1);
+    // Publication every `sync_every` syscalls: a helper call only when the count is due.
+    insn.on_exec_if(
+        on_sync,
+        RegAccess::None,
+        st.entry(SB_SINCE_SYNC),
+        Cond::Ge,
+        st.opts.sync_every,
+        0,
+    );
+    if mon {
+        // Monitored or unknown only. The PC rides in the user data.
+        insn.on_exec_if(
+            on_syscall,
+            RegAccess::Read,
+            st.entry(SB_STATE),
+            Cond::Ne,
+            ST_UNMONITORED,
+            vaddr as usize,
         );
-        sys::qemu_plugin_register_vcpu_insn_exec_inline_per_vcpu(
-            insn,
-            qemu_plugin_op::QEMU_PLUGIN_INLINE_ADD_U64,
-            st.entry(SB_SINCE_SYNC),
-            1,
-        );
-        // Publication every `sync_every` syscalls: a helper call only when the count is due.
-        sys::qemu_plugin_register_vcpu_insn_exec_cond_cb(
-            insn,
-            Some(on_sync),
-            QEMU_PLUGIN_CB_NO_REGS,
-            QEMU_PLUGIN_COND_GE,
-            st.entry(SB_SINCE_SYNC),
-            st.opts.sync_every,
-            std::ptr::null_mut(),
-        );
-        if mon {
-            // Monitored or unknown only. The PC rides in the user-data pointer.
-            sys::qemu_plugin_register_vcpu_insn_exec_cond_cb(
-                insn,
-                Some(on_syscall),
-                QEMU_PLUGIN_CB_R_REGS,
-                QEMU_PLUGIN_COND_NE,
-                st.entry(SB_STATE),
-                ST_UNMONITORED,
-                vaddr as usize as *mut c_void,
-            );
-        }
     }
 }
 
-/// # Safety
-/// `insn` must be an instruction handle of the current translation callback.
-unsafe fn instrument_kernel(st: &State, insn: *mut qemu_plugin_insn, vaddr: u64, k: KernelInsn) {
-    use qemu_plugin_cb_flags::QEMU_PLUGIN_CB_R_REGS;
-    use qemu_plugin_cond::QEMU_PLUGIN_COND_NE;
+fn instrument_kernel(st: &State, insn: &Insn<'_>, vaddr: u64, k: KernelInsn) {
     let (cb, word, udata): (extern "C" fn(c_uint, *mut c_void), usize, usize) = match k {
         KernelInsn::Cr3Write { reg } => (on_cr3_write, SB_TRACK, usize::from(reg)),
         KernelInsn::Sysretq => (on_sysret, SB_STATE, vaddr as usize),
@@ -978,19 +915,7 @@ unsafe fn instrument_kernel(st: &State, insn: *mut qemu_plugin_insn, vaddr: u64,
     if st.kernel_sites.fetch_add(1, Ordering::Relaxed) < 64 {
         log_debug(&format!("instrumenting {k:?} at {vaddr:#x}"));
     }
-    // SAFETY: `insn` is live (caller); the scoreboard lives until exit; `cb` has the
-    // signature QEMU expects.
-    unsafe {
-        sys::qemu_plugin_register_vcpu_insn_exec_cond_cb(
-            insn,
-            Some(cb),
-            QEMU_PLUGIN_CB_R_REGS,
-            QEMU_PLUGIN_COND_NE,
-            st.entry(word),
-            0,
-            udata as *mut c_void,
-        );
-    }
+    insn.on_exec_if(cb, RegAccess::Read, st.entry(word), Cond::Ne, 0, udata);
 }
 
 extern "C" fn on_sync(vcpu: c_uint, _udata: *mut c_void) {
