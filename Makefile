@@ -8,7 +8,7 @@ VMSIGHT := target/release/vmsight
 # Guest-booting tests are CPU-heavy under TCG on 2 cores; two at a time keeps both cores busy.
 TEST_THREADS ?= 2
 
-.PHONY: all setup build tools image run test unit-test guest-test lint bench clean
+.PHONY: all setup build tools qemu11 image run test unit-test guest-test lint bench clean
 
 all: build
 
@@ -22,6 +22,11 @@ build: setup
 tools: setup
 	bash scripts/build-tools.sh
 
+# QEMU 11.1 in a Debian trixie root (root needed to build it), for `vmsight run --qemu trixie`
+# and the tests that run guests on it; `make run` does not need it (docs/platforms.md).
+qemu11: setup
+	bash scripts/build-qemu-trixie.sh
+
 image: build tools
 	$(VMSIGHT) image build
 
@@ -31,10 +36,10 @@ run: image
 unit-test: build
 	$(CARGO) test --release --workspace --exclude vmsight-tests
 
-guest-test: image
+guest-test: image qemu11
 	$(CARGO) test --release -p vmsight-tests -- --test-threads=$(TEST_THREADS)
 
-test: image
+test: image qemu11
 	$(CARGO) test --release --workspace -- --test-threads=$(TEST_THREADS)
 	# The ignored-by-default checks that need the real guest: the crawler on its root disk, the
 	# kernel profile generated from its kernel's System.map, BTF and config.

@@ -109,6 +109,22 @@ pub fn fsck_clean(image: &Path) -> (bool, String) {
     )
 }
 
+/// The trixie root `vmsight run --qemu trixie` uses; a missing root fails the test.
+pub fn require_trixie_root() {
+    let cache = std::env::var_os("VMSIGHT_CACHE")
+        .filter(|c| !c.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/vmsight")
+        });
+    let qemu = cache.join("qemu/trixie-current/root/usr/bin/qemu-system-x86_64");
+    assert!(
+        qemu.is_file(),
+        "the QEMU 11 trixie root is missing ({} does not exist): run `make qemu11` (make test does)",
+        qemu.display()
+    );
+}
+
 /// A unique VM name for a test.
 pub fn vm_name(test: &str) -> String {
     format!("t-{test}-{}", std::process::id())

@@ -6,12 +6,13 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use vmsight_introspect::syscall::NameFilter;
 use vmsight_launcher::accel::AccelRequest;
 use vmsight_launcher::config::{generate_name, parse_mem_mib, DiskSpec, VmConfig};
+use vmsight_launcher::qemu::QemuChoice;
 use vmsight_launcher::stages::StageRequest;
 use vmsight_launcher::trace::{TraceConfig, TraceTarget};
 use vmsight_launcher::{runtime, Artifacts, EndReason};
 use vmsight_proto::control::{ControlReply, ControlRequest, VmStatus};
 
-/// vmsight: VMM-level introspection of unmodified guests on QEMU 10.
+/// vmsight: VMM-level introspection of unmodified guests on QEMU 10 or 11.
 #[derive(Debug, Parser)]
 #[command(name = "vmsight", version, about, long_about = None)]
 struct Cli {
@@ -132,6 +133,12 @@ struct RunArgs {
     /// Accelerator: auto picks KVM only when a hardware KVM can run a stock kernel.
     #[arg(long, value_enum, default_value = "auto")]
     accel: AccelArg,
+    /// Which QEMU runs the guest: `system` (qemu-system-x86_64 from PATH), `trixie` (QEMU 11
+    /// in the Debian trixie root `make qemu11` builds), a binary's PATH, or `auto` (the system
+    /// QEMU if the plugin can be loaded into it, else the trixie root). Default: $VMSIGHT_QEMU,
+    /// which takes the same values, else auto (docs/platforms.md).
+    #[arg(long, value_name = "auto|system|trixie|PATH")]
+    qemu: Option<QemuChoice>,
     /// Do not load the vmsight TCG plugin.
     #[arg(long)]
     no_plugin: bool,
@@ -467,6 +474,7 @@ impl TryFrom<RunArgs> for VmConfig {
                 AccelArg::Tcg => AccelRequest::Tcg,
                 AccelArg::Kvm => AccelRequest::Kvm,
             },
+            qemu: a.qemu.unwrap_or_else(QemuChoice::from_env),
             plugin: !a.no_plugin,
             plugin_records: a.plugin_records,
             stats: a.stats,
@@ -760,17 +768,27 @@ fn cmd_ps(json: bool) -> Result<i32, CliError> {
         return Ok(0);
     }
     let mut text = format!(
-        "{:<20} {:>8} {:>8} {:<5} DISKS",
-        "NAME", "PID", "QEMU", "ACCEL"
+        "{:<20} {:>8} {:>8} {:<5} {:<16} {:>3} DISKS",
+        "NAME", "PID", "QEMU", "ACCEL", "QEMU-VERSION", "API"
     );
     for v in vms {
         let disks: Vec<String> = v.disks.iter().map(|d| d.display().to_string()).collect();
+        // Records of older vmsight versions have no QEMU fields.
+        let version = v
+            .qemu
+            .as_ref()
+            .map(|q| format!("{} ({})", q.version, q.kind))
+            .unwrap_or_else(|| "-".into());
         text.push_str(&format!(
-            "\n{:<20} {:>8} {:>8} {:<5} {}",
+            "\n{:<20} {:>8} {:>8} {:<5} {:<16} {:>3} {}",
             v.name,
             v.pid,
             v.qemu_pid.map(|p| p.to_string()).unwrap_or_default(),
             v.accel,
+            version,
+            v.plugin_api
+                .map(|a| a.to_string())
+                .unwrap_or_else(|| "-".into()),
             disks.join(",")
         ));
     }

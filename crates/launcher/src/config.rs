@@ -35,6 +35,10 @@ pub enum ConfigError {
     MemSyntax(String),
     #[error("at most 16 extra disks, not {0}")]
     TooManyDisks(usize),
+    #[error(
+        "--qemu {0:?} must be auto, system, trixie or the path of a qemu-system-x86_64 binary"
+    )]
+    QemuChoice(String),
 }
 
 /// One extra disk from `--disk PATH[,ro][,serial=ID][,queues=N][,direct][,io_threads=N][,mount=PATH]`.
@@ -241,6 +245,8 @@ pub struct VmConfig {
     /// The command to run in the guest; `None` means an interactive console.
     pub command: Option<Vec<String>>,
     pub accel: AccelRequest,
+    /// Which QEMU runs the VM (`--qemu`, else `$VMSIGHT_QEMU`, else auto).
+    pub qemu: crate::qemu::QemuChoice,
     /// Load the vmsight TCG plugin (on by default under TCG).
     pub plugin: bool,
     /// Let the plugin push one record per syscall into the ring (for tracing and benchmarks).

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 /// Why a VM could not be started or did not end cleanly.
 #[derive(Debug, thiserror::Error)]
 pub enum LaunchError {
-    #[error("QEMU was not found: looked for `{0}` (install QEMU 10 with `make setup`, or set VMSIGHT_QEMU)")]
+    #[error("QEMU was not found: looked for `{0}` (install QEMU 10 with `make setup`, or choose one with --qemu or VMSIGHT_QEMU)")]
     QemuNotFound(String),
     #[error("QEMU at {path} is version {found}; vmsight needs QEMU 10 or newer")]
     QemuTooOld { path: PathBuf, found: String },
@@ -14,6 +14,26 @@ pub enum LaunchError {
         path: PathBuf,
         #[source]
         source: std::io::Error,
+    },
+    #[error("QEMU at {path} does not run: `--version` {status}: {stderr}")]
+    QemuBroken {
+        path: PathBuf,
+        status: std::process::ExitStatus,
+        /// The first line QEMU (or the loader) printed on stderr.
+        stderr: String,
+    },
+    /// `--qemu trixie` (or auto's fallback), but scripts/build-qemu-trixie.sh has not run.
+    #[error("the QEMU 11 trixie root is not built: run `make qemu11` (scripts/build-qemu-trixie.sh); {path} does not exist")]
+    TrixieMissing { path: PathBuf },
+    /// `--qemu auto` found neither a system QEMU 10 or newer nor the trixie root.
+    #[error("no usable QEMU: {system}, and the QEMU 11 trixie root is not built (install QEMU 10 with `make setup`, or build QEMU 11 with `make qemu11`)")]
+    NoUsableQemu { system: String },
+    /// The plugin would be loaded into a QEMU whose plugin API it does not speak.
+    #[error("{qemu} speaks TCG plugin API {api}, but the vmsight plugin supports only API {supported} (QEMU 10.0 and 11): run with --no-plugin, or choose another QEMU with --qemu (`make qemu11` builds QEMU 11 for --qemu trixie)")]
+    PluginApi {
+        qemu: String,
+        api: u32,
+        supported: String,
     },
     #[error("the kernel {0} does not exist or is not readable")]
     KernelMissing(PathBuf),

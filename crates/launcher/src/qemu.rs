@@ -1,12 +1,20 @@
-//! Locating QEMU and building its command line.
+//! Choosing QEMU and building its command line.
 //!
-//! The command line is built by a pure function from a [`QemuPlan`], so it can be unit-tested
-//! and shown with `vmsight run --dry-run`.
+//! Which QEMU runs a VM is the user's [`QemuChoice`] (`--qemu`, or `$VMSIGHT_QEMU`), resolved
+//! once into a [`Qemu`]: how to start it, its version and the TCG plugin API it speaks
+//! (docs/platforms.md). The arguments are built by a pure function from a [`QemuPlan`], so they
+//! can be unit-tested; the whole command is saved as `qemu.cmdline` in the runtime directory.
 
+use std::ffi::{OsStr, OsString};
+use std::fmt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::str::FromStr;
+
+pub use vmsight_proto::layout::{QemuInfo, QemuKind};
 
 use crate::accel::Accel;
+use crate::config::ConfigError;
 use crate::error::LaunchError;
 
 /// Names of the virtio-serial ports the guest init looks for (docs/guest-protocol.md).
@@ -19,29 +27,390 @@ pub const FW_CFG_CMD: &str = "opt/vmsight/cmd";
 /// fw_cfg entry that turns on hold mode (report `cmdpid`, wait for `go`).
 pub const FW_CFG_HOLD: &str = "opt/vmsight/hold";
 
-/// Finds `qemu-system-x86_64` (or `$VMSIGHT_QEMU`) and checks it is QEMU 10 or newer.
-pub fn find_qemu() -> Result<(PathBuf, String), LaunchError> {
-    let wanted = std::env::var("VMSIGHT_QEMU").unwrap_or_else(|_| "qemu-system-x86_64".into());
-    let path = resolve_in_path(&wanted).ok_or_else(|| LaunchError::QemuNotFound(wanted.clone()))?;
-    let out = Command::new(&path)
-        .arg("--version")
-        .output()
-        .map_err(|source| LaunchError::QemuVersion {
-            path: path.clone(),
-            source,
-        })?;
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    let version = parse_version(&text).ok_or_else(|| LaunchError::QemuTooOld {
-        path: path.clone(),
-        found: text.lines().next().unwrap_or("unknown").to_string(),
-    })?;
-    if version.0 < 10 {
-        return Err(LaunchError::QemuTooOld {
-            path,
-            found: format!("{}.{}", version.0, version.1),
-        });
+/// The environment variable that chooses QEMU when `--qemu` is not given (same values).
+pub const QEMU_ENV: &str = "VMSIGHT_QEMU";
+/// The system QEMU, looked up in `PATH`.
+pub const SYSTEM_QEMU: &str = "qemu-system-x86_64";
+/// The oldest QEMU major version vmsight runs on.
+pub const MIN_MAJOR: u32 = 10;
+/// The TCG plugin API versions the vmsight plugin (`crates/plugin`) can be loaded with.
+pub const PLUGIN_APIS: [u32; 2] = [4, 7];
+
+/// Where the trixie root's files are, relative to the root (scripts/build-qemu-trixie.sh).
+const TRIXIE_LOADER: &str = "lib64/ld-linux-x86-64.so.2";
+const TRIXIE_BINARY: &str = "usr/bin/qemu-system-x86_64";
+const TRIXIE_LIBS: [&str; 2] = ["usr/lib/x86_64-linux-gnu", "lib/x86_64-linux-gnu"];
+const TRIXIE_MODULES: &str = "usr/lib/x86_64-linux-gnu/qemu";
+const TRIXIE_FIRMWARE: [&str; 2] = ["usr/share/qemu", "usr/share/seabios"];
+
+/// The TCG plugin API version (`QEMU_PLUGIN_VERSION`) a QEMU release speaks:
+///
+/// | QEMU    | plugin API |
+/// |---------|------------|
+/// | 10.0.x  | 4          |
+/// | 10.1.x  | 5          |
+/// | 10.2.x  | 6          |
+/// | 11.x    | 7          |
+///
+/// QEMU before 10 is refused before this matters (it is given 10.0's 4); a major after 11 is
+/// taken to speak 7 until this table learns it (QEMU itself refuses a plugin whose API it does
+/// not support, with its own message).
+pub fn plugin_api_for(major: u32, minor: u32) -> u32 {
+    match (major, minor) {
+        (..=9, _) | (10, 0) => 4,
+        (10, 1) => 5,
+        (10, _) => 6,
+        _ => 7,
     }
-    Ok((path, format!("{}.{}.{}", version.0, version.1, version.2)))
+}
+
+/// Which QEMU the user asked for: `--qemu auto|system|trixie|PATH`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum QemuChoice {
+    /// The system QEMU if the plugin can be loaded into it (plugin API 4 or 7), else the
+    /// trixie root if it is built ([`decide_auto`]).
+    #[default]
+    Auto,
+    /// `qemu-system-x86_64` from `PATH`.
+    System,
+    /// QEMU 11 in the Debian trixie root built by `make qemu11`.
+    Trixie,
+    /// This binary: a path, or a bare name looked up in `PATH`.
+    Path(PathBuf),
+}
+
+impl QemuChoice {
+    /// `$VMSIGHT_QEMU`, which takes the values of `--qemu`; `auto` when unset or empty.
+    pub fn from_env() -> QemuChoice {
+        std::env::var_os(QEMU_ENV)
+            .and_then(|v| QemuChoice::from_os(&v))
+            .unwrap_or_default()
+    }
+
+    /// `None` for an empty value.
+    fn from_os(v: &OsStr) -> Option<QemuChoice> {
+        match v.to_str() {
+            Some("") => None,
+            Some("auto") => Some(QemuChoice::Auto),
+            Some("system") => Some(QemuChoice::System),
+            Some("trixie") => Some(QemuChoice::Trixie),
+            _ => Some(QemuChoice::Path(PathBuf::from(v))),
+        }
+    }
+}
+
+impl FromStr for QemuChoice {
+    type Err = ConfigError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        QemuChoice::from_os(OsStr::new(s)).ok_or_else(|| ConfigError::QemuChoice(s.into()))
+    }
+}
+
+impl fmt::Display for QemuChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            QemuChoice::Auto => f.write_str("auto"),
+            QemuChoice::System => f.write_str("system"),
+            QemuChoice::Trixie => f.write_str("trixie"),
+            QemuChoice::Path(p) => write!(f, "{}", p.display()),
+        }
+    }
+}
+
+/// What `--qemu auto` runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AutoPick {
+    System,
+    Trixie,
+    /// Nothing usable: no system QEMU 10 or newer, no trixie root.
+    Neither,
+}
+
+/// `--qemu auto`, from the system QEMU's version (`None`: not in `PATH` or it does not run)
+/// and whether the trixie root is built: the system QEMU when the plugin can be loaded into it
+/// (plugin API 4 or 7), else the trixie root; without the root, a system QEMU 10.1 or 10.2
+/// still runs (a run that loads the plugin is then refused with its own error, so a run with
+/// `--no-plugin` works).
+pub fn decide_auto(system: Option<(u32, u32, u32)>, trixie_built: bool) -> AutoPick {
+    match system {
+        Some((major, minor, _))
+            if major >= MIN_MAJOR && PLUGIN_APIS.contains(&plugin_api_for(major, minor)) =>
+        {
+            AutoPick::System
+        }
+        _ if trixie_built => AutoPick::Trixie,
+        Some((major, _, _)) if major >= MIN_MAJOR => AutoPick::System,
+        _ => AutoPick::Neither,
+    }
+}
+
+/// How to start a QEMU: the program and the arguments before QEMU's own, extra environment,
+/// and firmware directories (`-L`, searched before QEMU's built-in one).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QemuExec {
+    pub program: PathBuf,
+    pub leading_args: Vec<OsString>,
+    pub env: Vec<(OsString, OsString)>,
+    pub firmware_dirs: Vec<PathBuf>,
+}
+
+impl QemuExec {
+    /// A QEMU binary run as it is.
+    pub fn direct(binary: &Path) -> QemuExec {
+        QemuExec {
+            program: binary.to_owned(),
+            leading_args: Vec::new(),
+            env: Vec::new(),
+            firmware_dirs: Vec::new(),
+        }
+    }
+
+    /// The QEMU of a trixie root, run on this (bookworm) host without chroot: through the
+    /// root's own loader with the root's libraries, modules (`QEMU_MODULE_DIR`) and firmware,
+    /// so nothing of the host's QEMU is mixed in.
+    pub fn trixie(root: &Path) -> QemuExec {
+        let libs: Vec<PathBuf> = TRIXIE_LIBS.iter().map(|l| root.join(l)).collect();
+        let lib_path = std::env::join_paths(&libs).unwrap_or_else(|_| libs[0].clone().into());
+        QemuExec {
+            program: root.join(TRIXIE_LOADER),
+            leading_args: vec![
+                "--library-path".into(),
+                lib_path,
+                root.join(TRIXIE_BINARY).into(),
+            ],
+            env: vec![("QEMU_MODULE_DIR".into(), root.join(TRIXIE_MODULES).into())],
+            firmware_dirs: TRIXIE_FIRMWARE.iter().map(|d| root.join(d)).collect(),
+        }
+    }
+
+    /// What comes before QEMU's own arguments: the leading arguments, then `-L DIR` each.
+    fn prefix_args(&self) -> Vec<OsString> {
+        let mut v = self.leading_args.clone();
+        for d in &self.firmware_dirs {
+            v.push("-L".into());
+            v.push(d.into());
+        }
+        v
+    }
+
+    /// A command that starts this QEMU; the caller adds QEMU's arguments.
+    pub fn command(&self) -> Command {
+        let mut c = Command::new(&self.program);
+        c.args(self.prefix_args()).envs(self.env.iter().cloned());
+        c
+    }
+
+    /// The whole command with QEMU's arguments `args` as one shell line (environment first).
+    pub fn shell_line(&self, args: &[String]) -> String {
+        let env = self.env.iter().map(|(k, v)| {
+            format!(
+                "{}={}",
+                k.to_string_lossy(),
+                shell_quote(&v.to_string_lossy())
+            )
+        });
+        let words = std::iter::once(self.program.as_os_str().to_owned())
+            .chain(self.prefix_args())
+            .map(|w| shell_quote(&w.to_string_lossy()))
+            .chain(args.iter().map(|a| shell_quote(a)));
+        env.chain(words).collect::<Vec<_>>().join(" ")
+    }
+}
+
+/// The QEMU a VM runs on, resolved from a [`QemuChoice`] and checked to be version 10 or newer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Qemu {
+    pub kind: QemuKind,
+    /// The `qemu-system-x86_64` file itself (inside the root for `trixie`).
+    pub binary: PathBuf,
+    pub exec: QemuExec,
+    /// (major, minor, micro).
+    pub version: (u32, u32, u32),
+    /// The first line of `--version`.
+    pub version_line: String,
+}
+
+impl Qemu {
+    /// Resolves the user's choice (docs/platforms.md, "How QEMU is chosen").
+    pub fn resolve(choice: &QemuChoice) -> Result<Qemu, LaunchError> {
+        match choice {
+            QemuChoice::Auto => Qemu::auto(),
+            QemuChoice::System => Qemu::system(),
+            QemuChoice::Trixie => Qemu::trixie(),
+            QemuChoice::Path(p) => Qemu::at_path(p),
+        }
+    }
+
+    /// `qemu-system-x86_64` from `PATH`.
+    pub fn system() -> Result<Qemu, LaunchError> {
+        Qemu::probe_system()?.require_min()
+    }
+
+    /// The trixie root in the vmsight cache (`$VMSIGHT_CACHE` or `~/.cache/vmsight`).
+    pub fn trixie() -> Result<Qemu, LaunchError> {
+        Qemu::trixie_in(&vmsight_image::cache_dir()?)
+    }
+
+    /// The trixie root of the cache `cache`: `<cache>/qemu/trixie-current/root`, resolved to
+    /// the recipe directory it points to now (a rebuild does not move a running VM's files).
+    pub fn trixie_in(cache: &Path) -> Result<Qemu, LaunchError> {
+        let root = trixie_root(cache)?;
+        let binary = root.join(TRIXIE_BINARY);
+        Qemu::probe(QemuKind::Trixie, binary, QemuExec::trixie(&root))?.require_min()
+    }
+
+    /// The binary `path` (a bare name is looked up in `PATH`).
+    pub fn at_path(path: &Path) -> Result<Qemu, LaunchError> {
+        let wanted = path.to_string_lossy();
+        let binary = resolve_in_path(&wanted)
+            .ok_or_else(|| LaunchError::QemuNotFound(wanted.to_string()))?;
+        Qemu::probe(QemuKind::Path, binary.clone(), QemuExec::direct(&binary))?.require_min()
+    }
+
+    /// `--qemu auto` ([`decide_auto`]).
+    fn auto() -> Result<Qemu, LaunchError> {
+        let system = Qemu::probe_system();
+        let cache = vmsight_image::cache_dir().ok();
+        let built = cache.as_deref().is_some_and(|c| trixie_root(c).is_ok());
+        let pick = decide_auto(system.as_ref().ok().map(|q| q.version), built);
+        tracing::debug!(
+            "--qemu auto: system {:?}, trixie root built: {built}: {pick:?}",
+            system.as_ref().map(|q| &q.version_line)
+        );
+        match (pick, cache) {
+            (AutoPick::System, _) => system,
+            (AutoPick::Trixie, Some(cache)) => Qemu::trixie_in(&cache),
+            _ => Err(LaunchError::NoUsableQemu {
+                system: match system {
+                    Ok(q) => format!(
+                        "{} at {} is version {}, and vmsight needs {MIN_MAJOR} or newer",
+                        SYSTEM_QEMU,
+                        q.binary.display(),
+                        q.version_string()
+                    ),
+                    Err(LaunchError::QemuNotFound(_)) => format!("{SYSTEM_QEMU} is not in PATH"),
+                    Err(e) => e.to_string(),
+                },
+            }),
+        }
+    }
+
+    /// The system QEMU and its version, whatever the version.
+    fn probe_system() -> Result<Qemu, LaunchError> {
+        let binary = resolve_in_path(SYSTEM_QEMU)
+            .ok_or_else(|| LaunchError::QemuNotFound(SYSTEM_QEMU.into()))?;
+        Qemu::probe(QemuKind::System, binary.clone(), QemuExec::direct(&binary))
+    }
+
+    /// Runs `--version` through `exec`.
+    fn probe(kind: QemuKind, binary: PathBuf, exec: QemuExec) -> Result<Qemu, LaunchError> {
+        let out = exec.command().arg("--version").output().map_err(|source| {
+            LaunchError::QemuVersion {
+                path: binary.clone(),
+                source,
+            }
+        })?;
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let first = |t: &str| t.lines().next().unwrap_or("").trim().to_string();
+        if !out.status.success() {
+            return Err(LaunchError::QemuBroken {
+                path: binary,
+                status: out.status,
+                stderr: first(&String::from_utf8_lossy(&out.stderr)),
+            });
+        }
+        let version = parse_version(&text).ok_or_else(|| LaunchError::QemuTooOld {
+            path: binary.clone(),
+            found: Some(first(&text))
+                .filter(|l| !l.is_empty())
+                .unwrap_or_else(|| "unknown".into()),
+        })?;
+        Ok(Qemu {
+            kind,
+            binary,
+            exec,
+            version,
+            version_line: first(&text),
+        })
+    }
+
+    fn require_min(self) -> Result<Qemu, LaunchError> {
+        if self.version.0 < MIN_MAJOR {
+            return Err(LaunchError::QemuTooOld {
+                path: self.binary,
+                found: format!("{}.{}", self.version.0, self.version.1),
+            });
+        }
+        Ok(self)
+    }
+
+    /// The TCG plugin API version this QEMU speaks ([`plugin_api_for`]).
+    pub fn plugin_api(&self) -> u32 {
+        plugin_api_for(self.version.0, self.version.1)
+    }
+
+    /// `major.minor.micro`.
+    pub fn version_string(&self) -> String {
+        let (a, b, c) = self.version;
+        format!("{a}.{b}.{c}")
+    }
+
+    /// The vmsight plugin can be loaded into this QEMU (call only when it will be).
+    pub fn check_plugin_api(&self) -> Result<(), LaunchError> {
+        let api = self.plugin_api();
+        if PLUGIN_APIS.contains(&api) {
+            return Ok(());
+        }
+        Err(LaunchError::PluginApi {
+            qemu: self.to_string(),
+            api,
+            supported: PLUGIN_APIS
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(" and "),
+        })
+    }
+
+    /// What `vm.json` and the run's stats record.
+    pub fn info(&self) -> QemuInfo {
+        QemuInfo {
+            kind: self.kind,
+            version: self.version_string(),
+            version_line: self.version_line.clone(),
+            plugin_api: self.plugin_api(),
+        }
+    }
+}
+
+impl fmt::Display for Qemu {
+    /// `QEMU 11.1.3 (trixie, /root/.cache/vmsight/qemu/trixie-…/root/usr/bin/qemu-system-x86_64)`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "QEMU {} ({}, {})",
+            self.version_string(),
+            self.kind,
+            self.binary.display()
+        )
+    }
+}
+
+/// `<cache>/qemu/trixie-current/root`, resolved through the link, if the root is built.
+pub fn trixie_root(cache: &Path) -> Result<PathBuf, LaunchError> {
+    let current = cache.join("qemu").join("trixie-current");
+    let dir = std::fs::canonicalize(&current).map_err(|_| LaunchError::TrixieMissing {
+        path: current.clone(),
+    })?;
+    let root = dir.join("root");
+    for f in [TRIXIE_LOADER, TRIXIE_BINARY] {
+        let p = root.join(f);
+        if !p.is_file() {
+            return Err(LaunchError::TrixieMissing { path: p });
+        }
+    }
+    Ok(root)
 }
 
 fn resolve_in_path(name: &str) -> Option<PathBuf> {
@@ -72,7 +441,6 @@ pub fn parse_version(text: &str) -> Option<(u32, u32, u32)> {
     Some((major, minor, micro))
 }
 
-/// One vhost-user-blk disk as QEMU sees it.
 /// Everything the QEMU command line depends on.
 #[derive(Debug, Clone)]
 pub struct QemuPlan {
@@ -147,7 +515,15 @@ pub fn kernel_cmdline(name: &str, extra: &[String]) -> String {
 pub fn build_args(p: &QemuPlan) -> Vec<String> {
     let mut a: Vec<String> = Vec::new();
     let mut push = |items: &[&str]| a.extend(items.iter().map(|s| s.to_string()));
-    push(&["-name", &format!("guest={},debug-threads=on", p.name)]);
+    // `process=`: the trixie QEMU is started through its root's loader, whose name the
+    // process would otherwise keep (`ld-linux-x86-64`); tools find QEMU by this name.
+    push(&[
+        "-name",
+        &format!(
+            "guest={},debug-threads=on,process=qemu-system-x86_64",
+            p.name
+        ),
+    ]);
     push(&["-machine", "q35,memory-backend=mem,vmport=off,hpet=off"]);
     match p.accel {
         Accel::Tcg => push(&["-accel", "tcg,thread=multi,tb-size=256", "-cpu", "max"]),
@@ -310,6 +686,11 @@ mod tests {
         ));
         assert!(has_pair(&a, "-smp", "2"));
         assert!(a.iter().any(|s| s == "-no-reboot"));
+        assert!(has_pair(
+            &a,
+            "-name",
+            "guest=t1,debug-threads=on,process=qemu-system-x86_64"
+        ));
     }
 
     #[test]
@@ -385,6 +766,281 @@ mod tests {
             Some((7, 2, 15))
         );
         assert_eq!(parse_version("garbage"), None);
+    }
+
+    #[test]
+    fn qemu_choices_parse() {
+        let p = |s: &str| s.parse::<QemuChoice>();
+        assert_eq!(p("auto"), Ok(QemuChoice::Auto));
+        assert_eq!(p("system"), Ok(QemuChoice::System));
+        assert_eq!(p("trixie"), Ok(QemuChoice::Trixie));
+        assert_eq!(
+            p("/opt/q/bin/qemu-system-x86_64"),
+            Ok(QemuChoice::Path("/opt/q/bin/qemu-system-x86_64".into()))
+        );
+        // A bare name is a binary looked up in PATH; ./trixie is a file named trixie.
+        assert_eq!(
+            p("qemu-system-x86_64"),
+            Ok(QemuChoice::Path("qemu-system-x86_64".into()))
+        );
+        assert_eq!(p("./trixie"), Ok(QemuChoice::Path("./trixie".into())));
+        let e = p("").expect_err("empty");
+        assert!(e.to_string().contains("auto, system, trixie"), "{e}");
+        assert_eq!(QemuChoice::default(), QemuChoice::Auto);
+        for s in ["auto", "system", "trixie", "/x/qemu"] {
+            assert_eq!(p(s).map(|c| c.to_string()).as_deref(), Ok(s));
+        }
+    }
+
+    #[test]
+    fn qemu_versions_map_to_plugin_apis() {
+        for ((major, minor), api) in [
+            ((10, 0), 4),
+            ((10, 1), 5),
+            ((10, 2), 6),
+            ((11, 0), 7),
+            ((11, 1), 7),
+        ] {
+            assert_eq!(plugin_api_for(major, minor), api, "QEMU {major}.{minor}");
+        }
+        assert_eq!(PLUGIN_APIS, [4, 7]);
+    }
+
+    fn qemu_at(version: (u32, u32, u32)) -> Qemu {
+        Qemu {
+            kind: QemuKind::System,
+            binary: "/usr/bin/qemu-system-x86_64".into(),
+            exec: QemuExec::direct(Path::new("/usr/bin/qemu-system-x86_64")),
+            version,
+            version_line: format!(
+                "QEMU emulator version {}.{}.{}",
+                version.0, version.1, version.2
+            ),
+        }
+    }
+
+    #[test]
+    fn only_plugin_apis_4_and_7_can_load_the_plugin() {
+        for v in [(10, 0, 2), (11, 1, 3), (11, 0, 0)] {
+            assert!(qemu_at(v).check_plugin_api().is_ok(), "{v:?}");
+        }
+        for (v, api) in [((10, 1, 0), 5), ((10, 2, 1), 6)] {
+            let e = qemu_at(v)
+                .check_plugin_api()
+                .expect_err("refused")
+                .to_string();
+            assert!(
+                e.contains(&format!("plugin API {api}"))
+                    && e.contains("API 4 and 7")
+                    && e.contains("--no-plugin")
+                    && e.contains("make qemu11"),
+                "{e}"
+            );
+        }
+        let info = qemu_at((11, 1, 3)).info();
+        assert_eq!(
+            (info.version.as_str(), info.plugin_api, info.kind),
+            ("11.1.3", 7, QemuKind::System)
+        );
+    }
+
+    #[test]
+    fn auto_takes_the_system_qemu_the_plugin_can_use_else_the_trixie_root() {
+        use AutoPick::*;
+        for (system, built, pick) in [
+            // The host's QEMU 10.0 (API 4) or an 11 (API 7): the system one.
+            (Some((10, 0, 2)), false, System),
+            (Some((10, 0, 2)), true, System),
+            (Some((11, 1, 3)), true, System),
+            // 10.1 / 10.2 speak API 5 / 6: the trixie root when it is built ...
+            (Some((10, 1, 0)), true, Trixie),
+            (Some((10, 2, 0)), true, Trixie),
+            // ... else the system one, refused later only if the plugin is loaded.
+            (Some((10, 1, 0)), false, System),
+            // No system QEMU, or one older than 10.
+            (None, true, Trixie),
+            (Some((9, 2, 0)), true, Trixie),
+            (None, false, Neither),
+            (Some((9, 2, 0)), false, Neither),
+        ] {
+            assert_eq!(decide_auto(system, built), pick, "{system:?} built={built}");
+        }
+    }
+
+    fn executable(path: &Path, body: &str) {
+        use std::os::unix::fs::PermissionsExt;
+        if let Some(d) = path.parent() {
+            std::fs::create_dir_all(d).expect("mkdir");
+        }
+        std::fs::write(path, format!("#!/bin/sh\n{body}\n")).expect("write");
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    }
+
+    /// A cache with a trixie root whose "loader" checks its `--library-path` and runs the
+    /// "QEMU", which prints its module directory and arguments in its version line.
+    fn fake_trixie_cache() -> tempfile::TempDir {
+        let cache = tempfile::tempdir().expect("tmp");
+        let dir = cache.path().join("qemu/trixie-0123456789abcdef");
+        let root = dir.join("root");
+        executable(
+            &root.join(TRIXIE_LOADER),
+            r#"[ "$1" = --library-path ] || { echo "bad loader args: $*" >&2; exit 127; }
+shift 2
+exec "$@""#,
+        );
+        executable(
+            &root.join(TRIXIE_BINARY),
+            r#"echo "QEMU emulator version 11.1.3 (fake) mod=$QEMU_MODULE_DIR args=$*""#,
+        );
+        std::fs::write(dir.join("info.json"), "{}").expect("info");
+        std::os::unix::fs::symlink(
+            "trixie-0123456789abcdef",
+            cache.path().join("qemu/trixie-current"),
+        )
+        .expect("link");
+        cache
+    }
+
+    #[test]
+    fn the_trixie_qemu_runs_through_the_roots_loader_libraries_modules_and_firmware() {
+        let cache = fake_trixie_cache();
+        let root = std::fs::canonicalize(cache.path().join("qemu/trixie-0123456789abcdef"))
+            .expect("canonical")
+            .join("root");
+        let r = |p: &str| root.join(p).display().to_string();
+        let exec = QemuExec::trixie(&root);
+        assert_eq!(exec.program, root.join("lib64/ld-linux-x86-64.so.2"));
+        assert_eq!(
+            exec.leading_args,
+            [
+                OsString::from("--library-path"),
+                format!(
+                    "{}:{}",
+                    r("usr/lib/x86_64-linux-gnu"),
+                    r("lib/x86_64-linux-gnu")
+                )
+                .into(),
+                root.join("usr/bin/qemu-system-x86_64").into(),
+            ]
+        );
+        assert_eq!(
+            exec.env,
+            [(
+                OsString::from("QEMU_MODULE_DIR"),
+                OsString::from(r("usr/lib/x86_64-linux-gnu/qemu"))
+            )]
+        );
+        assert_eq!(
+            exec.firmware_dirs,
+            [root.join("usr/share/qemu"), root.join("usr/share/seabios")]
+        );
+        assert_eq!(
+            exec.shell_line(&["-m".into(), "1024M".into()]),
+            format!(
+                "QEMU_MODULE_DIR={} {} --library-path {}:{} {} -L {} -L {} -m 1024M",
+                r("usr/lib/x86_64-linux-gnu/qemu"),
+                r("lib64/ld-linux-x86-64.so.2"),
+                r("usr/lib/x86_64-linux-gnu"),
+                r("lib/x86_64-linux-gnu"),
+                r("usr/bin/qemu-system-x86_64"),
+                r("usr/share/qemu"),
+                r("usr/share/seabios"),
+            )
+        );
+        // Resolved through trixie-current and run for real through the fake loader.
+        let q = Qemu::trixie_in(cache.path()).expect("resolves");
+        assert_eq!(q.kind, QemuKind::Trixie);
+        assert_eq!(q.exec, exec);
+        assert_eq!(q.binary, root.join("usr/bin/qemu-system-x86_64"));
+        assert_eq!((q.version, q.plugin_api()), ((11, 1, 3), 7));
+        assert_eq!(
+            q.version_line,
+            format!(
+                "QEMU emulator version 11.1.3 (fake) mod={} args=-L {} -L {} --version",
+                r("usr/lib/x86_64-linux-gnu/qemu"),
+                r("usr/share/qemu"),
+                r("usr/share/seabios")
+            )
+        );
+    }
+
+    #[test]
+    fn a_missing_trixie_root_says_how_to_build_it() {
+        let empty = tempfile::tempdir().expect("tmp");
+        let e = Qemu::trixie_in(empty.path())
+            .expect_err("missing")
+            .to_string();
+        assert!(
+            e.starts_with("the QEMU 11 trixie root is not built: run `make qemu11` (scripts/build-qemu-trixie.sh)")
+                && e.contains("qemu/trixie-current"),
+            "{e}"
+        );
+        // A root without its QEMU is not built either.
+        let cache = fake_trixie_cache();
+        std::fs::remove_file(
+            cache
+                .path()
+                .join("qemu/trixie-current/root")
+                .join(TRIXIE_BINARY),
+        )
+        .expect("rm");
+        let e = Qemu::trixie_in(cache.path())
+            .expect_err("no binary")
+            .to_string();
+        assert!(
+            e.contains("make qemu11") && e.contains("usr/bin/qemu-system-x86_64"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_qemu_given_by_path_is_run_for_its_version() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let bin = tmp.path().join("qemu");
+        executable(
+            &bin,
+            "echo 'QEMU emulator version 10.0.2 (Debian 1:10.0.2+ds-2)'",
+        );
+        let q = Qemu::resolve(&QemuChoice::Path(bin.clone())).expect("runs");
+        assert_eq!(
+            (q.kind, q.version, q.plugin_api()),
+            (QemuKind::Path, (10, 0, 2), 4)
+        );
+        assert_eq!(q.exec, QemuExec::direct(&bin));
+        assert_eq!(
+            q.version_line,
+            "QEMU emulator version 10.0.2 (Debian 1:10.0.2+ds-2)"
+        );
+        assert_eq!(
+            q.exec.shell_line(&["-S".into()]),
+            format!("{} -S", bin.display())
+        );
+
+        let old = tmp.path().join("old");
+        executable(&old, "echo 'QEMU emulator version 9.2.0'");
+        let e = Qemu::at_path(&old).expect_err("too old").to_string();
+        assert!(
+            e.contains("version 9.2") && e.contains("QEMU 10 or newer"),
+            "{e}"
+        );
+
+        let broken = tmp.path().join("broken");
+        executable(
+            &broken,
+            "echo 'error while loading shared libraries' >&2; exit 127",
+        );
+        let e = Qemu::at_path(&broken).expect_err("broken").to_string();
+        assert!(
+            e.contains("does not run") && e.contains("shared libraries"),
+            "{e}"
+        );
+
+        let e = Qemu::at_path(Path::new("/nonexistent/qemu")).expect_err("missing");
+        assert!(
+            e.to_string()
+                .starts_with("QEMU was not found: looked for `/nonexistent/qemu`"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -298,6 +298,8 @@ mod tests {
             started_unix: 0,
             disks: vec![],
             accel: "tcg".into(),
+            qemu: None,
+            plugin_api: None,
         })
         .unwrap();
         assert!(matches!(

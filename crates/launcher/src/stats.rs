@@ -77,7 +77,12 @@ pub struct RunStats {
     pub name: String,
     pub accel: Accel,
     pub accel_reason: String,
+    /// `major.minor.micro` of the QEMU that ran (the same as `qemu.version`).
     pub qemu_version: String,
+    /// The QEMU that ran: kind (`system`, `trixie`, `path`), version, plugin API it speaks.
+    pub qemu: vmsight_proto::layout::QemuInfo,
+    /// The TCG plugin API in use: the QEMU's, when the plugin was loaded.
+    pub plugin_api: Option<u32>,
     /// From `vmsight run` to the guest init reporting `ready`.
     pub boot_seconds: Option<f64>,
     /// The guest kernel's own uptime at `ready`.
@@ -147,7 +152,8 @@ impl RunStats {
         name: &str,
         accel: Accel,
         accel_reason: &str,
-        qemu_version: &str,
+        qemu: vmsight_proto::layout::QemuInfo,
+        plugin_api: Option<u32>,
         boot: Option<Duration>,
         guest_uptime: Option<f64>,
         run: Duration,
@@ -178,7 +184,9 @@ impl RunStats {
             name: name.to_string(),
             accel,
             accel_reason: accel_reason.to_string(),
-            qemu_version: qemu_version.to_string(),
+            qemu_version: qemu.version.clone(),
+            qemu,
+            plugin_api,
             boot_seconds: boot.map(|d| d.as_secs_f64()),
             guest_uptime_at_ready: guest_uptime,
             run_seconds: run.as_secs_f64(),
@@ -206,8 +214,18 @@ impl fmt::Display for RunStats {
         writeln!(f, "vmsight stats for VM {}", self.name)?;
         writeln!(
             f,
-            "  qemu {} accel {} ({})",
-            self.qemu_version, self.accel, self.accel_reason
+            "  qemu {} ({}), {}, accel {} ({})",
+            self.qemu.version,
+            self.qemu.kind,
+            match self.plugin_api {
+                Some(api) => format!("plugin API {api}"),
+                None => format!(
+                    "plugin not loaded (this QEMU speaks plugin API {})",
+                    self.qemu.plugin_api
+                ),
+            },
+            self.accel,
+            self.accel_reason
         )?;
         match self.boot_seconds {
             Some(b) => writeln!(

@@ -129,6 +129,51 @@ pub struct VmRecord {
     /// Accelerator (`tcg` or `kvm`).
     #[serde(default)]
     pub accel: String,
+    /// The QEMU that runs the VM; absent in records written before vmsight recorded it.
+    #[serde(default)]
+    pub qemu: Option<QemuInfo>,
+    /// The TCG plugin API version in use: the QEMU's, when the plugin is loaded; `None` when
+    /// it is not (`--no-plugin`, KVM) or the record predates the field.
+    #[serde(default)]
+    pub plugin_api: Option<u32>,
+}
+
+/// Which QEMU runs a VM (`vmsight run --qemu`), as `vm.json` and `vmsight run --stats-json`
+/// report it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QemuInfo {
+    /// How it was chosen and is run.
+    pub kind: QemuKind,
+    /// `major.minor.micro`, e.g. `11.1.3`.
+    pub version: String,
+    /// The first line of its `--version`, e.g.
+    /// `QEMU emulator version 11.1.3 (Debian 1:11.1.3+ds-1~bpo13+1)`.
+    pub version_line: String,
+    /// The TCG plugin API version this QEMU speaks (docs/platforms.md).
+    pub plugin_api: u32,
+}
+
+/// Where the QEMU a VM runs on comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QemuKind {
+    /// `qemu-system-x86_64` from `PATH` (the host's QEMU 10).
+    System,
+    /// QEMU 11 in the Debian trixie root built by `scripts/build-qemu-trixie.sh`, run through
+    /// the root's own loader and libraries.
+    Trixie,
+    /// A binary the user named (`--qemu PATH`, `VMSIGHT_QEMU=PATH`).
+    Path,
+}
+
+impl std::fmt::Display for QemuKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            QemuKind::System => "system",
+            QemuKind::Trixie => "trixie",
+            QemuKind::Path => "path",
+        })
+    }
 }
 
 /// Where running VMs live: a base directory holding one directory per VM.
@@ -341,12 +386,26 @@ mod tests {
             started_unix: 3,
             disks: vec!["/a.img".into()],
             accel: "tcg".into(),
+            qemu: Some(QemuInfo {
+                kind: QemuKind::Trixie,
+                version: "11.1.3".into(),
+                version_line: "QEMU emulator version 11.1.3 (Debian 1:11.1.3+ds-1~bpo13+1)".into(),
+                plugin_api: 7,
+            }),
+            plugin_api: Some(7),
         };
         let text = serde_json::to_string(&full).expect("serialises");
+        assert!(text.contains(r#""kind":"trixie""#), "{text}");
         assert_eq!(
             serde_json::from_str::<VmRecord>(&text).expect("parses"),
             full
         );
+        // A record written before the QEMU fields existed still reads.
+        let old: VmRecord = serde_json::from_str(
+            r#"{"name":"v","pid":7,"qemu_pid":8,"started_unix":1,"disks":[],"accel":"tcg"}"#,
+        )
+        .expect("old record");
+        assert_eq!((old.qemu, old.plugin_api), (None, None));
     }
 
     #[test]

@@ -26,6 +26,6 @@ pub mod server;
 pub mod syscall;
 
 pub use control::{ControlReply, ControlRequest, DiskStatus, RequestError, VmStatus};
-pub use layout::{runtime_base, RunningVm, RuntimeLayout, VmPaths, VmRecord};
+pub use layout::{runtime_base, QemuInfo, QemuKind, RunningVm, RuntimeLayout, VmPaths, VmRecord};
 pub use profile::{KernelProfile, ProfileError, PROFILE_FORMAT};
 pub use server::{ServeError, UnixServer};

@@ -1,6 +1,6 @@
 //! One VM's whole life, in phases (ARCHITECTURE.md, "Lifecycle"):
 //!
-//! 1. [`prepare`]: validate, resolve the guest files, choose the accelerator, find QEMU,
+//! 1. [`prepare`]: validate, resolve the guest files, choose the accelerator and QEMU,
 //!    runtime directory and root working copy;
 //! 2. devices ([`crate::devices`]): every registered device starts and listens before QEMU
 //!    exists, so its connection cannot race them;
@@ -223,7 +223,8 @@ fn teardown(cfg: &VmConfig, prep: &Prepared, t: Teardown) -> RunOutcome {
         &cfg.name,
         prep.accel,
         &prep.accel_reason,
-        &prep.qemu_version,
+        prep.qemu.info(),
+        prep.use_plugin.then(|| prep.qemu.plugin_api()),
         ending.boot_time,
         ending.guest_uptime,
         run_time,

@@ -1,7 +1,8 @@
 //! Phase 1, prepare: everything that can be checked or decided before anything starts.
 //!
 //! Validates the configuration, resolves the guest files (the default image supplies what was
-//! not given), chooses the accelerator, finds QEMU and the plugin, decides tracing, checks
+//! not given), chooses the accelerator, resolves which QEMU runs (`--qemu`) and checks that the
+//! plugin can be loaded into it, finds the plugin, decides tracing, checks
 //! every `--stage` request, and creates the runtime directory and the root disk's working
 //! copy. Nothing runs yet; dropping a [`Prepared`] removes what it created.
 
@@ -45,8 +46,8 @@ pub struct DiskPlan {
 pub struct Prepared {
     pub accel: Accel,
     pub accel_reason: String,
-    pub qemu_bin: PathBuf,
-    pub qemu_version: String,
+    /// The QEMU to start, its version and plugin API.
+    pub qemu: qemu::Qemu,
     pub guest: GuestFiles,
     /// Load the TCG plugin.
     pub use_plugin: bool,
@@ -69,12 +70,22 @@ pub fn prepare(cfg: &VmConfig, arts: &Artifacts) -> Result<Prepared, LaunchError
     crate::stages::check_requests(&cfg.stages)?;
     let AccelChoice { accel, reason } = accel::choose(cfg.accel)?;
     tracing::info!("accelerator: {accel} ({reason})");
-    let (qemu_bin, qemu_version) = qemu::find_qemu()?;
+    let qemu = qemu::Qemu::resolve(&cfg.qemu)?;
+    tracing::info!(
+        "QEMU (--qemu {}): {qemu}, plugin API {}: {}",
+        cfg.qemu,
+        qemu.plugin_api(),
+        qemu.version_line
+    );
     let guest = resolve_guest(cfg)?;
     check_files(cfg, &guest)?;
     let use_plugin = cfg.plugin && accel == Accel::Tcg;
-    if use_plugin && !arts.plugin.is_file() {
-        return Err(LaunchError::PluginMissing(arts.plugin.clone()));
+    if use_plugin {
+        // Only a run that loads the plugin needs the plugin to speak this QEMU's API.
+        qemu.check_plugin_api()?;
+        if !arts.plugin.is_file() {
+            return Err(LaunchError::PluginMissing(arts.plugin.clone()));
+        }
     }
     let trace = trace_config(cfg, use_plugin, guest.profile.as_deref())?;
     let idle_tags = idle_attribution(cfg, use_plugin, guest.profile.as_deref())?;
@@ -107,8 +118,7 @@ pub fn prepare(cfg: &VmConfig, arts: &Artifacts) -> Result<Prepared, LaunchError
     Ok(Prepared {
         accel,
         accel_reason: reason,
-        qemu_bin,
-        qemu_version,
+        qemu,
         guest,
         use_plugin,
         trace,

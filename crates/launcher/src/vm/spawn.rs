@@ -4,7 +4,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -44,11 +44,10 @@ pub fn spawn(
     insight: Option<&Insight>,
 ) -> Result<Qemu, LaunchError> {
     let args = qemu::build_args(&plan(cfg, arts, prep, devices, svc)?);
-    tracing::debug!("{} {}", prep.qemu_bin.display(), args.join(" "));
-    std::fs::write(
-        prep.rt.join(layout::QEMU_CMDLINE),
-        format!("{} {}\n", prep.qemu_bin.display(), args.join(" ")),
-    )?;
+    // The whole command: environment, loader and firmware directories (trixie) included.
+    let line = prep.qemu.exec.shell_line(&args);
+    tracing::debug!("{line}");
+    std::fs::write(prep.rt.join(layout::QEMU_CMDLINE), format!("{line}\n"))?;
     let mut child = start_process(prep, &args)?;
     let pid = child.id();
     let trace = start_trace(prep, svc, insight, pid);
@@ -79,6 +78,8 @@ pub fn spawn(
             .unwrap_or(0),
         disks: prep.disks.iter().map(|d| d.path.clone()).collect(),
         accel: prep.accel.to_string(),
+        qemu: Some(prep.qemu.info()),
+        plugin_api: prep.use_plugin.then(|| prep.qemu.plugin_api()),
     })?;
     let qmp = connect_qmp(prep, svc)?;
     Ok(Qemu {
@@ -148,7 +149,7 @@ fn plan(
 
 /// Starts QEMU in its own process group; it dies with vmsight, even on SIGKILL.
 fn start_process(prep: &Prepared, args: &[String]) -> Result<std::process::Child, LaunchError> {
-    let mut cmd = Command::new(&prep.qemu_bin);
+    let mut cmd = prep.qemu.exec.command();
     cmd.args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
