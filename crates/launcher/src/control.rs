@@ -204,6 +204,7 @@ mod tests {
             ControlRequest::Idle { .. } => ControlReply::IdleMarks(Vec::new()),
             ControlRequest::ShareResize { .. } => ControlReply::Refused("no share".into()),
             ControlRequest::HylicsController => ControlReply::Refused("no controller".into()),
+            ControlRequest::Redirect(_) => ControlReply::Refused("no plugin".into()),
         });
         ControlServer::serve(sock, service).expect("binds")
     }

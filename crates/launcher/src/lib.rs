@@ -17,6 +17,7 @@ pub mod net;
 pub mod process;
 pub mod qemu;
 pub mod qmp;
+pub mod redirect;
 pub mod runtime;
 pub mod stages;
 pub mod stats;

@@ -49,6 +49,9 @@ pub enum ControlRequest {
     },
     /// The share-size controller's state (`vmsight hylics NAME controller`).
     HylicsController,
+    /// Run a guest function on a vCPU and restore the vCPU (`vmsight cpu NAME redirect`);
+    /// the reply comes when the function returned, the plugin refused, or the timeout fired.
+    Redirect(crate::redirect::RedirectRequest),
 }
 
 /// What an [`ControlRequest::Idle`] request does.
@@ -70,7 +73,31 @@ pub struct IdleMark {
 }
 
 /// The `cmd` of every [`ControlRequest`] (a test checks the list against the enum).
-const COMMANDS: [&str; 5] = ["status", "stream-start", "dedup-gc", "idle", "share-resize"];
+const COMMANDS: [&str; 7] = [
+    "status",
+    "stream-start",
+    "dedup-gc",
+    "idle",
+    "share-resize",
+    "hylics-controller",
+    "redirect",
+];
+
+impl ControlRequest {
+    /// The request's `cmd` (the match keeps [`COMMANDS`] complete: a new variant must be
+    /// named here).
+    pub fn command(&self) -> &'static str {
+        match self {
+            ControlRequest::Status => COMMANDS[0],
+            ControlRequest::StreamStart => COMMANDS[1],
+            ControlRequest::DedupGc { .. } => COMMANDS[2],
+            ControlRequest::Idle { .. } => COMMANDS[3],
+            ControlRequest::ShareResize { .. } => COMMANDS[4],
+            ControlRequest::HylicsController => COMMANDS[5],
+            ControlRequest::Redirect(_) => COMMANDS[6],
+        }
+    }
+}
 
 /// Why a request line is not a valid request.
 #[derive(Debug, thiserror::Error)]
@@ -179,6 +206,8 @@ pub enum ControlReply {
     Share(crate::hylics::ShareInfo),
     /// The controller after a [`ControlRequest::HylicsController`] request.
     Controller(crate::hylics::ControllerStatus),
+    /// A completed [`ControlRequest::Redirect`].
+    Redirected(crate::redirect::RedirectOutcome),
     /// The request was refused; the sentence says why.
     Refused(String),
 }
@@ -218,6 +247,8 @@ struct WireReply {
     share: Option<crate::hylics::ShareInfo>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     controller: Option<crate::hylics::ControllerStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    redirect: Option<crate::redirect::RedirectOutcome>,
 }
 
 impl WireReply {
@@ -233,6 +264,7 @@ impl WireReply {
             marks: None,
             share: None,
             controller: None,
+            redirect: None,
         }
     }
 }
@@ -264,6 +296,10 @@ impl From<ControlReply> for WireReply {
                 controller: Some(c),
                 ..WireReply::empty(true)
             },
+            ControlReply::Redirected(o) => WireReply {
+                redirect: Some(o),
+                ..WireReply::empty(true)
+            },
             ControlReply::Refused(error) => WireReply {
                 error: Some(error),
                 ..WireReply::empty(false)
@@ -275,7 +311,8 @@ impl From<ControlReply> for WireReply {
 /// A reply with `"ok": true` but no status in it.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "the reply has none of \"error\", \"disks\", \"freed\", \"marks\", \"share\" and \"controller\""
+    "the reply has none of \"error\", \"disks\", \"freed\", \"marks\", \"share\", \"controller\" \
+     and \"redirect\""
 )]
 pub struct NoStatus;
 
@@ -300,6 +337,9 @@ impl TryFrom<WireReply> for ControlReply {
         }
         if let (Some(c), None) = (w.controller, &w.disks) {
             return Ok(ControlReply::Controller(c));
+        }
+        if let (Some(o), None) = (w.redirect, &w.disks) {
+            return Ok(ControlReply::Redirected(o));
         }
         let status = VmStatus {
             disks: w.disks.ok_or(NoStatus)?,
@@ -328,6 +368,37 @@ mod tests {
             ControlRequest::parse(" {\"cmd\":\"stream-start\"}\n").expect("parses"),
             ControlRequest::StreamStart
         );
+    }
+
+    #[test]
+    fn every_command_is_known_to_the_parser() {
+        let redirect = ControlRequest::Redirect(crate::redirect::RedirectRequest::call(
+            crate::redirect::Trigger::Syscall { tgid: 9 },
+            0x1000,
+            &[5],
+            0x2000,
+        ));
+        for req in [
+            ControlRequest::Status,
+            ControlRequest::StreamStart,
+            ControlRequest::DedupGc {
+                volume: "/v".into(),
+            },
+            ControlRequest::Idle {
+                action: IdleAction::List,
+                target: None,
+            },
+            ControlRequest::ShareResize { bytes: 1 },
+            ControlRequest::HylicsController,
+            redirect,
+        ] {
+            let line = req.to_line();
+            assert!(
+                line.contains(&format!(r#""cmd":"{}""#, req.command())),
+                "{line}"
+            );
+            assert_eq!(ControlRequest::parse(&line).expect("parses"), req, "{line}");
+        }
     }
 
     #[test]
@@ -385,7 +456,7 @@ mod tests {
         let e = ControlRequest::parse(r#"{"cmd":"reboot"}"#).expect_err("bad");
         assert_eq!(
             e.to_string(),
-            "unknown command \"reboot\" (known: status, stream-start, dedup-gc, idle, share-resize)"
+            "unknown command \"reboot\" (known: status, stream-start, dedup-gc, idle, share-resize, hylics-controller, redirect)"
         );
     }
 

@@ -10,6 +10,7 @@
 //! - [`net`]: how a VM's NIC is attached (`net.json` → `vmsight net`);
 //! - [`profile`]: the kernel profile format (`profile.json`: image build → plugin, process
 //!   tracking);
+//! - [`redirect`]: vCPU redirection requests and outcomes (control socket and plugin mailbox);
 //! - [`syscall`]: the x86-64 syscall table (names, errno names, what each argument is), shared
 //!   by the plugin (which captures string and buffer arguments) and the trace decoder.
 //!
@@ -22,6 +23,7 @@ pub mod insight;
 pub mod layout;
 pub mod net;
 pub mod profile;
+pub mod redirect;
 pub mod server;
 pub mod syscall;
 

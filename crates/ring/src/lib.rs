@@ -40,6 +40,7 @@ pub mod control;
 pub mod layout;
 mod map;
 mod record;
+pub mod redirect;
 
 pub use control::{
     comm_to_string, FilterError, MonitorFilters, MonitorReport, COMM_LEN, MAX_FILTER_COMMS,
@@ -173,6 +174,8 @@ pub enum Counter {
     Cr3Mismatches = 17,
     /// Return callbacks that returned to kernel mode (`iretq` with CS.RPL 0): ignored.
     KernelReturns = 18,
+    /// vCPU redirections taken (`vmsight_proto::redirect`; plugin API v7 only).
+    Redirects = 19,
 }
 
 /// A snapshot of one vCPU's counters (or their sum, see [`ChannelHost::totals`]).
@@ -216,6 +219,8 @@ pub struct VcpuCounters {
     pub cr3_mismatches: u64,
     /// See [`Counter::KernelReturns`].
     pub kernel_returns: u64,
+    /// See [`Counter::Redirects`].
+    pub redirects: u64,
 }
 
 impl VcpuCounters {
@@ -241,6 +246,7 @@ impl VcpuCounters {
             ancestor_hops: g(Counter::AncestorHops),
             cr3_mismatches: g(Counter::Cr3Mismatches),
             kernel_returns: g(Counter::KernelReturns),
+            redirects: g(Counter::Redirects),
         }
     }
 
@@ -266,6 +272,7 @@ impl VcpuCounters {
         self.ancestor_hops = self.ancestor_hops.wrapping_add(o.ancestor_hops);
         self.cr3_mismatches = self.cr3_mismatches.wrapping_add(o.cr3_mismatches);
         self.kernel_returns = self.kernel_returns.wrapping_add(o.kernel_returns);
+        self.redirects = self.redirects.wrapping_add(o.redirects);
     }
 }
 
@@ -540,6 +547,11 @@ impl ChannelHost {
         }
     }
 
+    /// The vCPU redirection mailbox (see [`redirect`]).
+    pub fn redirect_mailbox(&self) -> &redirect::Mailbox {
+        self.map.mailbox()
+    }
+
     /// Sets what the plugin monitors (replacing the previous filters) and returns the new
     /// filter generation. The plugin picks the change up at its next callback on any vCPU
     /// (at the latest after `sync=N` syscalls or an idle vCPU); [`ChannelHost::plugin_report`]
@@ -670,6 +682,11 @@ impl ChannelPlugin {
     /// Number of vCPU slots.
     pub fn max_vcpus(&self) -> u32 {
         self.map.geometry.max_vcpus
+    }
+
+    /// The vCPU redirection mailbox (see [`redirect`]).
+    pub fn redirect_mailbox(&self) -> &redirect::Mailbox {
+        self.map.mailbox()
     }
 
     /// The producer of `vcpu`'s ring. Each ring has exactly one producer for the lifetime of

@@ -89,6 +89,20 @@ impl Mapping {
         }
     }
 
+    /// The redirect mailbox in the filter page (full mappings only).
+    pub(crate) fn mailbox(&self) -> &crate::redirect::Mailbox {
+        debug_assert!(self.len as u64 >= CONTROL_OFFSET + 4096);
+        // SAFETY: as for `filters`: the mailbox lies in the filter page after FilterArea
+        // (checked at compile time in `redirect`), 8-byte aligned, and holds only atomics.
+        unsafe {
+            &*self
+                .ptr
+                .as_ptr()
+                .add((CONTROL_OFFSET + crate::redirect::MAILBOX_OFFSET) as usize)
+                .cast::<crate::redirect::Mailbox>()
+        }
+    }
+
     /// The plugin-report half of the control area (full mappings only).
     pub(crate) fn report(&self) -> &ReportArea {
         debug_assert!(self.len as u64 >= CONTROL_OFFSET + 8192);

@@ -33,6 +33,8 @@ pub struct ControlState {
     insight: Option<vmsight_insight::InsightEngine>,
     idle: Option<Arc<crate::idle::Attributor>>,
     hylics: Option<crate::hylics::Hylics>,
+    /// The plugin's channel (vCPU redirection goes through its mailbox).
+    plugin: Option<Arc<Mutex<vmsight_ring::ChannelHost>>>,
 }
 
 impl ControlState {
@@ -42,6 +44,7 @@ impl ControlState {
         insight: Option<vmsight_insight::InsightEngine>,
         idle: Option<Arc<crate::idle::Attributor>>,
         hylics: Option<crate::hylics::Hylics>,
+        plugin: Option<Arc<Mutex<vmsight_ring::ChannelHost>>>,
     ) -> Self {
         Self {
             streams: streams
@@ -58,6 +61,7 @@ impl ControlState {
             insight,
             idle,
             hylics,
+            plugin,
         }
     }
 
@@ -141,6 +145,19 @@ impl ControlState {
             ControlRequest::Idle { action, target } => self.idle(action, target.as_deref()),
             ControlRequest::ShareResize { bytes } => self.share_resize(bytes),
             ControlRequest::HylicsController => self.controller(),
+            ControlRequest::Redirect(req) => self.redirect(&req),
+        }
+    }
+
+    /// `vmsight cpu NAME redirect`: blocks until the guest function returned (or why not).
+    fn redirect(&self, req: &vmsight_proto::redirect::RedirectRequest) -> ControlReply {
+        let result = match &self.plugin {
+            Some(p) => crate::redirect::call(p, req),
+            None => Err(crate::redirect::RedirectCallError::NoPlugin),
+        };
+        match result {
+            Ok(o) => ControlReply::Redirected(o),
+            Err(e) => ControlReply::Refused(e.to_string()),
         }
     }
 

@@ -183,14 +183,21 @@ pub fn start(
         ),
         None => None,
     };
-    let control = ControlState::new(streams, devices, insight.cloned(), idle.clone(), hylics);
+    let channel = plugin_channel(cfg, prep)?;
+    let control = ControlState::new(
+        streams,
+        devices,
+        insight.cloned(),
+        idle.clone(),
+        hylics,
+        channel.as_ref().map(|(_, c)| c.clone()),
+    );
     let metrics = super::metrics::serve(cfg, devices, streams)?;
     let control = crate::control::ControlServer::serve(
         &prep.rt.paths().control_socket(),
         Arc::new(move |req| control.request(req)),
     )
     .map_err(|e| LaunchError::Config(format!("cannot start the control socket: {e}")))?;
-    let channel = plugin_channel(cfg, prep)?;
     let (tx, rx) = mpsc::channel();
     let signals = route_signals(&tx)?;
     let io = start_guest_io(cfg, prep, &tx)?;

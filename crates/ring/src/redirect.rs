@@ -1,0 +1,395 @@
+//! The redirect mailbox: one vCPU redirection request from vmsight to the plugin and its
+//! outcome back (the request and outcome types are `vmsight_proto::redirect`).
+//!
+//! It sits in the unused second half of the filter page of the control area. One request is
+//! outstanding at a time. vmsight stores the request fields, then `req_seq` (Release); the
+//! plugin sees a new sequence at its next trigger check, reads the fields (Acquire), and
+//! answers by storing the outcome fields and then `done_seq`; after the restore is checked it
+//! stores the mismatch mask and `verified_seq`. vmsight gives up on a request by storing its
+//! sequence in `cancel_seq`: the plugin does not take a cancelled request, and drops a
+//! cancelled active one (the vCPU then stays wherever the guest function took it).
+//!
+//! ```text
+//! CONTROL_OFFSET + 2048   Mailbox (111 u64 atomics, 888 bytes)
+//!   req_seq cancel_seq done_seq verified_seq
+//!   trigger tgid entry has_frame return_to reserve set_mask set[20]
+//!   mem_addr mem_len mem[32]
+//!   status vcpu return_vcpu pc elapsed_ns saved[20] at_return[20] mismatch_mask
+//! ```
+//!
+//! Every field is an atomic; a scribbled mailbox yields a request the plugin validates like
+//! any other (and the plugin's writes are bounded by the request's own limits).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use vmsight_proto::redirect::{
+    Frame, MemWrite, RedirectFailure, RedirectOutcome, RedirectRequest, Reg, Trigger,
+    MAX_MEMORY_WRITE, NREGS,
+};
+
+/// Offset of the mailbox inside the control area.
+pub const MAILBOX_OFFSET: u64 = 2048;
+const MEM_WORDS: usize = MAX_MEMORY_WRITE / 8;
+/// `trigger` code of [`Trigger::Syscall`].
+const TRIGGER_SYSCALL: u64 = 1;
+
+/// The mailbox's fields (see the module documentation).
+#[repr(C)]
+pub struct Mailbox {
+    req_seq: AtomicU64,
+    cancel_seq: AtomicU64,
+    done_seq: AtomicU64,
+    verified_seq: AtomicU64,
+    trigger: AtomicU64,
+    tgid: AtomicU64,
+    entry: AtomicU64,
+    has_frame: AtomicU64,
+    return_to: AtomicU64,
+    reserve: AtomicU64,
+    set_mask: AtomicU64,
+    set: [AtomicU64; NREGS],
+    mem_addr: AtomicU64,
+    mem_len: AtomicU64,
+    mem: [AtomicU64; MEM_WORDS],
+    status: AtomicU64,
+    vcpu: AtomicU64,
+    return_vcpu: AtomicU64,
+    pc: AtomicU64,
+    elapsed_ns: AtomicU64,
+    saved: [AtomicU64; NREGS],
+    at_return: [AtomicU64; NREGS],
+    mismatch_mask: AtomicU64,
+}
+
+const _: () = assert!(std::mem::size_of::<Mailbox>() == 111 * 8);
+const _: () = assert!(MAILBOX_OFFSET as usize + std::mem::size_of::<Mailbox>() <= 4096);
+const _: () = assert!(MAILBOX_OFFSET as usize >= std::mem::size_of::<crate::control::FilterArea>());
+
+/// What the host sees of a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Progress {
+    /// Not answered yet.
+    Waiting,
+    /// The plugin could not redirect.
+    Failed(RedirectFailure),
+    /// The function returned and the vCPU was restored; `restore_mismatch` is `None` until
+    /// the plugin has checked the restore.
+    Returned(RedirectOutcome),
+}
+
+/// Errors of the host's side.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MailboxError {
+    /// Another request has neither been answered nor cancelled.
+    #[error("another vCPU redirection is still in progress (sequence {0})")]
+    Busy(u64),
+    /// The request is outside the limits.
+    #[error(transparent)]
+    Invalid(#[from] vmsight_proto::redirect::RedirectError),
+}
+
+fn load(a: &AtomicU64) -> u64 {
+    a.load(Ordering::Relaxed)
+}
+
+fn store(a: &AtomicU64, v: u64) {
+    a.store(v, Ordering::Relaxed);
+}
+
+fn load_regs(a: &[AtomicU64; NREGS]) -> [u64; NREGS] {
+    std::array::from_fn(|i| load(&a[i]))
+}
+
+impl Mailbox {
+    /// True while the last posted request is neither answered nor cancelled.
+    fn outstanding(&self) -> Option<u64> {
+        let req = self.req_seq.load(Ordering::Acquire);
+        let answered = self.done_seq.load(Ordering::Acquire) == req;
+        let cancelled = self.cancel_seq.load(Ordering::Acquire) == req;
+        (req != 0 && !answered && !cancelled).then_some(req)
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // vmsight's side
+
+    /// Posts `req`; returns its sequence.
+    pub fn post(&self, req: &RedirectRequest) -> Result<u64, MailboxError> {
+        req.validate()?;
+        if let Some(seq) = self.outstanding() {
+            return Err(MailboxError::Busy(seq));
+        }
+        let Trigger::Syscall { tgid } = req.trigger;
+        store(&self.trigger, TRIGGER_SYSCALL);
+        store(&self.tgid, u64::from(tgid));
+        store(&self.entry, req.entry);
+        let frame = req.frame.unwrap_or(Frame {
+            return_to: 0,
+            reserve: 0,
+        });
+        store(&self.has_frame, u64::from(req.frame.is_some()));
+        store(&self.return_to, frame.return_to);
+        store(&self.reserve, frame.reserve);
+        let mut mask = 0u64;
+        for (r, v) in &req.regs {
+            mask |= 1 << r.index();
+            store(&self.set[r.index()], *v);
+        }
+        store(&self.set_mask, mask);
+        let (addr, bytes) = match &req.memory {
+            Some(m) => (m.addr, m.bytes.as_slice()),
+            None => (0, &[][..]),
+        };
+        store(&self.mem_addr, addr);
+        store(&self.mem_len, bytes.len() as u64);
+        for (i, w) in self.mem.iter().enumerate() {
+            let mut b = [0u8; 8];
+            if let Some(src) = bytes.get(i * 8..) {
+                let n = src.len().min(8);
+                b[..n].copy_from_slice(&src[..n]);
+            }
+            store(w, u64::from_le_bytes(b));
+        }
+        let seq = self.req_seq.load(Ordering::Relaxed).wrapping_add(1).max(1);
+        self.req_seq.store(seq, Ordering::Release);
+        Ok(seq)
+    }
+
+    /// Where request `seq` stands.
+    pub fn progress(&self, seq: u64) -> Progress {
+        if self.done_seq.load(Ordering::Acquire) != seq {
+            return Progress::Waiting;
+        }
+        if let Some(f) = RedirectFailure::from_code(load(&self.status)) {
+            return Progress::Failed(f);
+        }
+        let verified = self.verified_seq.load(Ordering::Acquire) == seq;
+        let mask = load(&self.mismatch_mask);
+        Progress::Returned(RedirectOutcome {
+            vcpu: load(&self.vcpu) as u32,
+            return_vcpu: load(&self.return_vcpu) as u32,
+            pc: load(&self.pc),
+            elapsed_ns: load(&self.elapsed_ns),
+            saved: vmsight_proto::redirect::reg_map(&load_regs(&self.saved)),
+            at_return: vmsight_proto::redirect::reg_map(&load_regs(&self.at_return)),
+            restore_mismatch: verified.then(|| {
+                Reg::ALL
+                    .into_iter()
+                    .filter(|r| mask & (1 << r.index()) != 0)
+                    .collect()
+            }),
+        })
+    }
+
+    /// Gives up on request `seq`.
+    pub fn cancel(&self, seq: u64) {
+        self.cancel_seq.store(seq, Ordering::Release);
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // The plugin's side
+
+    /// The sequence of a request waiting to be taken, if any (one load when there is none).
+    #[inline]
+    pub fn waiting(&self, taken: u64) -> Option<u64> {
+        let req = self.req_seq.load(Ordering::Acquire);
+        if req == taken || req == 0 {
+            return None;
+        }
+        self.outstanding()
+    }
+
+    /// True if vmsight gave up on `seq`.
+    pub fn cancelled(&self, seq: u64) -> bool {
+        self.cancel_seq.load(Ordering::Acquire) == seq
+    }
+
+    /// Reads request `seq` (call after [`Mailbox::waiting`] returned it). `None` if the fields
+    /// do not form a valid request (a scribbled mailbox).
+    pub fn request(&self) -> Option<RedirectRequest> {
+        if load(&self.trigger) != TRIGGER_SYSCALL {
+            return None;
+        }
+        let tgid = u32::try_from(load(&self.tgid)).ok()?;
+        let mask = load(&self.set_mask);
+        let regs: BTreeMap<Reg, u64> = Reg::ALL
+            .into_iter()
+            .filter(|r| mask & (1 << r.index()) != 0)
+            .map(|r| (r, load(&self.set[r.index()])))
+            .collect();
+        let len = usize::try_from(load(&self.mem_len)).ok()?;
+        let memory = if len == 0 {
+            None
+        } else {
+            if len > MAX_MEMORY_WRITE {
+                return None;
+            }
+            let mut bytes: Vec<u8> = self
+                .mem
+                .iter()
+                .flat_map(|w| load(w).to_le_bytes())
+                .collect();
+            bytes.truncate(len);
+            Some(MemWrite {
+                addr: load(&self.mem_addr),
+                bytes,
+            })
+        };
+        let req = RedirectRequest {
+            trigger: Trigger::Syscall { tgid },
+            entry: load(&self.entry),
+            frame: (load(&self.has_frame) != 0).then(|| Frame {
+                return_to: load(&self.return_to),
+                reserve: load(&self.reserve),
+            }),
+            regs,
+            memory,
+            // The plugin does not time out; vmsight does.
+            timeout_ms: 1,
+        };
+        req.validate().ok().map(|()| req)
+    }
+
+    /// Answers `seq` with a failure.
+    pub fn fail(&self, seq: u64, why: RedirectFailure) {
+        store(&self.status, why.code());
+        self.done_seq.store(seq, Ordering::Release);
+    }
+
+    /// Answers `seq` with the return.
+    pub fn returned(&self, seq: u64, o: &ReturnReport) {
+        store(&self.status, 0);
+        store(&self.vcpu, u64::from(o.vcpu));
+        store(&self.return_vcpu, u64::from(o.return_vcpu));
+        store(&self.pc, o.pc);
+        store(&self.elapsed_ns, o.elapsed_ns);
+        for i in 0..NREGS {
+            store(&self.saved[i], o.saved[i]);
+            store(&self.at_return[i], o.at_return[i]);
+        }
+        self.done_seq.store(seq, Ordering::Release);
+    }
+
+    /// Reports the restore check of `seq`: bit `i` set if `Reg::ALL[i]` differed.
+    pub fn verified(&self, seq: u64, mismatch_mask: u64) {
+        store(&self.mismatch_mask, mismatch_mask);
+        self.verified_seq.store(seq, Ordering::Release);
+    }
+}
+
+/// The plugin's report of a return, in mailbox order.
+#[derive(Debug, Clone, Copy)]
+pub struct ReturnReport {
+    pub vcpu: u32,
+    pub return_vcpu: u32,
+    pub pc: u64,
+    pub elapsed_ns: u64,
+    pub saved: [u64; NREGS],
+    pub at_return: [u64; NREGS],
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mailbox() -> Box<Mailbox> {
+        // SAFETY: Mailbox is only atomics, for which all-zero bits are valid.
+        unsafe { Box::new(std::mem::zeroed()) }
+    }
+
+    fn req() -> RedirectRequest {
+        let mut r = RedirectRequest::call(
+            Trigger::Syscall { tgid: 42 },
+            0x40_1000,
+            &[1, 2, 3, 4, 5, 6],
+            0x40_2000,
+        );
+        r.regs.insert(Reg::FsBase, 0x7f00_0000_0000);
+        r.memory = Some(MemWrite {
+            addr: 0x50_0000,
+            bytes: (0..13).collect(),
+        });
+        r
+    }
+
+    #[test]
+    fn a_request_crosses_the_mailbox_intact() {
+        let m = mailbox();
+        assert_eq!(m.waiting(0), None);
+        let seq = m.post(&req()).expect("posted");
+        assert_eq!(m.waiting(0), Some(seq));
+        let mut got = m.request().expect("valid");
+        got.timeout_ms = req().timeout_ms;
+        assert_eq!(got, req());
+        assert_eq!(m.waiting(seq), None, "taken requests are not seen again");
+    }
+
+    #[test]
+    fn one_request_at_a_time_until_answered_or_cancelled() {
+        let m = mailbox();
+        let a = m.post(&req()).expect("posted");
+        assert_eq!(m.post(&req()), Err(MailboxError::Busy(a)));
+        m.cancel(a);
+        assert!(m.cancelled(a));
+        assert_eq!(m.waiting(0), None, "a cancelled request is not taken");
+        let b = m.post(&req()).expect("posted after the cancel");
+        assert_ne!(a, b);
+        m.fail(b, RedirectFailure::StackWrite);
+        assert_eq!(m.progress(b), Progress::Failed(RedirectFailure::StackWrite));
+        assert!(
+            m.post(&req()).is_ok(),
+            "an answered request frees the mailbox"
+        );
+    }
+
+    #[test]
+    fn the_outcome_and_the_restore_check_come_back() {
+        let m = mailbox();
+        let seq = m.post(&req()).expect("posted");
+        assert_eq!(m.progress(seq), Progress::Waiting);
+        let mut saved = [0u64; NREGS];
+        saved[Reg::Rsp.index()] = 0x7ffc_0000;
+        let mut at_return = [0u64; NREGS];
+        at_return[Reg::Rax.index()] = 99;
+        m.returned(
+            seq,
+            &ReturnReport {
+                vcpu: 1,
+                return_vcpu: 0,
+                pc: 0x40_0100,
+                elapsed_ns: 5000,
+                saved,
+                at_return,
+            },
+        );
+        let Progress::Returned(o) = m.progress(seq) else {
+            panic!("returned")
+        };
+        assert_eq!(o.at_return[&Reg::Rax], 99);
+        assert_eq!(o.saved[&Reg::Rsp], 0x7ffc_0000);
+        assert_eq!((o.vcpu, o.return_vcpu, o.pc), (1, 0, 0x40_0100));
+        assert_eq!(o.restore_mismatch, None, "not checked yet");
+        m.verified(seq, 1 << Reg::Rdi.index());
+        let Progress::Returned(o) = m.progress(seq) else {
+            panic!("returned")
+        };
+        assert_eq!(o.restore_mismatch, Some(vec![Reg::Rdi]));
+    }
+
+    #[test]
+    fn scribbled_fields_never_make_an_invalid_request() {
+        let m = mailbox();
+        m.post(&req()).expect("posted");
+        store(&m.mem_len, 10_000);
+        assert_eq!(m.request(), None, "an oversized memory write is refused");
+        store(&m.mem_len, 0);
+        store(&m.trigger, 77);
+        assert_eq!(m.request(), None, "an unknown trigger is refused");
+        store(&m.trigger, TRIGGER_SYSCALL);
+        store(&m.entry, 0);
+        assert_eq!(m.request(), None, "entry 0 is refused");
+        store(&m.entry, 1);
+        store(&m.tgid, u64::MAX);
+        assert_eq!(m.request(), None, "a TGID beyond u32 is refused");
+    }
+}
