@@ -6,13 +6,16 @@
 //! allocated once and reused. Register reads differ between plugin APIs (v4 returns the byte
 //! count, v7 a `bool`), so the count is taken from the array's growth in both.
 
-use std::ffi::CStr;
+use std::ffi::{c_uint, CStr};
 
 use crate::qemu::ffi::{
     self, g_array_free, g_byte_array_set_size, g_byte_array_sized_new, qemu_plugin_get_registers,
     qemu_plugin_read_memory_vaddr, qemu_plugin_register, GByteArray, RegDescV4, RegDescV7,
 };
 use crate::qemu::{self, Api};
+
+/// Most registers one [`ByteBuf::read_registers`] call reads (vCPU redirection reads 20).
+pub const MAX_REGS_PER_READ: usize = 24;
 
 /// Largest single guest memory read the helper accepts (bounds the copy and the time spent in
 /// a vCPU callback).
@@ -55,14 +58,18 @@ impl ByteBuf {
 
     /// Reads the registers `handles` of the current vCPU into `out` (little-endian, at most 8
     /// bytes each; wider registers are truncated). Returns a bit mask of the registers whose
-    /// read failed (their value is 0). Only valid inside a callback registered with
+    /// read failed (their value is 0); registers beyond the first [`MAX_REGS_PER_READ`] are
+    /// never read and always reported failed. Only valid inside a callback registered with
     /// `QEMU_PLUGIN_CB_R_REGS`.
     pub fn read_registers(&mut self, handles: &[usize], out: &mut [u64]) -> u32 {
         let mut failed = 0u32;
+        for i in MAX_REGS_PER_READ..handles.len().min(32) {
+            failed |= 1 << i;
+        }
         // SAFETY: self.0 is a live GByteArray exclusively owned by this vCPU (&mut self).
         unsafe { g_byte_array_set_size(self.0, 0) };
         // (offset, size) of each register in the array: all reads append, one pass parses.
-        let mut spans = [(0usize, 0usize); 16];
+        let mut spans = [(0usize, 0usize); MAX_REGS_PER_READ];
         for (i, &h) in handles.iter().enumerate().take(spans.len()) {
             // SAFETY: self.0 is live; reading `len` of a GByteArray we own is sound.
             let before = unsafe { (*self.0).len } as usize;
@@ -146,6 +153,54 @@ impl ByteBuf {
             return Err(MemError::Unmapped(vaddr));
         }
         Ok(done)
+    }
+}
+
+impl ByteBuf {
+    /// Replaces the array's contents with `bytes`.
+    fn fill(&mut self, bytes: &[u8]) -> bool {
+        let Ok(len) = c_uint::try_from(bytes.len()) else {
+            return false;
+        };
+        // SAFETY: self.0 is a live GByteArray we own; after set_size it holds `len` bytes at
+        // `data` (GLib reallocates as needed), which we overwrite in bounds.
+        unsafe {
+            g_byte_array_set_size(self.0, len);
+            let a = &*self.0;
+            if a.data.is_null() || (a.len as usize) < bytes.len() {
+                return false;
+            }
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), a.data, bytes.len());
+        }
+        true
+    }
+
+    /// Writes `bytes` (little-endian, the register's width) into a register of the current
+    /// vCPU. Needs plugin API v7 and a callback registered for register writes; false if QEMU
+    /// refuses (or on v4).
+    pub fn write_register(&mut self, handle: usize, bytes: &[u8]) -> bool {
+        let Some(f) = qemu::v7() else { return false };
+        if bytes.is_empty() || !self.fill(bytes) {
+            return false;
+        }
+        // SAFETY: v7's write_register with a handle from qemu_plugin_get_registers and a
+        // real, non-empty GByteArray; the caller is a register-writing vCPU callback.
+        unsafe { (f.write_register)(handle as *mut qemu_plugin_register, self.0) }
+    }
+
+    /// Writes `bytes` to guest virtual memory through the current vCPU's page tables (QEMU's
+    /// debug access: page protections do not apply, absent pages fail). Needs API v7.
+    pub fn write_guest(&mut self, vaddr: u64, bytes: &[u8]) -> bool {
+        let Some(f) = qemu::v7() else { return false };
+        if bytes.is_empty() || bytes.len() > MAX_GUEST_READ || !self.fill(bytes) {
+            return false;
+        }
+        if vaddr.checked_add(bytes.len() as u64).is_none() {
+            return false;
+        }
+        // SAFETY: v7's write_memory_vaddr with a real, non-empty GByteArray, from a vCPU
+        // callback (QEMU asserts a current CPU).
+        unsafe { (f.write_memory_vaddr)(vaddr, self.0) }
     }
 }
 

@@ -26,6 +26,7 @@ mod blockhook;
 mod guest;
 mod logic;
 pub mod qemu;
+mod redirect;
 
 use std::cell::{Cell, UnsafeCell};
 use std::collections::{BTreeSet, HashMap};
@@ -35,6 +36,7 @@ use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use qemu::{Cond, Insn, InstallInfo, PluginId, RegAccess, Scoreboard, Tb, Word};
+use vmsight_proto::redirect::RETURN_MARKER;
 use vmsight_ring::{
     data, flags, layout::plugin_flags, monotonic_ns, Channel, ChannelPlugin, Counter, CounterSink,
     MonitorFilters, Producer, Record, ReturnVia, SumsHeader, COMM_LEN,
@@ -123,6 +125,8 @@ struct Regs {
     gpr: [usize; 16],
     /// The active GS base (in kernel mode: the per-CPU area), for the block hooks; optional.
     gs_base: Option<usize>,
+    /// Every register vCPU redirection saves and restores, in `Reg::ALL` order.
+    all: [usize; vmsight_proto::redirect::NREGS],
 }
 
 /// Filters and the classification state shared by all vCPUs.
@@ -792,6 +796,7 @@ fn discover_registers() -> Option<Regs> {
         iret: IRET_REGS.map(&mut find),
         gpr: GPR_NAMES.map(&mut find),
         gs_base: regs.iter().find(|r| r.name == "gs_base").map(|r| r.handle),
+        all: vmsight_proto::redirect::Reg::ALL.map(|r| find(r.name())),
     };
     if missing.is_empty() {
         Some(out)
@@ -846,6 +851,8 @@ fn instrument_tb(st: &State, tb: Tb<'_>) -> u64 {
     let user = tb_vaddr < USER_SPACE_END;
     let monitoring = st.monitoring();
     let hooks = if user { None } else { st.blk.as_ref() };
+    // Return markers of vCPU redirection, in user and kernel code (v7 with monitoring).
+    let markers = monitoring && redirect::available();
     if !(user || ((monitoring || hooks.is_some()) && is_kernel_addr(tb_vaddr))) {
         return 0;
     }
@@ -857,16 +864,21 @@ fn instrument_tb(st: &State, tb: Tb<'_>) -> u64 {
         if hooks.is_some_and(|h| h.instrument(&insn, vaddr)) {
             continue; // a hooked function entry (matched by address, whatever its bytes)
         }
+        let marker_size = markers && size == RETURN_MARKER.len();
         if user {
             if vaddr >= USER_SPACE_END || !(2..=15).contains(&size) {
                 continue;
             }
-        } else if !monitoring || !(2..=4).contains(&size) {
+        } else if !monitoring || !((2..=4).contains(&size) || marker_size) {
             continue; // every instrumented kernel instruction is 2 to 4 bytes long
         }
         let mut bytes = [0u8; 16];
         let got = insn.data(&mut bytes[..size]);
         let bytes = &bytes[..got];
+        if marker_size && bytes == RETURN_MARKER {
+            insn.on_exec(on_marker, RegAccess::ReadWritePc, 0);
+            continue;
+        }
         if user {
             if is_syscall_insn(bytes) {
                 instrument_syscall(st, &insn, vaddr, monitoring);
@@ -894,10 +906,16 @@ fn instrument_syscall(st: &State, insn: &Insn<'_>, vaddr: u64, mon: bool) {
         0,
     );
     if mon {
-        // Monitored or unknown only. The PC rides in the user data.
+        // Monitored or unknown only. The PC rides in the user data. With API v7 the callback
+        // may redirect the vCPU (vmsight_proto::redirect).
+        let access = if redirect::available() {
+            RegAccess::ReadWritePc
+        } else {
+            RegAccess::Read
+        };
         insn.on_exec_if(
             on_syscall,
-            RegAccess::Read,
+            access,
             st.entry(SB_STATE),
             Cond::Ne,
             ST_UNMONITORED,
@@ -1596,16 +1614,24 @@ fn runtime_pc(rip: u64, translated: u64) -> u64 {
 }
 
 extern "C" fn on_syscall(vcpu: c_uint, udata: *mut c_void) {
-    guard(Some(vcpu), || syscall_entry(vcpu, udata as usize as u64));
+    let mut jump_to = None;
+    guard(Some(vcpu), || {
+        jump_to = syscall_entry(vcpu, udata as usize as u64)
+    });
+    if let Some(pc) = jump_to {
+        redirect::jump(pc);
+    }
 }
 
-fn syscall_entry(vcpu: c_uint, translated_pc: u64) {
-    let Some(mut c) = ctx(vcpu) else { return };
+/// Handles a monitored `syscall` instruction; returns a PC to move the vCPU to when a vCPU
+/// redirection takes it here.
+fn syscall_entry(vcpu: c_uint, translated_pc: u64) -> Option<u64> {
+    let mut c = ctx(vcpu)?;
     c.st.poll_filters(vcpu);
     c.count(Counter::Callbacks, 1);
     let state = c.st.sb_get(SB_STATE, vcpu);
     if state == ST_UNMONITORED {
-        return; // a filter change or classification raced with the condition
+        return None; // a filter change or classification raced with the condition
     }
     let mut r = [0u64; ENTRY_REGS.len()];
     let known = c.known_env();
@@ -1629,20 +1655,23 @@ fn syscall_entry(vcpu: c_uint, translated_pc: u64) {
         // switch rather than paying a failing callback per syscall (e.g. under PTI).
         c.st.sb_set(SB_STATE, vcpu, ST_UNMONITORED);
         c.v.cr3_classified.store(cr3, Ordering::Relaxed);
-        return;
+        return None;
     };
     if !c.decide(state, &t, cr3) {
-        return;
+        return None;
     }
-    c.count(Counter::MonitoredSyscalls, 1);
-    let ts = monotonic_ns();
-    let mut args = [0u64; 6];
-    args.copy_from_slice(&r[E_ARGS..E_ARGS + 6]);
     let pc = if failed == 0 {
         runtime_pc(r[E_RIP], translated_pc)
     } else {
         translated_pc
     };
+    if let Some(to) = c.redirect_at_syscall(t.f.tgid, cr3, pc) {
+        return Some(to); // the syscall runs when the vCPU comes back here
+    }
+    c.count(Counter::MonitoredSyscalls, 1);
+    let ts = monotonic_ns();
+    let mut args = [0u64; 6];
+    args.copy_from_slice(&r[E_ARGS..E_ARGS + 6]);
     let mut rec = Record::syscall_entry(vcpu, ts, cr3, pc, r[E_RAX], args, r[E_RSP]);
     rec.set_task(t.task, t.f.pid, t.f.tgid, Some(&t.f.comm));
     if failed != 0 {
@@ -1694,6 +1723,18 @@ fn syscall_entry(vcpu: c_uint, translated_pc: u64) {
             }
             c.st.invalidate(&mut inner, vcpu);
         }
+    }
+    None
+}
+
+/// A return marker (`vmsight_proto::redirect::RETURN_MARKER`) is about to execute.
+extern "C" fn on_marker(vcpu: c_uint, _udata: *mut c_void) {
+    let mut jump_to = None;
+    guard(Some(vcpu), || {
+        jump_to = ctx(vcpu).and_then(|mut c| c.redirect_at_marker());
+    });
+    if let Some(pc) = jump_to {
+        redirect::jump(pc);
     }
 }
 

@@ -320,6 +320,18 @@ pub fn register_discon(id: PluginId, kinds: c_uint, cb: ffi::DisconCbV7) -> bool
     true
 }
 
+/// Moves the current vCPU's PC to `pc` and leaves the callback (QEMU long-jumps back into its
+/// execution loop; this never returns).
+///
+/// # Safety
+/// Only in a callback registered with [`RegAccess::ReadWritePc`] on API v7, and only as the
+/// last thing the callback does: the frames it unwinds past must hold nothing to drop
+/// (a long jump runs no destructors).
+pub unsafe fn set_pc(f: &ffi::V7Fns, pc: u64) -> ! {
+    // SAFETY: the caller's contract above.
+    unsafe { (f.set_pc)(pc) }
+}
+
 /// Writes a line to QEMU's plugin log (shown with `-d plugin`).
 pub fn outs(msg: &str) {
     if let Ok(c) = CString::new(msg) {
