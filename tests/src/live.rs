@@ -84,6 +84,29 @@ impl LiveVm {
         }
     }
 
+    /// Waits for a stdout line starting with `prefix` and returns it (bounded like
+    /// [`LiveVm::wait_line`]).
+    pub fn wait_prefix(&mut self, prefix: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(600);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => {
+                    self.seen.push(l.clone());
+                    if l.starts_with(prefix) {
+                        return l;
+                    }
+                }
+                Err(_) => panic!(
+                    "the guest never printed a line starting with {prefix:?}; stdout {:?}, \
+                     stderr {}",
+                    self.seen,
+                    self.stderr.lock().unwrap()
+                ),
+            }
+        }
+    }
+
     /// Stdout lines between the lines `from` and `to` (exclusive) seen so far.
     pub fn section(&self, from: &str, to: &str) -> Vec<String> {
         let start = self.seen.iter().position(|l| l == from).unwrap() + 1;

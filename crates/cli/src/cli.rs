@@ -68,6 +68,9 @@ enum Cmd {
     /// Re-run the decisions of a Hylics controller log (`--hylics-slo ...,log=FILE`) and
     /// check that each comes out the same (docs/hylics.md).
     HylicsReplay(crate::hylics::ReplayArgs),
+    /// vCPU control of a running VM: run a guest function on a vCPU and restore it exactly
+    /// (plugin API v7, QEMU 11.1; docs/platforms.md).
+    Cpu(crate::cpu::CpuArgs),
     /// Deduplicated volumes (iDedup): create, info, check, gc, export. Serve one with
     /// `vmsight run --disk VOL,dedup`.
     Dedup {
@@ -340,6 +343,7 @@ pub fn main() -> i32 {
         Cmd::Net(a) => crate::net::run(a),
         Cmd::Hylics(a) => crate::hylics::run(a),
         Cmd::HylicsReplay(a) => crate::hylics::replay(a),
+        Cmd::Cpu(a) => crate::cpu::run(a),
         Cmd::Dedup { action } => crate::dedup::run(action),
     };
     match res {

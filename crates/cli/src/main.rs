@@ -1,6 +1,7 @@
 //! `vmsight`: see inside unmodified VMs. See `vmsight --help` and README.md.
 
 mod cli;
+mod cpu;
 mod dedup;
 mod hylics;
 mod idle;
