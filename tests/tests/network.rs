@@ -78,8 +78,9 @@ fn line_value<'a>(lines: &'a [String], prefix: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no {prefix:?} line in {lines:?}"))
 }
 
-/// Runs the transfers in one VM with `extra` options; returns the stats JSON.
-fn transfers(extra: &[&str]) -> Value {
+/// Runs the transfers in one VM named after `tag` (tests run in parallel: names must differ)
+/// with `extra` options; returns the stats JSON.
+fn transfers(tag: &str, extra: &[&str]) -> Value {
     let dir = tempfile::tempdir().unwrap();
     let blob = dir.path().join("blob");
     let data: Vec<u8> = (0..64u32 << 20)
@@ -87,7 +88,7 @@ fn transfers(extra: &[&str]) -> Value {
         .collect();
     std::fs::write(&blob, &data).unwrap();
     let stats = dir.path().join("stats.json");
-    let name = vm_name("xfer");
+    let name = vm_name(&format!("xfer-{tag}"));
     let mut args = vec!["--name", &name, "--stats-json", stats.to_str().unwrap()];
     args.extend_from_slice(extra);
     args.extend_from_slice(&["--", "sh", "-c", TRANSFER_SCRIPT]);
@@ -132,7 +133,7 @@ fn nic(stats: &Value) -> &Value {
 fn transfers_both_ways_are_intact_with_the_capture_and_the_capture_opens_in_tcpdump() {
     let dir = tempfile::tempdir().unwrap();
     let pcap = dir.path().join("cap.pcap");
-    let stats = transfers(&["--net-pcap", pcap.to_str().unwrap()]);
+    let stats = transfers("pcap", &["--net-pcap", pcap.to_str().unwrap()]);
     let m = &nic(&stats)["metrics"];
     assert!(m["tx_bytes"].as_u64().unwrap() > 64 << 20, "{m}");
     assert!(m["rx_bytes"].as_u64().unwrap() > 64 << 20, "{m}");
@@ -165,7 +166,7 @@ fn transfers_both_ways_are_intact_with_the_capture_and_the_capture_opens_in_tcpd
 
 #[test]
 fn transfers_both_ways_are_intact_with_foxyvegas_and_without_capture() {
-    let stats = transfers(&["--foxyvegas"]);
+    let stats = transfers("fv", &["--foxyvegas"]);
     let fv = &nic(&stats)["foxyvegas"];
     assert!(fv["flows_total"].as_u64().unwrap() >= 2, "{fv}");
     assert!(fv["rtt_samples"].as_u64().unwrap() > 0, "{fv}");
