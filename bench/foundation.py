@@ -5,10 +5,18 @@ Same kernel, initramfs, root image, vCPUs and memory for every configuration, al
 several repetitions; results are printed as a Markdown table with ratios to plain QEMU.
 
   bench/foundation.py [--reps N] [--fio-runtime S] [--skip fio,getppid,boot] [--configs a,b]
+                      [--qemu system,trixie] [--fio-jobs randread-4k-qd1,...]
 
 Configurations: qemu-virtio (QEMU's virtio-blk, aio=threads, cache=none), qsd
-(qemu-storage-daemon vhost-user-blk), vmsight, vmsight-noplugin, and vmsight-io1 (vmsight
-with one I/O thread on the fio disk: the file stage's pool against serial file I/O).
+(qemu-storage-daemon vhost-user-blk), vmsight, vmsight-noplugin, vmsight-io1 (vmsight
+with one I/O thread on the fio disk: the file stage's pool against serial file I/O),
+vmsight-traced (the workload's syscalls intercepted: --trace @cmd to /dev/null) and
+vmsight-traced-ro (the same with VMSIGHT_PLUGIN_REDIRECT=off: on QEMU 11 the syscall callbacks
+are then registered read-only instead of with register/PC write access).
+
+--qemu runs every vmsight configuration on each listed QEMU (`vmsight run --qemu`; `trixie` is
+QEMU 11.1 from `make qemu11`), interleaved in the same repetitions; they are reported as
+CONFIG@QEMU with a QEMU 11 / QEMU 10 table. The peers (qemu-virtio, qsd) use the system QEMU.
 """
 import argparse
 import json
@@ -23,18 +31,39 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
 import peers  # noqa: E402
 
 CONFIGS = ["qemu-virtio", "qsd", "vmsight", "vmsight-noplugin"]
-ALL_CONFIGS = CONFIGS + ["vmsight-io1"]
+ALL_CONFIGS = CONFIGS + ["vmsight-io1", "vmsight-traced", "vmsight-traced-ro"]
+QEMUS = ["system", "trixie"]
+
+
+def split(config):
+    """`vmsight@trixie` -> ("vmsight", "trixie"); peers and plain names run on the system QEMU."""
+    base, _, qemu = config.partition("@")
+    return base, qemu or "system"
 
 
 def run(config, argv, disks=()):
     """One run; adds `cpu_s`: host CPU seconds of QEMU + vmsight (or + qsd), from getrusage."""
     c0 = peers.children_cpu_s()
-    if config in ("qemu-virtio", "qsd"):
-        r = peers.run_peer(config, argv, extra_disks=disks)
+    base, qemu = split(config)
+    if base in ("qemu-virtio", "qsd"):
+        r = peers.run_peer(base, argv, extra_disks=disks)
     else:
-        extra = ["--no-plugin"] if config == "vmsight-noplugin" else []
-        opts = ",direct,io_threads=1" if config == "vmsight-io1" else ",direct"
-        r = peers.run_vmsight(argv, extra=extra, disks=disks, disk_opts=opts)
+        extra = ["--qemu", qemu]
+        if base == "vmsight-noplugin":
+            extra.append("--no-plugin")
+        if base.startswith("vmsight-traced"):
+            extra += ["--trace", "@cmd", "--trace-out", "/dev/null"]
+        opts = ",direct,io_threads=1" if base == "vmsight-io1" else ",direct"
+        old = os.environ.get("VMSIGHT_PLUGIN_REDIRECT")
+        if base == "vmsight-traced-ro":
+            os.environ["VMSIGHT_PLUGIN_REDIRECT"] = "off"
+        try:
+            r = peers.run_vmsight(argv, extra=extra, disks=disks, disk_opts=opts)
+        finally:
+            if old is None:
+                os.environ.pop("VMSIGHT_PLUGIN_REDIRECT", None)
+            else:
+                os.environ["VMSIGHT_PLUGIN_REDIRECT"] = old
     r["cpu_s"] = peers.children_cpu_s() - c0
     return r
 
@@ -88,13 +117,32 @@ def main():
     ap.add_argument("--skip", default="")
     ap.add_argument("--configs", default=",".join(CONFIGS),
                     help="comma-separated, from: " + ", ".join(ALL_CONFIGS))
+    ap.add_argument("--qemu", default="system",
+                    help="comma-separated QEMUs for the vmsight configurations: " + ", ".join(QEMUS))
+    ap.add_argument("--fio-jobs", default="",
+                    help="comma-separated fio jobs (default all): " +
+                    ", ".join(f"{rw}-{bs}-qd{qd}" for rw, bs, qd in FIO_JOBS))
     a = ap.parse_args()
-    CONFIGS[:] = [c for c in a.configs.split(",") if c]
-    unknown = set(CONFIGS) - set(ALL_CONFIGS)
+    configs = [c for c in a.configs.split(",") if c]
+    unknown = set(configs) - set(ALL_CONFIGS)
     if unknown:
         sys.exit(f"unknown configurations: {', '.join(sorted(unknown))}")
+    qemus = [q for q in a.qemu.split(",") if q]
+    if not qemus or set(qemus) - set(QEMUS):
+        sys.exit(f"--qemu takes a comma-separated list of {', '.join(QEMUS)}")
+    if a.fio_jobs:
+        wanted = set(a.fio_jobs.split(","))
+        FIO_JOBS[:] = [j for j in FIO_JOBS if f"{j[0]}-{j[1]}-qd{j[2]}" in wanted]
+        if len(FIO_JOBS) != len(wanted):
+            sys.exit(f"unknown fio jobs in {a.fio_jobs}")
+    # Peers once (system QEMU); each vmsight configuration on each QEMU (named CONFIG@QEMU when
+    # more than the system QEMU is asked for).
+    CONFIGS[:] = [c for c in configs if not c.startswith("vmsight")]
+    for c in configs:
+        if c.startswith("vmsight"):
+            CONFIGS.extend(c if qemus == ["system"] else f"{c}@{q}" for q in qemus)
     skip = set(filter(None, a.skip.split(",")))
-    results = {c: {"t_ready": [], "t_exit": [], "rss": [], "anon": [], "qemu_rss": [], "getppid_ns": [], "fio": [],
+    results = {c: {"t_ready": [], "t_exit": [], "rss": [], "anon": [], "qemu_rss": [], "getppid_ns": [], "getppid_cpu": [], "fio": [],
                    "boot_cpu": [], "fio_cpu": []} for c in CONFIGS}
     with tempfile.TemporaryDirectory(prefix="bench-foundation-") as tmp:
         disk = os.path.join(tmp, "fio.img")
@@ -115,6 +163,7 @@ def main():
                     r = run(c, ["sh", "-c", "s=$(date +%s%N); getppid_loop 1000000; e=$(date +%s%N); echo $((e-s))"])
                     ns = int(r["stdout"].strip().splitlines()[-1])
                     results[c]["getppid_ns"].append(ns / 1e6)
+                    results[c]["getppid_cpu"].append(r["cpu_s"])
                     print(f"[rep {rep}] {c}: getppid {ns/1e6:.1f} ns/call", file=sys.stderr)
                 if "fio" not in skip:
                     r = run(c, ["sh", "-c", fio_script(a.fio_runtime)], disks=[disk])
@@ -129,21 +178,27 @@ def main():
 def report(results, a):
     base = "qemu-virtio"
     print(f"\n### Foundation benchmarks ({time.strftime('%Y-%m-%d')}, medians of {a.reps} runs)\n")
-    peers_ = [p for p in ("qemu-virtio", "qsd", "vmsight-io1") if p in CONFIGS]
+    peers_ = [p for p in ("qemu-virtio", "qsd", "vmsight-io1", "vmsight-io1@system") if p in CONFIGS]
     print("| metric | " + " | ".join(CONFIGS) + "".join(f" | vmsight / {p}" for p in peers_) + " |")
     print("|---|" + "---|" * (len(CONFIGS) + len(peers_)))
+
+    main_vmsight = "vmsight" if "vmsight" in CONFIGS else "vmsight@system"
+    rows = []
 
     def row(name, vals, fmt, higher_better):
         cells = [fmt(v) if v is not None else "-" for v in vals]
         by = dict(zip(CONFIGS, vals))
-        v = by.get("vmsight")
+        v = by.get(main_vmsight)
         ratios = [f"{v / by[p]:.2f}x" if v and by.get(p) else "-" for p in peers_]
         print(f"| {name} | " + " | ".join(cells + ratios) + " |")
+        rows.append((name, by, fmt))
 
     row("boot to guest init (s)", [med(results[c]["t_ready"]) for c in CONFIGS], lambda v: f"{v:.2f}", False)
     row("boot + poweroff, wall (s)", [med(results[c]["t_exit"]) for c in CONFIGS], lambda v: f"{v:.2f}", False)
     row("boot + poweroff, host CPU (s)", [med(results[c]["boot_cpu"]) for c in CONFIGS], lambda v: f"{v:.2f}", False)
     row("getppid loop (ns/call)", [med(results[c]["getppid_ns"]) for c in CONFIGS], lambda v: f"{v:.0f}", False)
+    row("getppid run (boot + 1M calls + poweroff), host CPU (s)", [med(results[c]["getppid_cpu"]) for c in CONFIGS],
+        lambda v: f"{v:.2f}", False)
     for rw, bs, qd in FIO_JOBS:
         name = f"{rw}-{bs}-qd{qd}"
         key = "mib_s" if bs == "1M" else "iops"
@@ -156,7 +211,24 @@ def report(results, a):
         lambda v: f"{v:.1f}", False)
     row("peak RSS of QEMU (MiB)", [med(results[c]["qemu_rss"]) and med(results[c]["qemu_rss"]) / 1024 for c in CONFIGS],
         lambda v: f"{v:.1f}", False)
+    qemu_table(rows)
     print("\nraw:", json.dumps(results))
+
+
+def qemu_table(rows):
+    """QEMU 11 against QEMU 10 for every vmsight configuration run on both."""
+    pairs = [c.split("@")[0] for c in CONFIGS if c.endswith("@trixie") and c.replace("@trixie", "@system") in CONFIGS]
+    if not pairs:
+        return
+    print("\n| metric | " + " | ".join(f"{p}: QEMU 10 | {p}: QEMU 11 | {p}: 11 / 10" for p in pairs) + " |")
+    print("|---|" + "---|---|---|" * len(pairs))
+    for name, by, fmt in rows:
+        cells = []
+        for p in pairs:
+            old, new = by.get(f"{p}@system"), by.get(f"{p}@trixie")
+            cells += [fmt(old) if old is not None else "-", fmt(new) if new is not None else "-",
+                      f"{new / old:.2f}x" if old and new else "-"]
+        print(f"| {name} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

@@ -34,9 +34,17 @@ fn width(r: Reg) -> usize {
     }
 }
 
-/// Redirection is possible: API v7 with its write functions.
+/// Environment variable that turns redirection off (`0`/`off`): syscall callbacks are then
+/// registered read-only even on API v7 (for measuring what the write access costs).
+pub const REDIRECT_ENV: &str = "VMSIGHT_PLUGIN_REDIRECT";
+
+/// Redirection is possible: API v7 with its write functions, and not turned off.
 pub(crate) fn available() -> bool {
-    qemu::api() == Api::V7 && qemu::v7().is_some()
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        let off = std::env::var(REDIRECT_ENV).is_ok_and(|v| matches!(v.trim(), "0" | "off"));
+        !off && qemu::api() == Api::V7 && qemu::v7().is_some()
+    })
 }
 
 /// The last request sequence taken from the mailbox.
