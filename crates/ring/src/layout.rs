@@ -10,6 +10,7 @@
 //! offset 0                      header (one 4 KiB page)
 //! offset CONTROL_OFFSET         control area (two pages, see [`crate::control`]):
 //!     +0     monitor filters (vmsight writes, seqlock) and their generation
+//!     +2048  vCPU redirect mailbox (see [`crate::redirect`])
 //!     +4096  plugin report (plugin writes): applied generation, monitored TGIDs (seqlock)
 //! offset COUNTERS_OFFSET        max_vcpus counter blocks, COUNTER_STRIDE (256) bytes each
 //! offset rings_offset           max_vcpus rings, ring_stride bytes each (page aligned):
