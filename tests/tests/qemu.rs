@@ -3,8 +3,6 @@
 //! choices that cannot work are one-line errors before anything boots.
 #![allow(clippy::unwrap_used)] // Test code: a failed unwrap is a failed test.
 
-use std::path::PathBuf;
-
 use vmsight_tests::*;
 
 fn one_line_error(r: &Run) -> String {
