@@ -1,15 +1,15 @@
 /* redirect-probe [ITERATIONS]: the guest side of the vCPU redirection test (docs/platforms.md).
  *
- * Prints one line "redirect-probe pid=P fn=0x... ret=0x... site=0x..." (site: the syscall
- * instruction below) and then makes nothing but raw getppid syscalls from checked_getppid(),
+ * Prints one line "redirect-probe pid=P fn=0x... ret=0x... site=0x... poke=0x..." (site: the
+ * syscall instruction below; poke: a word vmsight may write before the call) and then makes nothing but raw getppid syscalls from checked_getppid(),
  * each with every general register holding a known pattern and the carry flag set, until
  * probe_fn has been called (by vmsight redirecting a vCPU at one of those syscalls) or
  * ITERATIONS (default 50 million) calls were made. The loop reads no clock (under TCG the
  * vDSO falls back to a clock_gettime syscall), so the process enters the kernel only through
  * that one syscall instruction.
  *
- * probe_fn(a, b, c, d, e, f) returns a + 2b + 3c + 4d + 5e + 6f in rax and rdx, records its
- * arguments, and then deliberately trashes every other general register, including the
+ * probe_fn(a, b, c, d, e, f) returns a + 2b + 3c + 4d + 5e + 6f + poke in rax and rdx, records
+ * its arguments and the GS base it runs with (rdgsbase: vmsight may set it), and then deliberately trashes every other general register, including the
  * callee-saved ones a C function would have to keep: only vmsight's restore can put them back.
  * It keeps the arithmetic flags itself (pushfq at its entry, popfq before it returns): under
  * TCG they live in QEMU's lazy condition-code state, which the plugin API can neither read nor
@@ -19,7 +19,8 @@
  * After each syscall every register is compared with what it must be: the patterns, rsp as
  * before, rcx = the address after the syscall, r11 = the flags before it (the syscall
  * instruction stores RFLAGS in r11), rax = getppid(). The result line is
- *   "redirect-probe calls=N result=R args=A,B,C,D,E,F regs=intact"  (exit 0), or
+ *   "redirect-probe calls=N result=R args=A,B,C,D,E,F fngs=G gs=H regs=intact"  (exit 0), or
+ * (fngs: the GS base inside the function; gs: the GS base after the redirected syscall), or
  *   "... regs=CHANGED <names>" (exit 1), or "redirect-probe calls=0 exhausted" (exit 2).
  * Built with gcc -O2 -static by guest/build-image.sh into /usr/local/bin of the guest. */
 #define _GNU_SOURCE
@@ -30,7 +31,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-volatile uint64_t calls, result, got_args[6];
+volatile uint64_t calls, result, got_args[6], poke, got_gs;
 uint64_t regs_after[16], flags_before, rsp_before;
 
 uint64_t checked_getppid(void);
@@ -106,6 +107,9 @@ __asm__(
     "  add %r10, %rax\n"
     "  imul $6, %r9, %r10\n"
     "  add %r10, %rax\n"
+    "  add poke(%rip), %rax\n"
+    "  rdgsbase %r10\n"
+    "  mov %r10, got_gs(%rip)\n"
     "  mov %rax, result(%rip)\n"
     "  lock incq calls(%rip)\n"
     "  movabs $0x0badc0de0badc0de, %rbx\n"
@@ -129,9 +133,10 @@ int main(int argc, char **argv)
 {
     unsigned long long limit = argc > 1 ? strtoull(argv[1], NULL, 10) : 50000000ULL;
     long ppid = syscall(SYS_getppid);
-    printf("redirect-probe pid=%d fn=%#" PRIxPTR " ret=%#" PRIxPTR " site=%#" PRIxPTR "\n",
+    printf("redirect-probe pid=%d fn=%#" PRIxPTR " ret=%#" PRIxPTR " site=%#" PRIxPTR
+           " poke=%#" PRIxPTR "\n",
            (int)getpid(), (uintptr_t)probe_fn, (uintptr_t)probe_ret,
-           (uintptr_t)after_syscall - 2);
+           (uintptr_t)after_syscall - 2, (uintptr_t)&poke);
     fflush(stdout);
     const uint64_t want[16] = {
         (uint64_t)ppid, 0x1111111111111111, (uint64_t)(uintptr_t)after_syscall, 0x9999999999999999,
@@ -163,9 +168,12 @@ int main(int argc, char **argv)
         printf("redirect-probe calls=0 exhausted\n");
         return 2;
     }
+    uint64_t gs;
+    __asm__ volatile("rdgsbase %0" : "=r"(gs));
     printf("redirect-probe calls=%" PRIu64 " result=%#" PRIx64 " args=%#" PRIx64 ",%#" PRIx64
-           ",%#" PRIx64 ",%#" PRIx64 ",%#" PRIx64 ",%#" PRIx64 " regs=%s%s\n",
+           ",%#" PRIx64 ",%#" PRIx64 ",%#" PRIx64 ",%#" PRIx64 " fngs=%#" PRIx64 " gs=%#" PRIx64
+           " regs=%s%s\n",
            calls, result, got_args[0], got_args[1], got_args[2], got_args[3], got_args[4],
-           got_args[5], changed[0] ? "CHANGED" : "intact", changed);
+           got_args[5], got_gs, gs, changed[0] ? "CHANGED" : "intact", changed);
     return changed[0] ? 1 : 0;
 }

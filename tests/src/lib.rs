@@ -47,6 +47,15 @@ impl From<Output> for Run {
     }
 }
 
+impl Run {
+    /// The single line of stderr (a one-line error), or a failed test.
+    pub fn one_line_error(&self) -> String {
+        let lines: Vec<&str> = self.stderr.trim().lines().collect();
+        assert_eq!(lines.len(), 1, "expected a one-line error: {self:?}");
+        lines[0].to_string()
+    }
+}
+
 /// Runs `vmsight` with `args` to completion.
 pub fn run(args: &[&str]) -> Run {
     let out = vmsight()

@@ -3,12 +3,6 @@
 
 use vmsight_tests::*;
 
-fn one_line_error(r: &Run) -> String {
-    let lines: Vec<&str> = r.stderr.trim().lines().collect();
-    assert_eq!(lines.len(), 1, "expected a one-line error: {r:?}");
-    lines[0].to_string()
-}
-
 #[test]
 fn missing_qemu_is_a_one_line_error() {
     let out = vmsight()
@@ -18,14 +12,14 @@ fn missing_qemu_is_a_one_line_error() {
         .unwrap();
     let r = Run::from(out);
     assert_eq!(r.code, Some(1), "{r:?}");
-    assert!(one_line_error(&r).contains("QEMU was not found"), "{r:?}");
+    assert!(r.one_line_error().contains("QEMU was not found"), "{r:?}");
 }
 
 #[test]
 fn missing_kernel_is_a_one_line_error() {
     let r = run(&["run", "--kernel", "/nonexistent/vmlinuz", "--", "true"]);
     assert_eq!(r.code, Some(1), "{r:?}");
-    assert!(one_line_error(&r).contains("/nonexistent/vmlinuz"), "{r:?}");
+    assert!(r.one_line_error().contains("/nonexistent/vmlinuz"), "{r:?}");
 }
 
 #[test]
@@ -33,7 +27,7 @@ fn unreadable_disk_is_a_one_line_error() {
     let r = run(&["run", "--disk", "/nonexistent/disk.img", "--", "true"]);
     assert_eq!(r.code, Some(1), "{r:?}");
     assert!(
-        one_line_error(&r).contains("/nonexistent/disk.img"),
+        r.one_line_error().contains("/nonexistent/disk.img"),
         "{r:?}"
     );
     let dir = tempfile::tempdir().unwrap();
@@ -41,7 +35,7 @@ fn unreadable_disk_is_a_one_line_error() {
     std::fs::create_dir(&p).unwrap();
     let r = run(&["run", "--disk", p.to_str().unwrap(), "--", "true"]);
     assert_eq!(r.code, Some(1), "{r:?}");
-    one_line_error(&r);
+    r.one_line_error();
 }
 
 #[test]
@@ -59,7 +53,7 @@ fn bad_cli_values_are_one_line_errors() {
     ] {
         let r = run(&args);
         assert!(matches!(r.code, Some(1) | Some(2)), "{args:?}: {r:?}");
-        let line = one_line_error(&r);
+        let line = r.one_line_error();
         assert!(line.starts_with("vmsight: "), "{args:?}: {line}");
     }
 }
@@ -68,7 +62,7 @@ fn bad_cli_values_are_one_line_errors() {
 fn no_command_without_a_terminal_is_an_error() {
     let r = run(&["run"]);
     assert_eq!(r.code, Some(1), "{r:?}");
-    assert!(one_line_error(&r).contains("no command"), "{r:?}");
+    assert!(r.one_line_error().contains("no command"), "{r:?}");
 }
 
 #[test]
@@ -156,7 +150,7 @@ fn bad_storage_and_streaming_options_are_one_line_errors() {
     ] {
         let r = run(&args);
         assert_eq!(r.code, Some(code), "{args:?}: {r:?}");
-        let line = one_line_error(&r);
+        let line = r.one_line_error();
         assert!(line.contains(needle), "{args:?}: {line}");
     }
 }
@@ -175,7 +169,7 @@ fn a_metrics_port_in_use_fails_before_the_guest_runs_and_leaves_nothing() {
         "true",
     ]);
     assert_eq!(r.code, Some(1), "{r:?}");
-    let line = one_line_error(&r);
+    let line = r.one_line_error();
     assert!(line.contains(&addr) && line.contains("in use"), "{line}");
     // No VM is left behind: `vmsight ps` does not list it.
     let ps = run(&["ps", "--json"]);

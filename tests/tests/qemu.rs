@@ -5,12 +5,6 @@
 
 use vmsight_tests::*;
 
-fn one_line_error(r: &Run) -> String {
-    let lines: Vec<&str> = r.stderr.trim().lines().collect();
-    assert_eq!(lines.len(), 1, "expected a one-line error: {r:?}");
-    lines[0].to_string()
-}
-
 #[test]
 fn qemu11_boots_the_default_guest_without_the_plugin_and_reports_its_version() {
     require_trixie_root();
@@ -105,7 +99,7 @@ fn unusable_qemu_choices_are_one_line_errors_before_boot() {
 
     let r = run(&["run", "--qemu", "/nonexistent", "--", "true"]);
     assert_eq!(r.code, Some(1), "{r:?}");
-    let line = one_line_error(&r);
+    let line = r.one_line_error();
     assert!(
         line.starts_with("vmsight: QEMU was not found: looked for `/nonexistent`"),
         "{line}"
@@ -123,7 +117,7 @@ fn unusable_qemu_choices_are_one_line_errors_before_boot() {
         }
         let r = Run::from(c.output().unwrap());
         assert_eq!(r.code, Some(1), "{args:?} {env:?}: {r:?}");
-        let line = one_line_error(&r);
+        let line = r.one_line_error();
         assert!(
             line.contains(
                 "the QEMU 11 trixie root is not built: run `make qemu11` (scripts/build-qemu-trixie.sh)"
@@ -134,7 +128,7 @@ fn unusable_qemu_choices_are_one_line_errors_before_boot() {
 
     let r = run(&["run", "--qemu", "", "--", "true"]);
     assert_eq!(r.code, Some(2), "{r:?}");
-    assert!(one_line_error(&r).contains("auto, system, trixie"), "{r:?}");
+    assert!(r.one_line_error().contains("auto, system, trixie"), "{r:?}");
 
     // A QEMU whose plugin API the plugin does not speak (10.1: API 5) is refused when the
     // plugin would be loaded, with what to do instead.
@@ -148,7 +142,7 @@ fn unusable_qemu_choices_are_one_line_errors_before_boot() {
     std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
     let r = run(&["run", "--qemu", fake.to_str().unwrap(), "--", "true"]);
     assert_eq!(r.code, Some(1), "{r:?}");
-    let line = one_line_error(&r);
+    let line = r.one_line_error();
     assert!(
         line.contains("QEMU 10.1.0 (path, ")
             && line.contains("plugin API 5")
