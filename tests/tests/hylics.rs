@@ -892,3 +892,64 @@ fn a_connection_handed_to_the_host_and_back_carries_header_file_and_trailer_in_o
     );
     assert_eq!(steer["stray"], 0, "{steer}");
 }
+
+/// `vmsight hylics NAME controller` reaches a running controller (it was once refused as an
+/// unknown control command) and says why when a VM has none.
+#[test]
+fn the_controller_command_answers_while_the_vm_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let curve = dir.path().join("curve.json");
+    let points: Vec<Value> = CURVE
+        .iter()
+        .map(|(m, s)| serde_json::json!({"m_bytes": m << 20, "service_secs": s}))
+        .collect();
+    std::fs::write(&curve, serde_json::json!({ "points": points }).to_string()).unwrap();
+    let slo = format!("{TAU},curve={}", curve.display());
+    let name = vm_name("hctl-cmd");
+    let mut vm = LiveVm::start(&[
+        "--name",
+        &name,
+        "--net",
+        "none",
+        "--shared-mem",
+        "32M",
+        "--hylics-slo",
+        &slo,
+        "--",
+        "sh",
+        "-c",
+        "echo up; read line",
+    ]);
+    vm.wait_line("up");
+    let r = run(&["hylics", &name, "controller", "--json"]);
+    assert_eq!(r.code, Some(0), "{r:?}");
+    let c: Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(c["tau_secs"], TAU, "{c}");
+    assert_eq!(c["share_bytes"], 32u64 << 20, "{c}");
+    vm.send("done");
+    let (code, out, err) = vm.finish();
+    assert_eq!(code, Some(0), "{out:?} {err}");
+
+    let name = vm_name("hctl-none");
+    let mut vm = LiveVm::start(&[
+        "--name",
+        &name,
+        "--net",
+        "none",
+        "--shared-mem",
+        "32M",
+        "--",
+        "sh",
+        "-c",
+        "echo up; read line",
+    ]);
+    vm.wait_line("up");
+    let r = run(&["hylics", &name, "controller"]);
+    assert_eq!(r.code, Some(1), "{r:?}");
+    assert!(
+        r.one_line_error().contains("has no Hylics controller"),
+        "{r:?}"
+    );
+    vm.send("done");
+    assert_eq!(vm.finish().0, Some(0));
+}
