@@ -23,15 +23,15 @@ build: setup
 tools: setup
 	bash scripts/build-tools.sh
 
-# QEMU 11.1 in a Debian trixie root (root needed to build it), for `vmsight run --qemu trixie`
-# and the tests that run guests on it; `make run` does not need it (docs/platforms.md).
+# QEMU 11.1 in a Debian trixie root (root needed to build it), for `vmsight run --qemu trixie`,
+# the tests that run guests on it and the demo's last part (docs/platforms.md).
 qemu11: setup
 	bash scripts/build-qemu-trixie.sh
 
 image: build tools
 	$(VMSIGHT) image build
 
-run: image
+run: image qemu11
 	bash scripts/demo.sh
 
 unit-test: build

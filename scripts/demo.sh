@@ -169,3 +169,17 @@ rcv=$!
 wait $pid || true
 wait $rcv || true
 grep -E "^guest:|^ *share |send offload" "$TMP/hy.out" | sed 's/^ *//'
+
+echo
+echo "== QEMU 11.1 (trixie root, plugin API 7): a vCPU taken at a guest syscall runs a guest function"
+echo "   and comes back with every register restored (redirect-probe checks them itself)"
+"$VMSIGHT" run --qemu trixie --name demo-q11 --trace @cmd --trace-out /dev/null -- redirect-probe \
+  > "$TMP/rp.out" 2>&1 &
+pid=$!
+for _ in $(seq 1 600); do grep -q " pid=" "$TMP/rp.out" && break; sleep 0.1; done
+line=$(grep -m1 " pid=" "$TMP/rp.out")
+field() { echo "$line" | sed -n "s/.* $1=\([^ ]*\).*/\1/p"; }
+"$VMSIGHT" cpu demo-q11 redirect --pid "$(field pid)" --entry "$(field fn)" --return "$(field ret)" \
+  --arg 1 --arg 2 --arg 3 --arg 4 --arg 5 --arg 6 || true
+wait $pid || true
+grep "calls=" "$TMP/rp.out"
