@@ -454,6 +454,17 @@ const TAU: f64 = 0.05;
 /// How long the workload admits tasks, seconds.
 const WORKLOAD_SECS: f64 = 90.0;
 
+/// Writes [`CURVE`] as the controller's `curve=` file in `dir`.
+fn write_curve(dir: &std::path::Path) -> std::path::PathBuf {
+    let curve = dir.join("curve.json");
+    let points: Vec<Value> = CURVE
+        .iter()
+        .map(|(m, s)| serde_json::json!({"m_bytes": m << 20, "service_secs": s}))
+        .collect();
+    std::fs::write(&curve, serde_json::json!({ "points": points }).to_string()).unwrap();
+    curve
+}
+
 /// The oracle, independent of the controller's own inversion: the smallest size (in steps of
 /// 1/16 MiB) at which an M/G/1/PS queue with the curve's service time meets τ:
 /// E[X|m] / (1 - λ E[X|m]) <= τ.
@@ -527,12 +538,7 @@ fn tasks(lines: &[String]) -> Vec<Task> {
 fn the_controller_sizes_the_share_to_the_slo_of_a_workload_with_known_service_times() {
     let name = vm_name("hctl");
     let dir = tempfile::tempdir().unwrap();
-    let curve = dir.path().join("curve.json");
-    let points: Vec<Value> = CURVE
-        .iter()
-        .map(|(m, s)| serde_json::json!({"m_bytes": m << 20, "service_secs": s}))
-        .collect();
-    std::fs::write(&curve, serde_json::json!({ "points": points }).to_string()).unwrap();
+    let curve = write_curve(dir.path());
     let log = dir.path().join("decisions.log");
     let stats_path = dir.path().join("stats.json");
     let slo = format!(
@@ -893,34 +899,26 @@ fn a_connection_handed_to_the_host_and_back_carries_header_file_and_trailer_in_o
     assert_eq!(steer["stray"], 0, "{steer}");
 }
 
+/// A VM with a 32 MiB share and `extra` options whose command waits for a line on stdin once
+/// it printed "up".
+fn share_vm_waiting(name: &str, extra: &[&str]) -> LiveVm {
+    let mut args = vec!["--name", name, "--net", "none", "--shared-mem", "32M"];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--", "sh", "-c", "echo up; read line"]);
+    let mut vm = LiveVm::start(&args);
+    vm.wait_line("up");
+    vm
+}
+
 /// `vmsight hylics NAME controller` reaches a running controller (it was once refused as an
 /// unknown control command) and says why when a VM has none.
 #[test]
 fn the_controller_command_answers_while_the_vm_runs() {
     let dir = tempfile::tempdir().unwrap();
-    let curve = dir.path().join("curve.json");
-    let points: Vec<Value> = CURVE
-        .iter()
-        .map(|(m, s)| serde_json::json!({"m_bytes": m << 20, "service_secs": s}))
-        .collect();
-    std::fs::write(&curve, serde_json::json!({ "points": points }).to_string()).unwrap();
+    let curve = write_curve(dir.path());
     let slo = format!("{TAU},curve={}", curve.display());
     let name = vm_name("hctl-cmd");
-    let mut vm = LiveVm::start(&[
-        "--name",
-        &name,
-        "--net",
-        "none",
-        "--shared-mem",
-        "32M",
-        "--hylics-slo",
-        &slo,
-        "--",
-        "sh",
-        "-c",
-        "echo up; read line",
-    ]);
-    vm.wait_line("up");
+    let mut vm = share_vm_waiting(&name, &["--hylics-slo", &slo]);
     let r = run(&["hylics", &name, "controller", "--json"]);
     assert_eq!(r.code, Some(0), "{r:?}");
     let c: Value = serde_json::from_str(&r.stdout).unwrap();
@@ -931,19 +929,7 @@ fn the_controller_command_answers_while_the_vm_runs() {
     assert_eq!(code, Some(0), "{out:?} {err}");
 
     let name = vm_name("hctl-none");
-    let mut vm = LiveVm::start(&[
-        "--name",
-        &name,
-        "--net",
-        "none",
-        "--shared-mem",
-        "32M",
-        "--",
-        "sh",
-        "-c",
-        "echo up; read line",
-    ]);
-    vm.wait_line("up");
+    let mut vm = share_vm_waiting(&name, &[]);
     let r = run(&["hylics", &name, "controller"]);
     assert_eq!(r.code, Some(1), "{r:?}");
     assert!(
