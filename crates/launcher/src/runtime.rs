@@ -9,7 +9,7 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
-use vmsight_proto::layout::{pid_alive, RuntimeLayout, VmPaths, VM_RECORD};
+use vmsight_proto::layout::{RuntimeLayout, VmPaths, VM_RECORD};
 
 use crate::error::LaunchError;
 
@@ -34,7 +34,7 @@ impl RuntimeDir {
         fs::create_dir_all(base).map_err(err)?;
         if dir.exists() {
             match VmPaths::new(&dir).read_record() {
-                Some(r) if pid_alive(r.pid) && r.pid != std::process::id() => {
+                Some(r) if r.owner_alive() && r.pid != std::process::id() => {
                     return Err(LaunchError::NameInUse(name.to_string(), dir));
                 }
                 _ => {

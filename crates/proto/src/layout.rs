@@ -214,11 +214,27 @@ impl RuntimeLayout {
             .filter_map(|e| {
                 let paths = VmPaths::new(e.path());
                 let record = paths.read_record()?;
-                pid_alive(record.pid).then_some(RunningVm { record, paths })
+                record.owner_alive().then_some(RunningVm { record, paths })
             })
             .collect();
         out.sort_by(|a, b| a.record.name.cmp(&b.record.name));
         out
+    }
+}
+
+impl VmRecord {
+    /// Whether the `vmsight run` that wrote this record still runs: its PID exists and that
+    /// process is not younger than the record (a PID the kernel reused for a later process is
+    /// not the owner, and its VM is gone). Records without a start time trust the PID.
+    pub fn owner_alive(&self) -> bool {
+        if !pid_alive(self.pid) {
+            return false;
+        }
+        if self.started_unix == 0 {
+            return true;
+        }
+        process_start_unix(self.pid)
+            .is_none_or(|t| t <= self.started_unix.saturating_add(START_SLACK_SECS))
     }
 }
 
@@ -234,6 +250,26 @@ pub struct RunningVm {
 /// True if a process with this pid exists.
 pub fn pid_alive(pid: u32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Rounding slack between a process's start time as `/proc` gives it (whole clock ticks after
+/// a boot time in whole seconds) and a time it recorded itself.
+const START_SLACK_SECS: u64 = 2;
+
+/// When process `pid` started, seconds since the Unix epoch (`/proc/PID/stat` field 22 after
+/// `/proc/stat`'s `btime`); `None` if it cannot be read.
+pub fn process_start_unix(pid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: count from its last ')'.
+    let rest = stat.get(stat.rfind(')')? + 1..)?;
+    let ticks: u64 = rest.split_whitespace().nth(19)?.parse().ok()?;
+    let btime: u64 = fs::read_to_string("/proc/stat")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("btime ")?.trim().parse().ok())?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).ok()?;
+    (hz > 0).then(|| btime + ticks / hz)
 }
 
 /// The files of one VM's runtime directory.
@@ -373,6 +409,42 @@ mod tests {
         assert_eq!(vm.view_socket().file_name(), Some("view.sock".as_ref()));
         assert_eq!(vm.disk_socket(2), Path::new("/run/vmsight/web1/disk2.sock"));
         assert_eq!(vm.plugin_shm().file_name(), Some("plugin.shm".as_ref()));
+    }
+
+    fn now_unix() -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_secs()
+    }
+
+    #[test]
+    fn a_record_is_live_only_while_its_writer_runs() {
+        let me = std::process::id();
+        let started = process_start_unix(me).expect("own start time");
+        assert!(started <= now_unix() + START_SLACK_SECS, "{started}");
+        let rec = |pid, started_unix| VmRecord {
+            name: "v".into(),
+            pid,
+            qemu_pid: None,
+            started_unix,
+            disks: Vec::new(),
+            accel: String::new(),
+            qemu: None,
+            plugin_api: None,
+        };
+        assert!(
+            rec(me, now_unix()).owner_alive(),
+            "written by this process now"
+        );
+        assert!(
+            rec(me, 0).owner_alive(),
+            "an old record without a start time"
+        );
+        // Written an hour before this process started: the PID was reused, the VM is gone.
+        assert!(!rec(me, started.saturating_sub(3600)).owner_alive());
+        // A PID above the kernel's maximum never exists.
+        assert!(!rec(u32::MAX, now_unix()).owner_alive());
     }
 
     #[test]

@@ -182,7 +182,7 @@ fn vm_is_gone(layout: &vmsight_proto::layout::RuntimeLayout, vm: &str) -> bool {
         return true;
     }
     match paths.read_record() {
-        Some(r) => !vmsight_proto::layout::pid_alive(r.pid),
+        Some(r) => !r.owner_alive(),
         None => false,
     }
 }
