@@ -32,12 +32,8 @@ pub enum RedirectCallError {
     Mailbox(#[from] MailboxError),
     #[error("the plugin refused the redirection: {0}")]
     Refused(RedirectFailure),
-    #[error(
-        "no return within {0} ms: the trigger did not come (is process {1} alive and monitored, \
-         e.g. `--trace {1}`, and making syscalls?) or the guest function did not reach its \
-         return marker; the request was cancelled"
-    )]
-    Timeout(u64, u32),
+    #[error("no return within {0} ms: {1}; the request was cancelled")]
+    Timeout(u64, String),
 }
 
 /// Runs one redirection through `channel`, blocking the caller until it completes.
@@ -45,17 +41,7 @@ pub fn call(
     channel: &Arc<Mutex<ChannelHost>>,
     req: &RedirectRequest,
 ) -> Result<RedirectOutcome, RedirectCallError> {
-    let seq = {
-        let host = lock(channel);
-        let status = host.plugin_status();
-        if !host.plugin_attached() {
-            return Err(RedirectCallError::NotAttached);
-        }
-        if status.api_version != REDIRECT_API {
-            return Err(RedirectCallError::Api(status.api_version));
-        }
-        host.redirect_mailbox().post(req)?
-    };
+    let seq = post(channel, req)?;
     let deadline = Instant::now() + Duration::from_millis(req.timeout_ms);
     let mut returned: Option<(RedirectOutcome, Instant)> = None;
     loop {
@@ -74,8 +60,10 @@ pub fn call(
             Progress::Waiting => {
                 if Instant::now() > deadline {
                     lock(channel).redirect_mailbox().cancel(seq);
-                    let vmsight_proto::redirect::Trigger::Syscall { tgid } = req.trigger;
-                    return Err(RedirectCallError::Timeout(req.timeout_ms, tgid));
+                    return Err(RedirectCallError::Timeout(
+                        req.timeout_ms,
+                        why_no_return(req),
+                    ));
                 }
             }
         }
@@ -83,6 +71,36 @@ pub fn call(
     }
 }
 
-fn lock(c: &Arc<Mutex<ChannelHost>>) -> std::sync::MutexGuard<'_, ChannelHost> {
+/// What a timeout means for the request's trigger.
+pub fn why_no_return(req: &RedirectRequest) -> String {
+    match req.trigger {
+        vmsight_proto::redirect::Trigger::Syscall { tgid } => format!(
+            "the trigger did not come (is process {tgid} alive and monitored, e.g. `--trace \
+             {tgid}`, and making syscalls?) or the guest function did not reach its return \
+             marker"
+        ),
+        vmsight_proto::redirect::Trigger::Kernel { .. } => "no vCPU reached a kernel block \
+             with interrupts enabled, or the guest function did not reach its return marker"
+            .to_owned(),
+    }
+}
+
+/// Posts `req` to the plugin; returns its sequence. For callers that wait themselves.
+pub fn post(
+    channel: &Arc<Mutex<ChannelHost>>,
+    req: &RedirectRequest,
+) -> Result<u64, RedirectCallError> {
+    let host = lock(channel);
+    if !host.plugin_attached() {
+        return Err(RedirectCallError::NotAttached);
+    }
+    let api = host.plugin_status().api_version;
+    if api != REDIRECT_API {
+        return Err(RedirectCallError::Api(api));
+    }
+    Ok(host.redirect_mailbox().post(req)?)
+}
+
+pub(crate) fn lock(c: &Arc<Mutex<ChannelHost>>) -> std::sync::MutexGuard<'_, ChannelHost> {
     c.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }

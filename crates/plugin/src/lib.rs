@@ -98,6 +98,8 @@ const SB_SYSCALLS: usize = 0;
 const SB_SINCE_SYNC: usize = 8;
 const SB_STATE: usize = 16;
 const SB_TRACK: usize = 24;
+/// 1 while a kernel-triggered redirection waits for a vCPU (`redirect::arm_all`).
+const SB_ARM: usize = 32;
 const SB_ELEMENT: usize = 128;
 
 /// Monitoring states (scoreboard `SB_STATE`).
@@ -180,6 +182,16 @@ impl State {
 
     fn vcpu(&self, vcpu: c_uint) -> Option<&VcpuState> {
         self.vcpus.get(vcpu as usize).and_then(OnceLock::get)
+    }
+
+    /// vCPU slots (QEMU's maximum).
+    fn vcpu_count(&self) -> c_uint {
+        self.vcpus.len() as c_uint
+    }
+
+    /// SymCall's synchronous transport is on (`symsync=on`, API v7, a profile).
+    fn symsync(&self) -> bool {
+        self.opts.symsync && self.kernel.is_some() && redirect::available()
     }
 
     fn regs(&self) -> Option<&Regs> {
@@ -636,6 +648,7 @@ fn install(id: PluginId, args: &[String], info: &InstallInfo) -> Result<(), Plug
         kernel_sites: AtomicU64::new(0),
         blk,
     };
+    let symsync = state.opts.symsync;
     if STATE.set(state).is_err() {
         // A second install in the same process (a duplicate -plugin of the same .so shares
         // our statics): refuse rather than share rings.
@@ -655,6 +668,9 @@ fn install(id: PluginId, args: &[String], info: &InstallInfo) -> Result<(), Plug
             atexit: || guard(None, on_exit),
         },
     );
+    if let Some(st) = STATE.get().filter(|st| symsync && st.symsync()) {
+        redirect::start_arming(st);
+    }
     Ok(())
 }
 
@@ -851,10 +867,26 @@ fn instrument_tb(st: &State, tb: Tb<'_>) -> u64 {
     let user = tb_vaddr < USER_SPACE_END;
     let monitoring = st.monitoring();
     let hooks = if user { None } else { st.blk.as_ref() };
-    // Return markers of vCPU redirection, in user and kernel code (v7 with monitoring).
-    let markers = monitoring && redirect::available();
-    if !(user || ((monitoring || hooks.is_some()) && is_kernel_addr(tb_vaddr))) {
+    let symsync = st.symsync();
+    // Return markers of vCPU redirection, in user and kernel code (v7 with monitoring, or
+    // SymCall's synchronous transport).
+    let markers = (monitoring || symsync) && redirect::available();
+    let kernel = is_kernel_addr(tb_vaddr);
+    if !(user || ((monitoring || hooks.is_some() || symsync) && kernel)) {
         return 0;
+    }
+    if symsync && kernel {
+        // The kernel trigger: one inline compare per block, a call only while armed.
+        if let Some(first) = tb.insn(0) {
+            first.on_exec_if(
+                on_kernel_armed,
+                RegAccess::ReadWritePc,
+                st.entry(SB_ARM),
+                Cond::Ne,
+                0,
+                first.vaddr() as usize,
+            );
+        }
     }
     let mut count = 0;
     for i in 0..tb.n_insns() {
@@ -869,7 +901,7 @@ fn instrument_tb(st: &State, tb: Tb<'_>) -> u64 {
             if vaddr >= USER_SPACE_END || !(2..=15).contains(&size) {
                 continue;
             }
-        } else if !monitoring || !((2..=4).contains(&size) || marker_size) {
+        } else if !((monitoring && (2..=4).contains(&size)) || marker_size) {
             continue; // every instrumented kernel instruction is 2 to 4 bytes long
         }
         let mut bytes = [0u8; 16];
@@ -884,7 +916,7 @@ fn instrument_tb(st: &State, tb: Tb<'_>) -> u64 {
                 instrument_syscall(st, &insn, vaddr, monitoring);
                 count += 1;
             }
-        } else if let Some(k) = decode_kernel_insn(bytes) {
+        } else if let Some(k) = decode_kernel_insn(bytes).filter(|_| monitoring) {
             instrument_kernel(st, &insn, vaddr, k);
         }
     }
@@ -1732,6 +1764,18 @@ extern "C" fn on_marker(vcpu: c_uint, _udata: *mut c_void) {
     let mut jump_to = None;
     guard(Some(vcpu), || {
         jump_to = ctx(vcpu).and_then(|mut c| c.redirect_at_marker());
+    });
+    if let Some(pc) = jump_to {
+        redirect::jump(pc);
+    }
+}
+
+/// The first instruction of a kernel block on an armed vCPU (SymCall's synchronous
+/// transport): maybe redirect into the guest module's entry.
+extern "C" fn on_kernel_armed(vcpu: c_uint, udata: *mut c_void) {
+    let mut jump_to = None;
+    guard(Some(vcpu), || {
+        jump_to = ctx(vcpu).and_then(|mut c| c.redirect_in_kernel(udata as u64));
     });
     if let Some(pc) = jump_to {
         redirect::jump(pc);

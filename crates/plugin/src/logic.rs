@@ -113,6 +113,10 @@ pub struct Options {
     /// and push one record per bio and per background declaration (FoxyIdle). Needs
     /// `profile=`.
     pub blk: Option<PathBuf>,
+    /// SymCall's synchronous transport (`symsync=`, default off; API v7): arm every kernel
+    /// translation block for kernel-triggered redirections and watch for return markers in
+    /// kernel code. Needs `profile=`.
+    pub symsync: bool,
 }
 
 impl Options {
@@ -129,6 +133,7 @@ impl Options {
             sums: true,
             sum_cap: DEFAULT_SUM_CAP_KIB * 1024,
             blk: None,
+            symsync: false,
         };
         for arg in args {
             let (k, v) = arg
@@ -152,6 +157,7 @@ impl Options {
                 "records" => o.records = boolean()?,
                 "verbose" => o.verbose = boolean()?,
                 "sums" => o.sums = boolean()?,
+                "symsync" => o.symsync = boolean()?,
                 "sumcap" => {
                     o.sum_cap = v
                         .parse::<u64>()

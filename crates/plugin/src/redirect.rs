@@ -58,6 +58,8 @@ static VERIFY: Mutex<Option<Verify>> = Mutex::new(None);
 
 struct Active {
     seq: u64,
+    /// Kernel trigger: the rax value meaning "not a safe point, try again".
+    not_here: Option<u64>,
     cr3: u64,
     /// RSP expected at the return marker.
     ret_rsp: u64,
@@ -120,7 +122,9 @@ impl Ctx<'_> {
         let Some(req) = self.mailbox().request() else {
             return self.refuse(seq, RedirectFailure::BadRequest);
         };
-        let Trigger::Syscall { tgid: want } = req.trigger;
+        let Trigger::Syscall { tgid: want } = req.trigger else {
+            return None; // a kernel trigger: the armed kernel blocks take it
+        };
         if want != tgid {
             return None;
         }
@@ -137,6 +141,7 @@ impl Ctx<'_> {
             Ok(ret_rsp) => {
                 *lock(&ACTIVE) = Some(Active {
                     seq,
+                    not_here: None,
                     cr3,
                     ret_rsp,
                     pc,
@@ -177,15 +182,27 @@ impl Ctx<'_> {
             .copied()
             .unwrap_or(saved[Reg::Rsp.index()]);
         if let Some(f) = req.frame {
-            // Aligned as after a `call`: (rsp + 8) % 16 == 0 at the entry.
-            rsp = (saved[Reg::Rsp.index()].wrapping_sub(f.reserve) & !15).wrapping_sub(8);
+            // Below the requested stack (kernel trigger) or the current one, aligned as after
+            // a `call`: (rsp + 8) % 16 == 0 at the entry.
+            let base = req
+                .regs
+                .get(&Reg::Rsp)
+                .copied()
+                .unwrap_or(saved[Reg::Rsp.index()]);
+            rsp = (base.wrapping_sub(f.reserve) & !15).wrapping_sub(8);
             if !self.hot.membuf.write_guest(rsp, &f.return_to.to_le_bytes()) {
                 return Err(RedirectFailure::StackWrite);
             }
         }
         let mut ok = self.write_reg(Reg::Rsp, rsp);
+        if matches!(req.trigger, Trigger::Kernel { .. }) && !req.regs.contains_key(&Reg::Eflags) {
+            // Like an interrupt handler: nothing may interrupt the function.
+            ok = ok && self.write_reg(Reg::Eflags, saved[Reg::Eflags.index()] & !EFLAGS_IF);
+        }
         for (r, v) in &req.regs {
-            ok = ok && self.write_reg(*r, *v);
+            if *r != Reg::Rsp || req.frame.is_none() {
+                ok = ok && self.write_reg(*r, *v);
+            }
         }
         if !ok {
             let _ = self.restore(saved);
@@ -226,6 +243,13 @@ impl Ctx<'_> {
         };
         let elapsed_ns = monotonic_ns().saturating_sub(active.t0);
         let restored = self.restore(&active.saved);
+        if restored && active.not_here == Some(at_return[Reg::Rax.index()]) {
+            // The guest said "not here": put the request back for the next safe point.
+            self.count(Counter::RedirectRetries, 1);
+            TAKEN.store(0, Ordering::SeqCst);
+            arm_all(self.st, 1);
+            return Some(active.pc);
+        }
         let mb = self.mailbox();
         if !mb.cancelled(active.seq) {
             if restored {
@@ -240,13 +264,15 @@ impl Ctx<'_> {
                         at_return,
                     },
                 );
-                *lock(&VERIFY) = Some(Verify {
-                    seq: active.seq,
-                    cr3,
-                    pc: active.pc,
-                    saved: active.saved,
-                });
-                VERIFY_ON.store(true, Ordering::SeqCst);
+                if active.not_here.is_none() {
+                    *lock(&VERIFY) = Some(Verify {
+                        seq: active.seq,
+                        cr3,
+                        pc: active.pc,
+                        saved: active.saved,
+                    });
+                    VERIFY_ON.store(true, Ordering::SeqCst);
+                }
             } else {
                 mb.fail(active.seq, RedirectFailure::Restore);
             }
@@ -273,6 +299,94 @@ impl Ctx<'_> {
             .filter(|r| now[r.index()] != v.saved[r.index()])
             .fold(0u64, |m, r| m | 1 << r.index());
         self.mailbox().verified(v.seq, mask);
+    }
+}
+
+/// The interrupt flag in EFLAGS.
+const EFLAGS_IF: u64 = 1 << 9;
+
+/// Sets the arm word of every vCPU: armed vCPUs call [`Ctx::redirect_in_kernel`] at the start
+/// of their next kernel block (an inline compare otherwise).
+pub(crate) fn arm_all(st: &crate::State, v: u64) {
+    for i in 0..st.vcpu_count() {
+        st.sb_set(crate::SB_ARM, i, v);
+    }
+}
+
+/// The thread that arms the vCPUs when vmsight posts a kernel-triggered request (it sleeps
+/// on the mailbox's futex, woken by the post).
+pub(crate) fn start_arming(st: &'static crate::State) {
+    let spawned = std::thread::Builder::new()
+        .name("vmsight-arm".into())
+        .spawn(move || {
+            let mb = st.channel.redirect_mailbox();
+            loop {
+                let seen = mb.posted();
+                let pending = mb.waiting(TAKEN.load(Ordering::Relaxed)).is_some();
+                if pending && mb.is_kernel_request() && !ACTIVE_ON.load(Ordering::Relaxed) {
+                    arm_all(st, 1);
+                }
+                mb.wait_post(seen, std::time::Duration::from_millis(100));
+            }
+        });
+    if let Err(e) = spawned {
+        crate::log_debug(&format!("cannot start the arming thread: {e}"));
+    }
+}
+
+impl Ctx<'_> {
+    /// At the start of a kernel block on an armed vCPU: takes a kernel-triggered request if
+    /// interrupts are enabled here. Returns the entry to move to.
+    pub(crate) fn redirect_in_kernel(&mut self, pc: u64) -> Option<u64> {
+        let disarm = |c: &Self| c.st.sb_set(crate::SB_ARM, c.vcpu, 0);
+        let Some(seq) = self.mailbox().waiting(TAKEN.load(Ordering::Relaxed)) else {
+            disarm(self);
+            return None;
+        };
+        if ACTIVE_ON.load(Ordering::Relaxed) || !self.mailbox().is_kernel_request() {
+            disarm(self);
+            return None;
+        }
+        let saved = self.read_all()?;
+        if saved[Reg::Eflags.index()] & EFLAGS_IF == 0 {
+            return None; // interrupts off here: stay armed, try the next block
+        }
+        let Some(req) = self.mailbox().request() else {
+            disarm(self);
+            return self.refuse(seq, RedirectFailure::BadRequest);
+        };
+        let Trigger::Kernel { not_here } = req.trigger else {
+            disarm(self);
+            return None;
+        };
+        if TAKEN.swap(seq, Ordering::SeqCst) == seq || self.mailbox().cancelled(seq) {
+            disarm(self);
+            return None;
+        }
+        arm_all(self.st, 0);
+        let mut cr3 = [0u64; 1];
+        let h = self.regs.entry[crate::E_CR3];
+        if self.hot.regbuf.read_registers(&[h], &mut cr3) != 0 {
+            return self.refuse(seq, RedirectFailure::RegisterRead);
+        }
+        match self.apply(&req, &saved) {
+            Ok(ret_rsp) => {
+                *lock(&ACTIVE) = Some(Active {
+                    seq,
+                    not_here: Some(not_here),
+                    cr3: cr3_base(cr3[0]),
+                    ret_rsp,
+                    pc,
+                    vcpu: self.vcpu,
+                    t0: monotonic_ns(),
+                    saved,
+                });
+                ACTIVE_ON.store(true, Ordering::SeqCst);
+                self.count(Counter::Redirects, 1);
+                Some(req.entry)
+            }
+            Err(why) => self.refuse(seq, why),
+        }
     }
 }
 

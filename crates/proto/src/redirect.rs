@@ -138,6 +138,16 @@ pub enum Trigger {
         /// The process (TGID).
         tgid: u32,
     },
+    /// At the start of the next translation block any vCPU executes in kernel mode with
+    /// interrupts enabled (a point where an interrupt could be taken), whatever it runs. The
+    /// function runs with interrupts disabled (the flags are restored after). If it returns
+    /// `not_here` in rax, the vCPU is restored and the next such point is tried (the guest's
+    /// way of saying "not a safe point", e.g. RCU not watching). SymCall's synchronous
+    /// transport.
+    Kernel {
+        /// The rax value that means "not here, try again".
+        not_here: u64,
+    },
 }
 
 /// The call frame built on the vCPU's stack.
@@ -183,7 +193,7 @@ pub enum RedirectError {
     NoEntry,
     #[error("a redirection may set at most {MAX_SET_REGS} registers, not {0}")]
     TooManyRegs(usize),
-    #[error("the frame sets rsp itself; do not set rsp as well")]
+    #[error("a syscall-triggered frame sets rsp itself; do not set rsp as well")]
     RspWithFrame,
     #[error(
         "a redirection writes 1 to {MAX_MEMORY_WRITE} bytes of guest memory, not {0} (the \
@@ -205,7 +215,9 @@ impl RedirectRequest {
         if self.regs.len() > MAX_SET_REGS {
             return Err(RedirectError::TooManyRegs(self.regs.len()));
         }
-        if self.frame.is_some() && self.regs.contains_key(&Reg::Rsp) {
+        let syscall = matches!(self.trigger, Trigger::Syscall { .. });
+        // A kernel-mode frame goes below the requested stack (the caller's own stack).
+        if syscall && self.frame.is_some() && self.regs.contains_key(&Reg::Rsp) {
             return Err(RedirectError::RspWithFrame);
         }
         if let Some(m) = &self.memory {
@@ -216,8 +228,7 @@ impl RedirectRequest {
         if self.timeout_ms == 0 || self.timeout_ms > MAX_TIMEOUT_MS {
             return Err(RedirectError::Timeout(self.timeout_ms));
         }
-        let Trigger::Syscall { tgid } = self.trigger;
-        if tgid == 0 {
+        if let Trigger::Syscall { tgid: 0 } = self.trigger {
             return Err(RedirectError::ZeroTgid);
         }
         Ok(())

@@ -176,6 +176,9 @@ pub enum Counter {
     KernelReturns = 18,
     /// vCPU redirections taken (`vmsight_proto::redirect`; plugin API v7 only).
     Redirects = 19,
+    /// Kernel-triggered redirections the guest function declined ("not here") and that were
+    /// retried at the next safe point (SymCall's synchronous transport).
+    RedirectRetries = 20,
 }
 
 /// A snapshot of one vCPU's counters (or their sum, see [`ChannelHost::totals`]).
@@ -221,6 +224,8 @@ pub struct VcpuCounters {
     pub kernel_returns: u64,
     /// See [`Counter::Redirects`].
     pub redirects: u64,
+    /// See [`Counter::RedirectRetries`].
+    pub redirect_retries: u64,
 }
 
 impl VcpuCounters {
@@ -247,6 +252,7 @@ impl VcpuCounters {
             cr3_mismatches: g(Counter::Cr3Mismatches),
             kernel_returns: g(Counter::KernelReturns),
             redirects: g(Counter::Redirects),
+            redirect_retries: g(Counter::RedirectRetries),
         }
     }
 
@@ -273,6 +279,7 @@ impl VcpuCounters {
         self.cr3_mismatches = self.cr3_mismatches.wrapping_add(o.cr3_mismatches);
         self.kernel_returns = self.kernel_returns.wrapping_add(o.kernel_returns);
         self.redirects = self.redirects.wrapping_add(o.redirects);
+        self.redirect_retries = self.redirect_retries.wrapping_add(o.redirect_retries);
     }
 }
 

@@ -31,8 +31,10 @@ use vmsight_proto::redirect::{
 /// Offset of the mailbox inside the control area.
 pub const MAILBOX_OFFSET: u64 = 2048;
 const MEM_WORDS: usize = MAX_MEMORY_WRITE / 8;
-/// `trigger` code of [`Trigger::Syscall`].
+/// `trigger` code of [`Trigger::Syscall`] (`tgid` holds the TGID).
 const TRIGGER_SYSCALL: u64 = 1;
+/// `trigger` code of [`Trigger::Kernel`] (`tgid` holds the not-here value).
+const TRIGGER_KERNEL: u64 = 2;
 
 /// The mailbox's fields (see the module documentation).
 #[repr(C)]
@@ -119,9 +121,12 @@ impl Mailbox {
         if let Some(seq) = self.outstanding() {
             return Err(MailboxError::Busy(seq));
         }
-        let Trigger::Syscall { tgid } = req.trigger;
-        store(&self.trigger, TRIGGER_SYSCALL);
-        store(&self.tgid, u64::from(tgid));
+        let (code, arg) = match req.trigger {
+            Trigger::Syscall { tgid } => (TRIGGER_SYSCALL, u64::from(tgid)),
+            Trigger::Kernel { not_here } => (TRIGGER_KERNEL, not_here),
+        };
+        store(&self.trigger, code);
+        store(&self.tgid, arg);
         store(&self.entry, req.entry);
         let frame = req.frame.unwrap_or(Frame {
             return_to: 0,
@@ -152,6 +157,7 @@ impl Mailbox {
         }
         let seq = self.req_seq.load(Ordering::Relaxed).wrapping_add(1).max(1);
         self.req_seq.store(seq, Ordering::Release);
+        futex_wake(&self.req_seq);
         Ok(seq)
     }
 
@@ -199,6 +205,22 @@ impl Mailbox {
         self.outstanding()
     }
 
+    /// Sleeps until `req_seq` differs from `seen` or `timeout` passes (a plugin thread that
+    /// arms the vCPUs for kernel-triggered requests waits here; vmsight wakes it on post).
+    pub fn wait_post(&self, seen: u64, timeout: std::time::Duration) {
+        futex_wait(&self.req_seq, seen, timeout);
+    }
+
+    /// The last posted sequence (what [`Mailbox::wait_post`] compares with).
+    pub fn posted(&self) -> u64 {
+        self.req_seq.load(Ordering::Acquire)
+    }
+
+    /// The trigger of the waiting request, without reading the rest (cheap check).
+    pub fn is_kernel_request(&self) -> bool {
+        load(&self.trigger) == TRIGGER_KERNEL
+    }
+
     /// True if vmsight gave up on `seq`.
     pub fn cancelled(&self, seq: u64) -> bool {
         self.cancel_seq.load(Ordering::Acquire) == seq
@@ -207,10 +229,15 @@ impl Mailbox {
     /// Reads request `seq` (call after [`Mailbox::waiting`] returned it). `None` if the fields
     /// do not form a valid request (a scribbled mailbox).
     pub fn request(&self) -> Option<RedirectRequest> {
-        if load(&self.trigger) != TRIGGER_SYSCALL {
-            return None;
-        }
-        let tgid = u32::try_from(load(&self.tgid)).ok()?;
+        let trigger = match load(&self.trigger) {
+            TRIGGER_SYSCALL => Trigger::Syscall {
+                tgid: u32::try_from(load(&self.tgid)).ok()?,
+            },
+            TRIGGER_KERNEL => Trigger::Kernel {
+                not_here: load(&self.tgid),
+            },
+            _ => return None,
+        };
         let mask = load(&self.set_mask);
         let regs: BTreeMap<Reg, u64> = Reg::ALL
             .into_iter()
@@ -236,7 +263,7 @@ impl Mailbox {
             })
         };
         let req = RedirectRequest {
-            trigger: Trigger::Syscall { tgid },
+            trigger,
             entry: load(&self.entry),
             frame: (load(&self.has_frame) != 0).then(|| Frame {
                 return_to: load(&self.return_to),
@@ -277,6 +304,48 @@ impl Mailbox {
     }
 }
 
+/// The futex word of a 64-bit atomic: its low half (x86-64 is little-endian).
+fn futex_word(a: &AtomicU64) -> *const u32 {
+    (a as *const AtomicU64).cast::<u32>()
+}
+
+/// Wakes every waiter on `a` (shared, not private: the waiter is in QEMU's process).
+fn futex_wake(a: &AtomicU64) {
+    // SAFETY: FUTEX_WAKE on an aligned word of live shared memory; no memory is written.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            futex_word(a),
+            libc::FUTEX_WAKE,
+            i32::MAX,
+            0,
+            0,
+            0,
+        );
+    }
+}
+
+/// Sleeps while the low half of `a` equals the low half of `seen`, at most `timeout`.
+fn futex_wait(a: &AtomicU64, seen: u64, timeout: std::time::Duration) {
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
+    };
+    // SAFETY: FUTEX_WAIT on an aligned word of live shared memory with a valid timeout; the
+    // kernel only reads the word. Spurious wakeups are fine: callers re-check.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            futex_word(a),
+            libc::FUTEX_WAIT,
+            seen as u32,
+            &ts as *const libc::timespec,
+            0,
+            0,
+        );
+    }
+}
+
 /// The plugin's report of a return, in mailbox order.
 #[derive(Debug, Clone, Copy)]
 pub struct ReturnReport {
@@ -310,6 +379,36 @@ mod tests {
             bytes: (0..13).collect(),
         });
         r
+    }
+
+    /// A kernel-triggered request (SymCall's synchronous transport) keeps its not-here value
+    /// and its stack (a kernel frame goes below the requested rsp), and the arming thread's
+    /// cheap check sees it; a post wakes a waiter at once.
+    #[test]
+    fn a_kernel_request_crosses_the_mailbox_and_wakes_the_waiter() {
+        let m = std::sync::Arc::new(*mailbox());
+        let mut r = RedirectRequest::call(
+            Trigger::Kernel {
+                not_here: (-0x1_0000i64) as u64,
+            },
+            0xffff_ffff_c000_1000,
+            &[1, 2],
+            0xffff_ffff_c000_2000,
+        );
+        r.regs.insert(Reg::Rsp, 0xffff_c900_0000_4000);
+        let seen = m.posted();
+        let m2 = m.clone();
+        let waiter = std::thread::spawn(move || {
+            let t0 = std::time::Instant::now();
+            m2.wait_post(seen, std::time::Duration::from_secs(20));
+            t0.elapsed()
+        });
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let seq = m.post(&r).expect("posted");
+        assert!(waiter.join().unwrap() < std::time::Duration::from_secs(20));
+        assert_eq!(m.waiting(0), Some(seq));
+        assert!(m.is_kernel_request());
+        assert_eq!(m.request(), Some(RedirectRequest { timeout_ms: 1, ..r }));
     }
 
     #[test]
