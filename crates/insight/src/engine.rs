@@ -5,7 +5,8 @@
 //!
 //! Both sides lock one mutex for short, bounded work (hash lookups, no I/O): log records go
 //! to [`InsightLog`]'s writer thread through a non-blocking queue. The [`FileBlocks`]
-//! resolver of copies without a user buffer (module `copy`) is called without that lock.
+//! resolver of copies without a user buffer (module `copy`) and the [`Lookup`] source of what
+//! no seen syscall said (module `facts`) are called without that lock.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -22,9 +23,11 @@ use crate::blocks::{DiskRange, FileBlocks};
 use crate::config::InsightConfig;
 use crate::hint::hint_of;
 use crate::log::InsightLog;
+use crate::lookup::Lookup;
 use crate::CHUNK;
 
 mod copy;
+mod facts;
 
 /// Source of "now" in host CLOCK_MONOTONIC ns (injectable for tests).
 pub type Clock = Arc<dyn Fn() -> u64 + Send + Sync>;
@@ -100,6 +103,25 @@ pub struct ClassCounters {
     /// destination / block-write chunks that matched one.
     pub copy_expected_chunks: u64,
     pub copy_write_chunks: u64,
+    /// Lookups (module `facts`) of what no seen syscall said, by what was asked and which
+    /// source answered: a process's working directory (asked at its first event) and an fd
+    /// it used but was not seen opening (inherited, or opened before tracing began).
+    pub lookups_task_profile: u64,
+    pub lookups_task_symcall: u64,
+    pub lookups_fd_profile: u64,
+    pub lookups_fd_symcall: u64,
+    /// Lookups no source could answer (each asked once: see `facts`).
+    pub lookup_failures: u64,
+}
+
+impl ClassCounters {
+    /// Lookups answered, by any source.
+    pub fn lookups_answered(&self) -> u64 {
+        self.lookups_task_profile
+            + self.lookups_task_symcall
+            + self.lookups_fd_profile
+            + self.lookups_fd_symcall
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -120,6 +142,12 @@ struct Proc {
     /// Checksums of chunks this process read recently (copy detection, Sky §3.5).
     recent_reads: HashSet<u64>,
     recent_order: VecDeque<u64>,
+    /// The working directory was asked of the lookup (answered or not): not asked again
+    /// until the process execs.
+    task_asked: bool,
+    /// Fds no lookup source knew: not asked again until a seen syscall opens, closes or
+    /// dup's onto them (bounded).
+    fd_misses: HashSet<u32>,
 }
 
 const RECENT_READS: usize = 4096;
@@ -585,6 +613,7 @@ impl Engine {
     }
 
     fn fd_copy(&mut self, pid: u32, from: u64, to: u64, cloexec: bool) {
+        self.forget_fd_miss(pid, to as u32);
         let Some(p) = self.procs.get_mut(&pid) else {
             return;
         };
@@ -652,6 +681,7 @@ impl Engine {
             3 if ok => {
                 if let Some(p) = self.procs.get_mut(&pid) {
                     p.fds.remove(&(a[0] as u32));
+                    p.fd_misses.remove(&(a[0] as u32));
                 }
             }
             32 if ok => self.fd_copy(pid, a[0], ret.unwrap_or(0) as u64, false),
@@ -687,6 +717,7 @@ impl Engine {
                     p.fds.retain(|_, f| !f.cloexec);
                     p.recent_reads.clear();
                     p.recent_order.clear();
+                    p.forget_lookups();
                 }
             }
             // fork, vfork, clone (not a thread), clone3 (flags unknown here: a thread's
@@ -714,6 +745,7 @@ impl Engine {
             85 => (None, 0, O_CREAT | O_WRONLY | O_TRUNC),
             _ => (Some(a[0]), 1, if e.nr == 257 { a[2] } else { 0 }),
         };
+        self.forget_fd_miss(pid, fd);
         let Some(d) = path_arg(e, pi) else { return };
         let path = self.resolve(pid, dirfd, &d.bytes);
         let p: Arc<str> = Arc::from(path.as_str());
@@ -862,6 +894,7 @@ impl Engine {
         if let Some(mut p) = self.procs.get(&pid).cloned() {
             p.recent_reads.clear();
             p.recent_order.clear();
+            p.forget_lookups();
             if self.procs.len() < self.cfg.max_processes {
                 self.procs.insert(child, p);
             }
@@ -1196,6 +1229,9 @@ pub struct InsightEngine {
     /// Where guest files live on the disks (copies without a user buffer); set once, when
     /// the disks' file systems are known. Used without the engine's lock.
     blocks: Arc<OnceLock<Arc<dyn FileBlocks>>>,
+    /// Where the observer asks for what it did not see (module `facts`). Its own lock, taken
+    /// only by the trace thread (and `set_lookup`), so a slow lookup never holds the engine's.
+    lookup: Arc<Mutex<Option<Box<dyn Lookup>>>>,
 }
 
 impl InsightEngine {
@@ -1209,6 +1245,7 @@ impl InsightEngine {
         Self {
             inner: Arc::new(Mutex::new(Engine::new(cfg, log, clock))),
             blocks: Arc::default(),
+            lookup: Arc::default(),
         }
     }
 
@@ -1231,6 +1268,27 @@ impl InsightEngine {
         self.blocks.set(blocks).is_ok()
     }
 
+    /// Sets (or, with `None`, removes) the source the engine asks for the working directory of
+    /// a process and the fds it did not see opened (every clone shares it).
+    pub fn set_lookup(&self, lookup: Option<Box<dyn Lookup>>) {
+        *self
+            .lookup
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = lookup;
+    }
+
+    /// Asks the lookup, if one is set, for what `missing` (run under the engine's lock) says
+    /// the tables lack; the lookups themselves run without the engine's lock.
+    fn ask(&self, missing: impl FnOnce(&Engine) -> facts::Missing) -> Option<facts::Answers> {
+        let mut slot = self
+            .lookup
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let lookup = slot.as_mut()?;
+        let need = missing(&self.lock());
+        (!need.is_empty()).then(|| need.ask(lookup.as_mut()))
+    }
+
     /// Resolves a copy's source outside the engine's lock and registers it.
     fn begin_copy(&self, req: copy::CopyReq) {
         let ranges: Vec<DiskRange> = match self.blocks.get() {
@@ -1243,8 +1301,10 @@ impl InsightEngine {
 
 impl SyscallObserver for InsightEngine {
     fn on_entry(&mut self, e: &EntryEvent) {
+        let answers = self.ask(|g| g.missing_at_entry(e));
         if let Some(io) = e.io.as_ref().filter(|io| !io.read) {
             let mut g = self.lock();
+            g.learn(answers);
             // Requests whose grace ended before this event must not match it.
             let now = g.now();
             g.expire(now);
@@ -1253,6 +1313,7 @@ impl SyscallObserver for InsightEngine {
             // Registered at entry: the source's block reads happen during the call.
             let req = {
                 let mut g = self.lock();
+                g.learn(answers);
                 let now = g.now();
                 g.expire(now);
                 g.copy_request(e, None)
@@ -1260,12 +1321,16 @@ impl SyscallObserver for InsightEngine {
             if let Some(req) = req {
                 self.begin_copy(req);
             }
+        } else if answers.is_some() {
+            self.lock().learn(answers);
         }
     }
 
     fn on_complete(&mut self, c: &Completed) {
+        let answers = self.ask(|g| g.missing_at_completion(c));
         let follow = {
             let mut g = self.lock();
+            g.learn(answers);
             let now = g.now();
             g.expire(now);
             g.on_complete(c)

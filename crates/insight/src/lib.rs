@@ -12,6 +12,9 @@
 //! Copies without a user buffer (`copy_file_range`, `sendfile`, `splice`) are followed down to
 //! the source's block reads through a [`FileBlocks`] resolver (the launcher's, over each
 //! disk's file-system index).
+//!
+//! What the engine did not see (the working directory of a process traced from its middle, an
+//! inherited fd) it asks a [`Lookup`] (the launcher's reads guest kernel memory), once.
 
 pub mod blocks;
 pub mod classifier;
@@ -19,6 +22,7 @@ pub mod config;
 pub mod engine;
 pub mod hint;
 pub mod log;
+pub mod lookup;
 
 pub use blocks::{DiskRange, FileBlocks, WHOLE_FILE};
 pub use classifier::Classifier;
@@ -26,6 +30,7 @@ pub use config::{ConfigError, InsightConfig, SizeClasses};
 pub use engine::{ClassCounters, Engine, InsightEngine, Tally};
 pub use hint::{hint_of, VMSIGHT_HINT_MAGIC};
 pub use log::InsightLog;
+pub use lookup::{FdFacts, Lookup, LookupSource, TaskFacts};
 
 /// Bytes per checksum chunk (Sky §3.4).
 pub const CHUNK: u64 = 4096;

@@ -13,6 +13,7 @@ pub mod error;
 pub mod guestio;
 pub mod hylics;
 pub mod idle;
+pub mod lookup;
 pub mod net;
 pub mod process;
 pub mod qemu;

@@ -291,6 +291,17 @@ impl fmt::Display for RunStats {
                     c.copy_write_chunks
                 )?;
             }
+            if c.lookups_answered() + c.lookup_failures > 0 {
+                writeln!(
+                    f,
+                    "    lookups of what no seen syscall said: cwd {} from the profile, {} by symcall; fd {} from the profile, {} by symcall; {} unanswered",
+                    c.lookups_task_profile,
+                    c.lookups_task_symcall,
+                    c.lookups_fd_profile,
+                    c.lookups_fd_symcall,
+                    c.lookup_failures
+                )?;
+            }
             writeln!(f, "    writes by class: {}", fmt(&c.writes))?;
             writeln!(f, "    reads by class: {}", fmt(&c.reads))?;
         }

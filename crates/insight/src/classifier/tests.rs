@@ -542,3 +542,4 @@ fn a_request_merged_from_a_hinted_and_an_unhinted_file_keeps_each_blocks_hint() 
 }
 
 mod copy;
+mod lookup;

@@ -171,6 +171,10 @@ fn start_trace(
         svc.channel.as_ref()?,
         prep.guest.profile.as_ref()?,
     );
+    if let Some((engine, _)) = insight {
+        // Before the first record: a process's first event already asks for its cwd.
+        engine.set_lookup(Some(insight_lookup(qemu_pid, profile)));
+    }
     let extra: Vec<Box<dyn vmsight_introspect::syscall::SyscallObserver>> = insight
         .iter()
         .map(|(e, _)| Box::new(e.clone()) as Box<dyn vmsight_introspect::syscall::SyscallObserver>)
@@ -183,6 +187,16 @@ fn start_trace(
             None
         }
     }
+}
+
+/// The source the insight engine asks for what it did not see (a process's working
+/// directory, inherited fds; docs/insights.md, "Lookups"): guest kernel memory read with the
+/// kernel profile.
+fn insight_lookup(qemu_pid: u32, profile: &Path) -> Box<dyn vmsight_insight::Lookup> {
+    Box::new(crate::lookup::ProfileLookup::new(
+        qemu_pid,
+        profile.to_path_buf(),
+    ))
 }
 
 /// QMP, with its events forwarded to the supervisor.
