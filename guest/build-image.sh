@@ -4,7 +4,9 @@
 #   build-image.sh [--force] OUT_DIR
 #
 # Produces in OUT_DIR: vmlinuz, initrd.img, rootfs.img (sparse raw ext4), System.map, config,
-# vmlinux.btf (the kernel's raw BTF, input of the kernel profile) and manifest.json.
+# vmlinux.btf (the kernel's raw BTF, input of the kernel profile) and manifest.json. The root
+# file system also gets vmsight_sym.ko (guest/sym, the symbiotic interface's module), built here
+# against the kernel's headers package.
 # All work happens in OUT_DIR.tmp, which is renamed to OUT_DIR at the very end, so OUT_DIR is
 # either absent or complete. Re-running with an existing OUT_DIR does nothing unless --force.
 #
@@ -60,13 +62,17 @@ need_cmd depmod kmod
 need_cmd cpio cpio
 need_cmd gzip gzip
 need_cmd gcc gcc
+need_cmd make make
+need_cmd modinfo kmod
 need_cmd objcopy binutils
 need_cmd readelf binutils
 need_cmd ar binutils
 need_cmd ldconfig libc-bin
 need_cmd sha256sum coreutils
 [ -f /usr/lib/x86_64-linux-gnu/libc.a ] || die "static libc missing; install the Debian package 'libc6-dev'"
-for f in "$RECIPE_DIR/init" "$RECIPE_DIR/initramfs-init"; do
+for f in "$RECIPE_DIR/init" "$RECIPE_DIR/initramfs-init" "$RECIPE_DIR/sym/Kbuild" \
+    "$RECIPE_DIR/sym/vmsight_sym.c" "$RECIPE_DIR/sym/vmsight_sym_v99.c" \
+    "$RECIPE_DIR/sym/vmsight_sym_abi.h"; do
     [ -f "$f" ] || die "recipe file $f is missing"
 done
 
@@ -118,7 +124,7 @@ on_exit() {
 trap on_exit EXIT
 
 cleanup_tmp
-mkdir -p "$TMP"/{pkgs,kernel,busybox,rootfs,initramfs,out}
+mkdir -p "$TMP"/{pkgs,kernel,busybox,rootfs,initramfs,out,headers,sym}
 BUILD_LOG="$TMP/build.log"
 : >"$BUILD_LOG"
 run() { "$@" >>"$BUILD_LOG" 2>&1; }
@@ -224,6 +230,66 @@ map_addr=$(awk '$3 == "__start_BTF" {print $1}' "$TMP/out/System.map")
     die "System.map does not match vmlinuz (__start_BTF $map_addr, .BTF section at $btf_addr)"
 rm -f "$VMLINUX"
 
+# --- vmsight_sym (the symbiotic interface's guest module, guest/sym) --------------------------
+# Built against this kernel's headers package: linux-headers-$KVER plus what it depends on
+# (linux-headers-<abi>-common and linux-kbuild-6.1 at the same version), unpacked into
+# $TMP/headers, never installed. The headers' Makefile includes the -common tree by absolute
+# /usr/src path; that include is pointed at the unpacked copy. Two modules come out of the one
+# source: vmsight_sym.ko and vmsight_sym_v99.ko (built for interface version 99, which must be
+# refused: the version negotiation test).
+HPKG="linux-headers-$KVER"
+log "building vmsight_sym.ko against $HPKG $KPKG_VER"
+apt-cache show "$HPKG=$KPKG_VER" >/dev/null 2>&1 ||
+    die "$HPKG version $KPKG_VER (the headers of kernel $KPKG $KPKG_VER) is not available from apt, so the vmsight_sym module cannot be built; run 'apt-get update' (bookworm and bookworm-security main must be configured)"
+if [ ! -f "$DEBS/${HPKG}_${KPKG_VER//:/%3a}_amd64.deb" ]; then apt_download "$HPKG=$KPKG_VER"; fi
+HDEB=$(deb_path "$HPKG" "$KPKG_VER")
+HDEP=$(dpkg-deb -f "$HDEB" Depends)
+HCOMMON=$(printf '%s\n' "$HDEP" | grep -oE 'linux-headers-[^ ,()]*-common' | head -n1 || true)
+HCOMMON_VER=$(printf '%s\n' "$HDEP" | sed -n "s/.*$HCOMMON (= \([^)]*\)).*/\1/p")
+HKBUILD=$(printf '%s\n' "$HDEP" | grep -oE 'linux-kbuild-[0-9.]+' | head -n1 || true)
+[ -n "$HCOMMON" ] && [ -n "$HCOMMON_VER" ] && [ -n "$HKBUILD" ] ||
+    die "cannot find the -common headers and linux-kbuild dependencies of $HPKG in '$HDEP'"
+for spec in "$HCOMMON=$HCOMMON_VER:all" "$HKBUILD=$KPKG_VER:amd64"; do
+    pv=${spec%:*} arch=${spec##*:}
+    name=${pv%%=*} ver=${pv#*=}
+    if [ -f "$DEBS/${name}_${ver//:/%3a}_${arch}.deb" ]; then continue; fi
+    apt-cache show "$name=$ver" >/dev/null 2>&1 ||
+        die "$name version $ver (needed by $HPKG) is not available from apt; the vmsight_sym module cannot be built"
+    apt_download "$name=$ver"
+done
+for deb in "$HDEB" "$DEBS/${HCOMMON}_${HCOMMON_VER//:/%3a}_all.deb" \
+    "$DEBS/${HKBUILD}_${KPKG_VER//:/%3a}_amd64.deb"; do
+    [ -f "$deb" ] || die "downloaded package $deb not found"
+    dpkg-deb -x "$deb" "$TMP/headers" || die "cannot unpack $deb"
+done
+KHDR="$TMP/headers/usr/src/linux-headers-$KVER"
+[ -f "$KHDR/Makefile" ] && [ -f "$KHDR/Module.symvers" ] || die "$HPKG has no usr/src/linux-headers-$KVER/{Makefile,Module.symvers}"
+sed -i "s|^include /usr/src/|include $TMP/headers/usr/src/|" "$KHDR/Makefile"
+inc=$(sed -n 's/^include //p' "$KHDR/Makefile" | head -n1)
+[ -n "$inc" ] && [ -f "$inc" ] || die "the headers' Makefile includes '$inc', which is not in the unpacked headers"
+# Debian builds modules of this kernel with the compiler named in .kernelvariables (gcc-12).
+KCC=$(grep -oE 'gcc-[0-9]+' "$KHDR/.kernelvariables" | head -n1 || true)
+[ -n "$KCC" ] || KCC=gcc
+command -v "$KCC" >/dev/null || die "'$KCC' not found (kernel $KVER's modules are built with it); install the Debian package '$KCC'"
+cp "$RECIPE_DIR"/sym/Kbuild "$RECIPE_DIR"/sym/*.c "$RECIPE_DIR"/sym/*.h "$TMP/sym/"
+SYM_OUT="$TMP/sym/make.log"
+if ! env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -C "$KHDR" M="$TMP/sym" modules >"$SYM_OUT" 2>&1; then
+    cat "$SYM_OUT" >>"$BUILD_LOG"
+    die "building vmsight_sym.ko failed: $(grep -m1 -E 'error' "$SYM_OUT" || tail -n1 "$SYM_OUT")"
+fi
+cat "$SYM_OUT" >>"$BUILD_LOG"
+if grep -q 'warning:' "$SYM_OUT"; then
+    log "warnings while building vmsight_sym.ko:"
+    grep -A3 'warning:' "$SYM_OUT" | sed 's/^/    /'
+fi
+for m in vmsight_sym vmsight_sym_v99; do
+    [ -f "$TMP/sym/$m.ko" ] || die "the build produced no $m.ko"
+    vm=$(modinfo -F vermagic "$TMP/sym/$m.ko")
+    [ "${vm%% *}" = "$KVER" ] || die "$m.ko has vermagic '$vm', not kernel $KVER"
+done
+SYM_ABI=$(sed -n 's/^#define VSYM_ABI_VERSION \([0-9]*\)$/\1/p' "$TMP/sym/vmsight_sym_abi.h")
+rm -rf --one-file-system -- "$TMP/headers"
+
 # --- root file system ------------------------------------------------------------------------
 ROOT="$TMP/rootfs"
 INCLUDE=$(IFS=,; echo "${ROOTFS_PACKAGES[*]}")
@@ -238,6 +304,10 @@ mkdir -p "$ROOT/lib/modules" "$ROOT/boot"
 cp -a "$TMP/kernel/lib/modules/$KVER" "$ROOT/lib/modules/"
 cp -a "$KBOOT/." "$ROOT/boot/"
 cp "$TMP/out/System.map" "$ROOT/boot/System.map-$KVER"
+# The symbiotic interface's module (guest/init loads it with vmsight.sym=1); depmod indexes it.
+for m in vmsight_sym vmsight_sym_v99; do
+    install -D -m 644 "$TMP/sym/$m.ko" "$ROOT/lib/modules/$KVER/extra/$m.ko"
+done
 run depmod -b "$ROOT" "$KVER" || die "depmod failed for $KVER"
 
 dpkg-deb -x "$BB_DEB" "$TMP/busybox"
@@ -378,6 +448,14 @@ file_entry() {
     echo "  \"busybox_version\": $(json_str "$BUSYBOX_VER"),"
     echo "  \"build_date\": $(json_str "$(date -u +%Y-%m-%dT%H:%M:%SZ)"),"
     echo "  \"build_seconds\": $(($(date +%s) - START_TIME)),"
+    sym_entry() { # NAME: path, size and sha256 of lib/modules/$KVER/extra/NAME.ko
+        local rel="lib/modules/$KVER/extra/$1.ko"
+        printf '{"path": %s, "size": %s, "sha256": %s}' "$(json_str "/$rel")" \
+            "$(stat -c %s "$ROOT/$rel")" "$(json_str "$(sha256sum "$ROOT/$rel" | cut -d' ' -f1)")"
+    }
+    echo "  \"sym_module\": {\"abi\": ${SYM_ABI:-0}, \"vermagic\": $(json_str "$(modinfo -F vermagic "$ROOT/lib/modules/$KVER/extra/vmsight_sym.ko")"),"
+    echo "    \"module\": $(sym_entry vmsight_sym),"
+    echo "    \"abi_test_module\": $(sym_entry vmsight_sym_v99)},"
     echo '  "files": {'
     first=1
     for f in vmlinuz initrd.img rootfs.img System.map config vmlinux.btf; do

@@ -1,6 +1,7 @@
 //! Embeds the guest image recipe (guest/build-image.sh, the two init scripts, every
-//! guest/progs/*.c and guest/lib/*.{c,h}) into the crate. The file list is generated so that a
-//! new helper program only needs a new .c file in guest/progs.
+//! guest/progs/*.c, guest/lib/*.{c,h} and the guest module guest/sym/{*.c,*.h,Kbuild}) into
+//! the crate. The file list is generated so that a new helper program only needs a new .c
+//! file in guest/progs.
 
 use std::env;
 use std::fs;
@@ -36,6 +37,19 @@ fn main() {
             let name = e.file_name().to_string_lossy().into_owned();
             if (name.ends_with(".c") || name.ends_with(".h")) && e.path().is_file() {
                 files.push(format!("lib/{name}"));
+            }
+        }
+    }
+    // The symbiotic interface's guest module (vmsight_sym): C sources, headers and Kbuild.
+    let sym = guest.join("sym");
+    println!("cargo:rerun-if-changed={}", sym.display());
+    if let Ok(entries) = fs::read_dir(&sym) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if (name.ends_with(".c") || name.ends_with(".h") || name == "Kbuild")
+                && e.path().is_file()
+            {
+                files.push(format!("sym/{name}"));
             }
         }
     }
