@@ -23,7 +23,7 @@
  *      doorbell: vmsight posts a call in the call page and rings our vector 0; PING is
  *        answered in the hard interrupt handler, everything else in the irq thread; the
  *        answer is signalled by ringing vmsight's vector 0.
- *      sync: vmsight (QEMU 11 vCPU redirection) calls vsym_sync_entry() on sync_stack with
+ *      sync: vmsight (QEMU 11 vCPU redirection) enters vsym_sync_stub on sync_stack with
  *        interrupts disabled and the return address sync_return; results go to the call page
  *        as well and the return value is the call's ret.
  *
@@ -35,6 +35,7 @@
 #include <linux/kernel.h>
 #include <linux/types.h>
 #include <linux/pci.h>
+#include <linux/random.h>
 #include <linux/io.h>
 #include <linux/interrupt.h>
 #include <linux/delay.h>
@@ -171,6 +172,7 @@ static struct {
 	u32 features; /* announced features */
 	u32 refresh_ms;
 	u32 guest_state;
+	u32 hello_id; /* this load's hello: vmsight echoes it in answered_hello */
 	u32 page_seq; /* our copy of guest->seq */
 	u64 refreshes;
 	u64 symcalls[2];
@@ -959,17 +961,31 @@ static irqreturn_t vsym_state_irq(int irq, void *dev)
 /* --- synchronous transport ----------------------------------------------------------------- */
 
 /*
- * sync_return: where the redirected call returns to. The VMM recognises the 7-byte
- * nopl 0x564d5352(%rax) ("RSMV") and puts the vCPU back; ud2 stops anything that runs on.
+ * sync_entry / sync_return. The VMM jumps to vsym_sync_stub with rsp = sync_stack - 8 (holding
+ * a return address it never needs) and puts the vCPU back when it reaches vsym_sync_return,
+ * whose 7 bytes nopl 0x564d5352(%rax) ("RSMV") it recognises; ud2 stops anything that runs
+ * on. The VMM saves and restores every register except the arithmetic flags, which QEMU keeps
+ * outside EFLAGS where a TCG plugin cannot reach them: the interrupted code may be between a
+ * compare and the jump that reads it, so the stub saves the flags (pushfq computes them) and
+ * puts them back (popfq) itself. Then it drops the return address, as `ret` would, so rsp at
+ * the marker is what the VMM expects, without a `ret` (none is needed, and a plain one
+ * would be a naked return in a retpoline/rethunk build).
  */
 asm(".pushsection .text, \"ax\"\n"
     ".balign 16\n"
-    ".type vsym_sync_return, @function\n"
+    ".globl vsym_sync_stub\n"
+    ".type vsym_sync_stub, @function\n"
+    "vsym_sync_stub:\n"
+    "pushfq\n"
+    "call vsym_sync_entry\n"
+    "popfq\n"
+    "lea 8(%rsp), %rsp\n"
     "vsym_sync_return:\n"
     ".byte 0x0f, 0x1f, 0x80, 0x52, 0x53, 0x4d, 0x56\n"
     "ud2\n"
-    ".size vsym_sync_return, . - vsym_sync_return\n"
+    ".size vsym_sync_stub, . - vsym_sync_stub\n"
     ".popsection\n");
+extern const u8 vsym_sync_stub[];
 extern const u8 vsym_sync_return[];
 
 static noinline long vsym_sync_call(u64 nr, u64 a0, u64 a1, u64 a2, u64 a3, u64 a4)
@@ -1001,12 +1017,14 @@ static noinline long vsym_sync_call(u64 nr, u64 a0, u64 a1, u64 a2, u64 a3, u64 
 }
 
 /*
- * The synchronous entry: the VMM sets rip here, rsp = sync_stack - 8 holding the return
- * address sync_return, the six arguments in rdi, rsi, rdx, rcx, r8, r9, interrupts off.
- * No stack protector and no tracing: the GS base is checked before anything uses it.
+ * The synchronous entry, called by vsym_sync_stub with the six arguments the VMM put in rdi,
+ * rsi, rdx, rcx, r8, r9, interrupts off. No stack protector and no tracing: the GS base is
+ * checked before anything uses it. Not static: the stub calls it by name.
  */
-static noinline notrace __no_stack_protector long vsym_sync_entry(u64 nr, u64 a0, u64 a1,
-								 u64 a2, u64 a3, u64 a4)
+__visible noinline notrace __no_stack_protector long vsym_sync_entry(u64 nr, u64 a0, u64 a1,
+								  u64 a2, u64 a3, u64 a4);
+__visible noinline notrace __no_stack_protector long vsym_sync_entry(u64 nr, u64 a0, u64 a1,
+								  u64 a2, u64 a3, u64 a4)
 {
 	u64 gs = __rdmsr(MSR_GS_BASE);
 	unsigned int cpu;
@@ -1097,7 +1115,7 @@ static void vsym_write_header(void)
 	WRITE_ONCE(g->symcalls[0], vsym.symcalls[0]);
 	WRITE_ONCE(g->symcalls[1], vsym.symcalls[1]);
 	if (vsym.sync_stack && vsym.guest_state != VSYM_GUEST_GONE) {
-		WRITE_ONCE(g->sync_entry, (u64)(unsigned long)vsym_sync_entry);
+		WRITE_ONCE(g->sync_entry, (u64)(unsigned long)vsym_sync_stub);
 		WRITE_ONCE(g->sync_return, (u64)(unsigned long)vsym_sync_return);
 		WRITE_ONCE(g->sync_stack,
 			   (u64)(unsigned long)vsym.sync_stack + VSYM_SYNC_STACK_SIZE);
@@ -1257,8 +1275,14 @@ static int vsym_handshake(void)
 	unsigned long deadline = jiffies + msecs_to_jiffies(VSYM_HANDSHAKE_MS);
 
 	for (;;) {
-		u32 s = READ_ONCE(vsym.vmm->state);
+		/* An answer counts only if it is to this hello (a stale one may be there). */
+		bool ours = READ_ONCE(vsym.vmm->answered_hello) == vsym.hello_id;
+		u32 s;
 
+		smp_rmb();
+		s = READ_ONCE(vsym.vmm->state);
+		if (!ours && s != VSYM_VMM_GONE)
+			s = VSYM_VMM_WAITING;
 		if (s == VSYM_VMM_ACCEPTED)
 			return 0;
 		if (s == VSYM_VMM_REFUSED) {
@@ -1373,7 +1397,9 @@ static int vsym_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 		vsym.symcalls[i / 64] |= BIT_ULL(i % 64);
 	}
 
-	/* Hello: our version and page, then wait for vmsight's answer. */
+	/* Hello: our version, page and a fresh id, then wait for vmsight's answer to it. */
+	vsym.hello_id = get_random_u32() | 1;
+	WRITE_ONCE(vsym.guest->hello_id, vsym.hello_id);
 	vsym_set_state(VSYM_GUEST_HELLO);
 	vsym_ring(VSYM_VEC_STATE);
 	err = vsym_handshake();

@@ -130,7 +130,7 @@ struct vsym_vmm {
 	__u32 refresh_ms; /* offset 28 */
 	char vmsight_version[32]; /* offset 32 */
 	__u32 nr_hints; /* offset 64 */
-	__u32 pad; /* offset 68 */
+	__u32 answered_hello; /* offset 68 */
 	struct vsym_hint hints[16]; /* offset 72 */
 } __attribute__((packed, aligned(8)));
 _Static_assert(__builtin_offsetof(struct vsym_vmm, magic) == 0, "vsym_vmm.magic");
@@ -142,7 +142,7 @@ _Static_assert(__builtin_offsetof(struct vsym_vmm, vmm_peer) == 24, "vsym_vmm.vm
 _Static_assert(__builtin_offsetof(struct vsym_vmm, refresh_ms) == 28, "vsym_vmm.refresh_ms");
 _Static_assert(__builtin_offsetof(struct vsym_vmm, vmsight_version) == 32, "vsym_vmm.vmsight_version");
 _Static_assert(__builtin_offsetof(struct vsym_vmm, nr_hints) == 64, "vsym_vmm.nr_hints");
-_Static_assert(__builtin_offsetof(struct vsym_vmm, pad) == 68, "vsym_vmm.pad");
+_Static_assert(__builtin_offsetof(struct vsym_vmm, answered_hello) == 68, "vsym_vmm.answered_hello");
 _Static_assert(__builtin_offsetof(struct vsym_vmm, hints) == 72, "vsym_vmm.hints");
 _Static_assert(sizeof(struct vsym_vmm) <= 4096, "vsym_vmm size");
 #define VSYM_VMM_OFFSET 0x0
@@ -161,7 +161,7 @@ struct vsym_guest {
 	__u64 sync_entry; /* offset 64 */
 	__u64 sync_return; /* offset 72 */
 	__u64 sync_stack; /* offset 80 */
-	__u64 pad; /* offset 88 */
+	__u64 hello_id; /* offset 88 */
 	char release[64]; /* offset 96 */
 	char version[64]; /* offset 160 */
 	__u64 mem_total_kib; /* offset 224 */
@@ -190,7 +190,7 @@ _Static_assert(__builtin_offsetof(struct vsym_guest, symcalls) == 48, "vsym_gues
 _Static_assert(__builtin_offsetof(struct vsym_guest, sync_entry) == 64, "vsym_guest.sync_entry");
 _Static_assert(__builtin_offsetof(struct vsym_guest, sync_return) == 72, "vsym_guest.sync_return");
 _Static_assert(__builtin_offsetof(struct vsym_guest, sync_stack) == 80, "vsym_guest.sync_stack");
-_Static_assert(__builtin_offsetof(struct vsym_guest, pad) == 88, "vsym_guest.pad");
+_Static_assert(__builtin_offsetof(struct vsym_guest, hello_id) == 88, "vsym_guest.hello_id");
 _Static_assert(__builtin_offsetof(struct vsym_guest, release) == 96, "vsym_guest.release");
 _Static_assert(__builtin_offsetof(struct vsym_guest, version) == 160, "vsym_guest.version");
 _Static_assert(__builtin_offsetof(struct vsym_guest, mem_total_kib) == 224, "vsym_guest.mem_total_kib");

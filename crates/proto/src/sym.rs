@@ -313,7 +313,8 @@ pub static VMM: Page = Page {
         f("refresh_ms", 28, Ty::U32),
         f("vmsight_version", 32, Ty::Str(32)),
         f("nr_hints", 64, Ty::U32),
-        f("pad", 68, Ty::U32),
+        // The guest's `hello_id` this answer (state, refuse_reason) belongs to.
+        f("answered_hello", 68, Ty::U32),
         f("hints", 72, Ty::Array(&HINT, MAX_HINTS)),
     ],
 };
@@ -337,7 +338,8 @@ pub static GUEST: Page = Page {
         f("sync_entry", 64, Ty::U64),
         f("sync_return", 72, Ty::U64),
         f("sync_stack", 80, Ty::U64),
-        f("pad", 88, Ty::U64),
+        // A fresh id per hello; the module trusts only an answer carrying it.
+        f("hello_id", 88, Ty::U64),
         f("release", 96, Ty::Str(64)),
         f("version", 160, Ty::Str(64)),
         f("mem_total_kib", 224, Ty::U64),
