@@ -43,8 +43,8 @@ guest-test: image qemu11
 # The subset that runs again on QEMU 11.1 (plugin API v7), chosen to exercise every interface
 # vmsight uses there once (docs/platforms.md): the plugin (interception against strace, the
 # checksums behind the insights, the block hooks behind FoxyIdle), vhost-user blk/net/fs/vsock,
-# memfd RAM, QMP, fw_cfg and the serial channels (foundation), and the write tap. The redirect
-# and qemu test files pick their QEMU themselves and run in every guest-test.
+# memfd RAM, QMP, fw_cfg and the serial channels (foundation), and the write tap. The redirect,
+# qemu and symbiotic test files pick their QEMU themselves and run in every guest-test.
 QEMU11_FILES := --test interception --test foundation --test insights --test filestream \
 	--test hylics --test network --test foxyidle
 QEMU11_TESTS := trace_matches separate_runs workload_outputs process_details unmonitored_ \

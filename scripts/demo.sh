@@ -183,3 +183,23 @@ field() { echo "$line" | sed -n "s/.* $1=\([^ ]*\).*/\1/p"; }
   --arg 1 --arg 2 --arg 3 --arg 4 --arg 5 --arg 6 || true
 wait $pid || true
 grep "calls=" "$TMP/rp.out"
+
+echo
+echo "== Symbiotic interface (QEMU 11.1, --symbiotic): the guest module vmsight_sym shares a page"
+echo "   (SymSpy, read live without exits) and answers symcalls, over the doorbell and, by vCPU"
+echo "   redirection, the synchronous transport"
+"$VMSIGHT" run --qemu trixie --symbiotic --name demo-sym -- sh -c \
+  'cd /tmp; getppid_loop 2000000000 & sleep 120' > "$TMP/sym.out" 2>&1 &
+pid=$!
+for _ in $(seq 1 600); do # the module is up and the guest's loop runs on a vCPU
+  "$VMSIGHT" sym demo-sym spy 2>/dev/null | grep -q "comm getppid_loop" && break; sleep 0.1
+done
+"$VMSIGHT" sym demo-sym spy | grep -E "^(interface|kernel|memory|cpu)"
+gp=$("$VMSIGHT" sym demo-sym spy --json | python3 -c '
+import json, sys
+print(next(c["tgid"] for c in json.load(sys.stdin)["guest"]["cpus"] if c["comm"] == "getppid_loop"))' \
+  2>/dev/null || echo 1)
+"$VMSIGHT" sym demo-sym call task_info "$gp" --transport sync
+"$VMSIGHT" sym demo-sym call echo 1 --repeat 1000 --transport sync
+"$VMSIGHT" sym demo-sym call echo 1 --repeat 200 --transport doorbell
+kill $pid 2>/dev/null; wait $pid 2>/dev/null || true

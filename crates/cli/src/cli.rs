@@ -71,6 +71,9 @@ enum Cmd {
     /// vCPU control of a running VM: run a guest function on a vCPU and restore it exactly
     /// (plugin API v7, QEMU 11.1; docs/platforms.md).
     Cpu(crate::cpu::CpuArgs),
+    /// The symbiotic interface of a running VM (`--symbiotic`): the guest module's SymSpy
+    /// page, and symcalls into it (docs/symbiotic.md).
+    Sym(crate::sym::SymArgs),
     /// Deduplicated volumes (iDedup): create, info, check, gc, export. Serve one with
     /// `vmsight run --disk VOL,dedup`.
     Dedup {
@@ -273,6 +276,11 @@ struct RunArgs {
     /// log=FILE (JSON decisions; `vmsight hylics replay FILE` re-runs them).
     #[arg(long, value_name = "TAU[,OPTS]")]
     hylics_slo: Option<String>,
+    /// The symbiotic interface (docs/symbiotic.md): announce it in fw_cfg, serve the
+    /// ivshmem-doorbell device that shares a region with the guest module, and load the
+    /// module `vmsight_sym` at boot; `vmsight sym NAME spy|call` then reads and calls it.
+    #[arg(long)]
+    symbiotic: bool,
     /// Command to run in the guest as root; its stdout/stderr/exit status become vmsight's.
     #[arg(last = true, value_name = "CMD")]
     command: Vec<String>,
@@ -344,6 +352,7 @@ pub fn main() -> i32 {
         Cmd::Hylics(a) => crate::hylics::run(a),
         Cmd::HylicsReplay(a) => crate::hylics::replay(a),
         Cmd::Cpu(a) => crate::cpu::run(a),
+        Cmd::Sym(a) => crate::sym::run(a),
         Cmd::Dedup { action } => crate::dedup::run(action),
     };
     match res {
@@ -492,6 +501,7 @@ impl TryFrom<RunArgs> for VmConfig {
             net,
             share,
             slo,
+            symbiotic: a.symbiotic,
             metrics: a.metrics,
             stream: vmsight_launcher::stream::StreamConfig {
                 enabled: !a.no_stream,

@@ -279,6 +279,9 @@ pub struct VmConfig {
     pub share: Option<crate::hylics::ShareSpec>,
     /// `--hylics-slo`: the controller sizing the share (needs `share`).
     pub slo: Option<crate::hylics::SloSpec>,
+    /// `--symbiotic`: the symbiotic interface (fw_cfg item, ivshmem-doorbell device served by
+    /// vmsight, guest module loaded at boot; docs/symbiotic.md).
+    pub symbiotic: bool,
 }
 
 /// What `--background`, `--idle`, `--idle-interval`, `--idle-max-hold` and `--idle-log` ask

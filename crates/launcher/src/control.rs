@@ -205,6 +205,9 @@ mod tests {
             ControlRequest::ShareResize { .. } => ControlReply::Refused("no share".into()),
             ControlRequest::HylicsController => ControlReply::Refused("no controller".into()),
             ControlRequest::Redirect(_) => ControlReply::Refused("no plugin".into()),
+            ControlRequest::SymSpy | ControlRequest::SymCall(_) => {
+                ControlReply::Refused("no symbiotic interface".into())
+            }
         });
         ControlServer::serve(sock, service).expect("binds")
     }

@@ -102,6 +102,9 @@ pub enum LaunchError {
         #[source]
         source: vmsight_netdev::NetError,
     },
+    /// The symbiotic interface could not be set up (its errors name the VM).
+    #[error(transparent)]
+    Sym(Box<crate::sym::SymError>),
     #[error("VM {vm}: shared in-memory file system: {source}")]
     Share {
         vm: String,
@@ -134,4 +137,11 @@ pub enum LaunchError {
     Image(#[from] vmsight_image::ImageError),
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),
+}
+
+impl From<crate::sym::SymError> for LaunchError {
+    fn from(e: crate::sym::SymError) -> LaunchError {
+        // Boxed: the symbiotic errors are large and rare.
+        LaunchError::Sym(Box::new(e))
+    }
 }

@@ -478,6 +478,8 @@ pub struct PluginPlan {
     pub profile: Option<PathBuf>,
     /// FoxyIdle's block-tag channel (`blk=`).
     pub blk: Option<PathBuf>,
+    /// SymCall's synchronous transport (`symsync=on`, API v7).
+    pub symsync: bool,
 }
 
 /// A `-chardev socket` in client mode for a socket vmsight listens on.
@@ -593,6 +595,9 @@ pub fn build_args(p: &QemuPlan) -> Vec<String> {
         if let Some(blk) = &pl.blk {
             arg.push_str(&format!(",blk={}", blk.display()));
         }
+        if pl.symsync {
+            arg.push_str(",symsync=on");
+        }
         push(&["-plugin", &arg]);
     }
     a
@@ -666,6 +671,7 @@ mod tests {
                 records: false,
                 profile: None,
                 blk: None,
+                symsync: false,
             }),
             hold: false,
         }

@@ -52,6 +52,11 @@ pub enum ControlRequest {
     /// Run a guest function on a vCPU and restore the vCPU (`vmsight cpu NAME redirect`);
     /// the reply comes when the function returned, the plugin refused, or the timeout fired.
     Redirect(crate::redirect::RedirectRequest),
+    /// The symbiotic interface's state and the guest's SymSpy page (`vmsight sym NAME spy`).
+    SymSpy,
+    /// A symcall into the guest module (`vmsight sym NAME call`); the reply comes when the
+    /// guest answered or the timeout fired.
+    SymCall(crate::sym::CallRequest),
 }
 
 /// What an [`ControlRequest::Idle`] request does.
@@ -73,7 +78,7 @@ pub struct IdleMark {
 }
 
 /// The `cmd` of every [`ControlRequest`] (a test checks the list against the enum).
-const COMMANDS: [&str; 7] = [
+const COMMANDS: [&str; 9] = [
     "status",
     "stream-start",
     "dedup-gc",
@@ -81,6 +86,8 @@ const COMMANDS: [&str; 7] = [
     "share-resize",
     "hylics-controller",
     "redirect",
+    "sym-spy",
+    "sym-call",
 ];
 
 impl ControlRequest {
@@ -95,6 +102,8 @@ impl ControlRequest {
             ControlRequest::ShareResize { .. } => COMMANDS[4],
             ControlRequest::HylicsController => COMMANDS[5],
             ControlRequest::Redirect(_) => COMMANDS[6],
+            ControlRequest::SymSpy => COMMANDS[7],
+            ControlRequest::SymCall(_) => COMMANDS[8],
         }
     }
 }
@@ -208,6 +217,10 @@ pub enum ControlReply {
     Controller(crate::hylics::ControllerStatus),
     /// A completed [`ControlRequest::Redirect`].
     Redirected(crate::redirect::RedirectOutcome),
+    /// The answer to [`ControlRequest::SymSpy`].
+    SymSpy(Box<crate::sym::SpyReport>),
+    /// The answer to [`ControlRequest::SymCall`].
+    SymCalled(crate::sym::CallReply),
     /// The request was refused; the sentence says why.
     Refused(String),
 }
@@ -249,6 +262,10 @@ struct WireReply {
     controller: Option<crate::hylics::ControllerStatus>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     redirect: Option<crate::redirect::RedirectOutcome>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    spy: Option<Box<crate::sym::SpyReport>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    symcall: Option<crate::sym::CallReply>,
 }
 
 impl WireReply {
@@ -265,6 +282,8 @@ impl WireReply {
             share: None,
             controller: None,
             redirect: None,
+            spy: None,
+            symcall: None,
         }
     }
 }
@@ -300,6 +319,14 @@ impl From<ControlReply> for WireReply {
                 redirect: Some(o),
                 ..WireReply::empty(true)
             },
+            ControlReply::SymSpy(r) => WireReply {
+                spy: Some(r),
+                ..WireReply::empty(true)
+            },
+            ControlReply::SymCalled(r) => WireReply {
+                symcall: Some(r),
+                ..WireReply::empty(true)
+            },
             ControlReply::Refused(error) => WireReply {
                 error: Some(error),
                 ..WireReply::empty(false)
@@ -311,8 +338,8 @@ impl From<ControlReply> for WireReply {
 /// A reply with `"ok": true` but no status in it.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "the reply has none of \"error\", \"disks\", \"freed\", \"marks\", \"share\", \"controller\" \
-     and \"redirect\""
+    "the reply has none of \"error\", \"disks\", \"freed\", \"marks\", \"share\", \"controller\", \
+     \"redirect\", \"spy\" and \"symcall\""
 )]
 pub struct NoStatus;
 
@@ -340,6 +367,12 @@ impl TryFrom<WireReply> for ControlReply {
         }
         if let (Some(o), None) = (w.redirect, &w.disks) {
             return Ok(ControlReply::Redirected(o));
+        }
+        if let (Some(r), None) = (w.spy, &w.disks) {
+            return Ok(ControlReply::SymSpy(r));
+        }
+        if let (Some(r), None) = (w.symcall, &w.disks) {
+            return Ok(ControlReply::SymCalled(r));
         }
         let status = VmStatus {
             disks: w.disks.ok_or(NoStatus)?,
@@ -456,7 +489,7 @@ mod tests {
         let e = ControlRequest::parse(r#"{"cmd":"reboot"}"#).expect_err("bad");
         assert_eq!(
             e.to_string(),
-            "unknown command \"reboot\" (known: status, stream-start, dedup-gc, idle, share-resize, hylics-controller, redirect)"
+            "unknown command \"reboot\" (known: status, stream-start, dedup-gc, idle, share-resize, hylics-controller, redirect, sym-spy, sym-call)"
         );
     }
 

@@ -55,6 +55,8 @@ pub const VSOCK_SOCKET: &str = "vsock0.sock";
 pub const VSOCK_UDS: &str = "vsock.sock";
 /// vhost-device-vsock's log.
 pub const VSOCK_LOG: &str = "vsock.log";
+/// The symbiotic device's ivshmem server socket (`--symbiotic`, docs/symbiotic.md).
+pub const SYM_SOCKET: &str = "sym.sock";
 /// virtiofsd's log.
 pub const VIRTIOFSD_LOG: &str = "virtiofsd.log";
 /// Copy of the guest's serial console.

@@ -12,6 +12,7 @@
 pub mod blk;
 pub mod fs;
 pub mod net;
+pub mod sym;
 pub mod vsock;
 
 use std::sync::Arc;
@@ -24,7 +25,13 @@ use crate::stream::DiskStream;
 use crate::vm::prepare::Prepared;
 
 /// Every device kind, started in this order.
-pub static DEVICES: &[&DeviceEntry] = &[&blk::ENTRY, &net::ENTRY, &fs::ENTRY, &vsock::ENTRY];
+pub static DEVICES: &[&DeviceEntry] = &[
+    &blk::ENTRY,
+    &net::ENTRY,
+    &fs::ENTRY,
+    &vsock::ENTRY,
+    &sym::ENTRY,
+];
 
 /// How an entry starts its devices.
 pub type StartFn = fn(&DeviceEnv<'_>) -> Result<Vec<Box<dyn Device>>, LaunchError>;
@@ -57,6 +64,8 @@ pub struct DeviceEnv<'a> {
     pub idle: Option<&'a std::sync::Arc<crate::idle::Attributor>>,
     /// The VM's shared in-memory file system (and its controller), with `--shared-mem`.
     pub hylics: Option<&'a crate::hylics::Hylics>,
+    /// The symbiotic interface, with `--symbiotic`.
+    pub sym: Option<&'a std::sync::Arc<crate::sym::Symbiotic>>,
 }
 
 /// A running device.
@@ -115,6 +124,8 @@ pub struct DeviceReport {
     pub controller: Option<vmsight_proto::hylics::ControllerStatus>,
     /// The send offload's counters (the vsock device).
     pub offload: Option<crate::hylics::offload::OffloadSnapshot>,
+    /// The symbiotic interface's counters (the ivshmem-doorbell device).
+    pub sym: Option<vmsight_proto::sym::SymCounters>,
     /// The backend ended with an error.
     pub error: Option<String>,
 }

@@ -26,6 +26,9 @@ impl StreamHandles {
     }
 }
 
+/// Why a VM without the interface refuses symbiotic requests.
+const NO_SYM: &str = "the VM runs without the symbiotic interface (start it with --symbiotic)";
+
 /// The state the control socket's handler reads.
 pub struct ControlState {
     streams: Vec<StreamHandles>,
@@ -35,6 +38,8 @@ pub struct ControlState {
     hylics: Option<crate::hylics::Hylics>,
     /// The plugin's channel (vCPU redirection goes through its mailbox).
     plugin: Option<Arc<Mutex<vmsight_ring::ChannelHost>>>,
+    /// The symbiotic interface (`--symbiotic`).
+    sym: Option<Arc<crate::sym::Symbiotic>>,
 }
 
 impl ControlState {
@@ -45,6 +50,7 @@ impl ControlState {
         idle: Option<Arc<crate::idle::Attributor>>,
         hylics: Option<crate::hylics::Hylics>,
         plugin: Option<Arc<Mutex<vmsight_ring::ChannelHost>>>,
+        sym: Option<Arc<crate::sym::Symbiotic>>,
     ) -> Self {
         Self {
             streams: streams
@@ -62,6 +68,7 @@ impl ControlState {
             idle,
             hylics,
             plugin,
+            sym,
         }
     }
 
@@ -146,6 +153,17 @@ impl ControlState {
             ControlRequest::ShareResize { bytes } => self.share_resize(bytes),
             ControlRequest::HylicsController => self.controller(),
             ControlRequest::Redirect(req) => self.redirect(&req),
+            ControlRequest::SymSpy => match &self.sym {
+                Some(s) => ControlReply::SymSpy(Box::new(s.spy())),
+                None => ControlReply::Refused(NO_SYM.into()),
+            },
+            ControlRequest::SymCall(req) => match &self.sym {
+                Some(s) => match s.call(&req) {
+                    Ok(r) => ControlReply::SymCalled(r),
+                    Err(e) => ControlReply::Refused(e.to_string()),
+                },
+                None => ControlReply::Refused(NO_SYM.into()),
+            },
         }
     }
 

@@ -72,6 +72,7 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
     let mut streams = services::disk_streams(cfg, &prep);
     let idle = services::idle_attributor(cfg, &prep)?;
     let hylics = services::hylics(cfg, &prep)?;
+    let sym = services::symbiotic(cfg, &prep)?;
     let devices = devices::start_all(&DeviceEnv {
         cfg,
         prep: &prep,
@@ -79,6 +80,7 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
         streams: &streams,
         idle: idle.as_ref(),
         hylics: hylics.as_ref(),
+        sym: sym.as_ref(),
     })?;
     phase("devices");
     let svc = services::start(
@@ -87,8 +89,7 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
         &devices,
         &mut streams,
         insight.as_ref().map(|(e, _)| e),
-        idle,
-        hylics,
+        services::Features { idle, hylics, sym },
     )?;
     phase("services");
     let qemu = spawn::spawn(cfg, arts, &prep, &devices, &svc, insight.as_ref())?;

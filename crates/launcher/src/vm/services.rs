@@ -59,6 +59,8 @@ pub struct Services {
     pub interactive: bool,
     /// FoxyIdle's attribution (its channel goes to the plugin), when FoxyIdle is on.
     pub idle: Option<Arc<crate::idle::Attributor>>,
+    /// The symbiotic interface (`--symbiotic`): the insight engine's lookups call through it.
+    pub sym: Option<Arc<crate::sym::Symbiotic>>,
     _view: Option<vmsight_view::ViewServer>,
     _control: crate::control::ControlServer,
     _metrics: Option<vmsight_metrics::MetricsServer>,
@@ -141,6 +143,23 @@ pub fn hylics(
     }))
 }
 
+/// The symbiotic interface's region and state, with `--symbiotic` (the ivshmem-doorbell
+/// device serves it; the control socket and the insight engine's lookups call through it).
+pub fn symbiotic(
+    cfg: &VmConfig,
+    prep: &Prepared,
+) -> Result<Option<Arc<crate::sym::Symbiotic>>, LaunchError> {
+    if !cfg.symbiotic {
+        return Ok(None);
+    }
+    let hints: Vec<crate::sym::spy::DiskHint> = prep
+        .disks
+        .iter()
+        .map(|d| crate::sym::spy::disk_hint(cfg, d))
+        .collect();
+    Ok(Some(crate::sym::Symbiotic::new(&cfg.name, &hints)?))
+}
+
 /// A file-update stream (tap queue) per writable disk; consumers start with the services.
 pub fn disk_streams(cfg: &VmConfig, prep: &Prepared) -> Vec<DiskStream> {
     prep.disks
@@ -150,6 +169,14 @@ pub fn disk_streams(cfg: &VmConfig, prep: &Prepared) -> Vec<DiskStream> {
         .collect()
 }
 
+/// The feature services created before the devices that phase 3 hands on (FoxyIdle's
+/// attribution, Hylics' share, the symbiotic interface).
+pub struct Features {
+    pub idle: Option<Arc<crate::idle::Attributor>>,
+    pub hylics: Option<crate::hylics::Hylics>,
+    pub sym: Option<Arc<crate::sym::Symbiotic>>,
+}
+
 /// Runs phase 3.
 pub fn start(
     cfg: &VmConfig,
@@ -157,9 +184,9 @@ pub fn start(
     devices: &[Box<dyn Device>],
     streams: &mut [DiskStream],
     insight: Option<&InsightEngine>,
-    idle: Option<Arc<crate::idle::Attributor>>,
-    hylics: Option<crate::hylics::Hylics>,
+    features: Features,
 ) -> Result<Services, LaunchError> {
+    let Features { idle, hylics, sym } = features;
     let delivery = Arc::new(Delivery::open(
         cfg.stream.host.clone(),
         &cfg.name,
@@ -184,6 +211,9 @@ pub fn start(
         None => None,
     };
     let channel = plugin_channel(cfg, prep)?;
+    if let Some(s) = &sym {
+        crate::sym::sync::offer(s, prep, channel.as_ref().map(|(_, c)| c));
+    }
     let control = ControlState::new(
         streams,
         devices,
@@ -191,6 +221,7 @@ pub fn start(
         idle.clone(),
         hylics,
         channel.as_ref().map(|(_, c)| c.clone()),
+        sym.clone(),
     );
     let metrics = super::metrics::serve(cfg, devices, streams)?;
     let control = crate::control::ControlServer::serve(
@@ -214,6 +245,7 @@ pub fn start(
         signals,
         interactive: cfg.command.is_none(),
         idle,
+        sym,
         _view: view,
         _control: control,
         _metrics: metrics,

@@ -135,13 +135,16 @@ fn plan(
             library: arts.plugin.clone(),
             shm: shm.clone(),
             records: cfg.plugin_records || prep.trace.is_some(),
-            profile: (prep.trace.is_some() || prep.idle_tags)
-                .then(|| prep.guest.profile.clone())
-                .flatten(),
+            profile: (prep.trace.is_some()
+                || prep.idle_tags
+                || crate::sym::sync::wanted(cfg, prep))
+            .then(|| prep.guest.profile.clone())
+            .flatten(),
             blk: svc
                 .idle
                 .as_ref()
                 .and_then(|a| a.channel_path().map(Path::to_owned)),
+            symsync: crate::sym::sync::wanted(cfg, prep),
         }),
         hold: prep.hold,
     })
@@ -173,7 +176,7 @@ fn start_trace(
     );
     if let Some((engine, _)) = insight {
         // Before the first record: a process's first event already asks for its cwd.
-        engine.set_lookup(Some(insight_lookup(qemu_pid, profile)));
+        engine.set_lookup(Some(insight_lookup(qemu_pid, profile, svc.sym.as_ref())));
     }
     let extra: Vec<Box<dyn vmsight_introspect::syscall::SyscallObserver>> = insight
         .iter()
@@ -191,12 +194,21 @@ fn start_trace(
 
 /// The source the insight engine asks for what it did not see (a process's working
 /// directory, inherited fds; docs/insights.md, "Lookups"): guest kernel memory read with the
-/// kernel profile.
-fn insight_lookup(qemu_pid: u32, profile: &Path) -> Box<dyn vmsight_insight::Lookup> {
-    Box::new(crate::lookup::ProfileLookup::new(
+/// kernel profile, or with `--symbiotic` the guest module's `task_info`/`fd_path` symcalls,
+/// falling back to the profile reader.
+fn insight_lookup(
+    qemu_pid: u32,
+    profile: &Path,
+    sym: Option<&std::sync::Arc<crate::sym::Symbiotic>>,
+) -> Box<dyn vmsight_insight::Lookup> {
+    let profile = Box::new(crate::lookup::ProfileLookup::new(
         qemu_pid,
         profile.to_path_buf(),
-    ))
+    ));
+    match sym {
+        Some(s) => Box::new(crate::sym::lookup::SymLookup::new(s.clone(), profile)),
+        None => profile,
+    }
 }
 
 /// QMP, with its events forwarded to the supervisor.
