@@ -949,12 +949,33 @@ static irqreturn_t vsym_call_thread(int irq, void *dev)
 }
 
 /* Vector 1 from vmsight: its state changed. */
+/*
+ * The synchronous transport's safe point: 7 bytes nopl 0x45464153(%rax) ("SAFE") that the
+ * VMM's plugin recognises. A vCPU executing it while a synchronous call waits is redirected
+ * into vsym_sync_stub right here, whatever the interrupt flag says: this is the state
+ * vector's interrupt handler, interrupting code that had interrupts enabled, with RCU watching
+ * and the kernel's GS base, as safe as any point where an interrupt is taken.
+ */
+static noinline void vsym_safe_point(void)
+{
+	asm volatile(".byte 0x0f, 0x1f, 0x80, 0x53, 0x41, 0x46, 0x45" ::: "memory");
+}
+
 static irqreturn_t vsym_state_irq(int irq, void *dev)
 {
+	struct vsym_call *call = vsym.call;
+
 	if (READ_ONCE(vsym.vmm->state) == VSYM_VMM_GONE && !READ_ONCE(vsym.vmm_gone)) {
 		WRITE_ONCE(vsym.vmm_gone, true);
 		pr_info("vmsight is gone: symcalls and SymSpy stopped until the module is removed\n");
 	}
+	/*
+	 * vmsight rings the state vector when a synchronous call finds no vCPU in the kernel with
+	 * interrupts enabled (an idle guest, or one busy in user mode): give it a safe point.
+	 */
+	if (dev && vsym_live() && READ_ONCE(call->state) == VSYM_CALL_POSTED &&
+	    READ_ONCE(call->transport) == VSYM_TRANSPORT_SYNC)
+		vsym_safe_point();
 	return IRQ_HANDLED;
 }
 

@@ -36,7 +36,7 @@ use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use qemu::{Cond, Insn, InstallInfo, PluginId, RegAccess, Scoreboard, Tb, Word};
-use vmsight_proto::redirect::RETURN_MARKER;
+use vmsight_proto::redirect::{RETURN_MARKER, SAFE_POINT_MARKER};
 use vmsight_ring::{
     data, flags, layout::plugin_flags, monotonic_ns, Channel, ChannelPlugin, Counter, CounterSink,
     MonitorFilters, Producer, Record, ReturnVia, SumsHeader, COMM_LEN,
@@ -911,6 +911,10 @@ fn instrument_tb(st: &State, tb: Tb<'_>) -> u64 {
             insn.on_exec(on_marker, RegAccess::ReadWritePc, 0);
             continue;
         }
+        if symsync && !user && marker_size && bytes == SAFE_POINT_MARKER {
+            insn.on_exec(on_safe_point, RegAccess::ReadWritePc, vaddr as usize);
+            continue;
+        }
         if user {
             if is_syscall_insn(bytes) {
                 instrument_syscall(st, &insn, vaddr, monitoring);
@@ -1775,7 +1779,19 @@ extern "C" fn on_marker(vcpu: c_uint, _udata: *mut c_void) {
 extern "C" fn on_kernel_armed(vcpu: c_uint, udata: *mut c_void) {
     let mut jump_to = None;
     guard(Some(vcpu), || {
-        jump_to = ctx(vcpu).and_then(|mut c| c.redirect_in_kernel(udata as u64));
+        jump_to = ctx(vcpu).and_then(|mut c| c.redirect_in_kernel(udata as u64, true));
+    });
+    if let Some(pc) = jump_to {
+        redirect::jump(pc);
+    }
+}
+
+/// A guest safe-point marker (the SymCall module's wake-up handler): take a waiting kernel
+/// request here, whatever the interrupt flag.
+extern "C" fn on_safe_point(vcpu: c_uint, udata: *mut c_void) {
+    let mut jump_to = None;
+    guard(Some(vcpu), || {
+        jump_to = ctx(vcpu).and_then(|mut c| c.redirect_in_kernel(udata as u64, false));
     });
     if let Some(pc) = jump_to {
         redirect::jump(pc);

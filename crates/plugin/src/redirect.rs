@@ -335,9 +335,10 @@ pub(crate) fn start_arming(st: &'static crate::State) {
 }
 
 impl Ctx<'_> {
-    /// At the start of a kernel block on an armed vCPU: takes a kernel-triggered request if
-    /// interrupts are enabled here. Returns the entry to move to.
-    pub(crate) fn redirect_in_kernel(&mut self, pc: u64) -> Option<u64> {
+    /// At the start of a kernel block on an armed vCPU, or at a guest safe-point marker
+    /// (`need_if` false): takes a kernel-triggered request if interrupts are enabled here or
+    /// the guest declared the point safe. Returns the entry to move to.
+    pub(crate) fn redirect_in_kernel(&mut self, pc: u64, need_if: bool) -> Option<u64> {
         let disarm = |c: &Self| c.st.sb_set(crate::SB_ARM, c.vcpu, 0);
         let Some(seq) = self.mailbox().waiting(TAKEN.load(Ordering::Relaxed)) else {
             disarm(self);
@@ -348,7 +349,7 @@ impl Ctx<'_> {
             return None;
         }
         let saved = self.read_all()?;
-        if saved[Reg::Eflags.index()] & EFLAGS_IF == 0 {
+        if need_if && saved[Reg::Eflags.index()] & EFLAGS_IF == 0 {
             return None; // interrupts off here: stay armed, try the next block
         }
         let Some(req) = self.mailbox().request() else {

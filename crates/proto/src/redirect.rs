@@ -21,6 +21,11 @@ use serde::{Deserialize, Serialize};
 /// function returns to an address holding it.
 pub const RETURN_MARKER: [u8; 7] = [0x0f, 0x1f, 0x80, 0x52, 0x53, 0x4d, 0x56];
 
+/// The safe-point marker: `nopl 0x45464153(%rax)` (`0f 1f 80 53 41 46 45`, "SAFE"). A guest
+/// kernel module executes it where a [`Trigger::Kernel`] request may be taken whatever the
+/// interrupt flag says (SymCall's module: in its wake-up interrupt handler).
+pub const SAFE_POINT_MARKER: [u8; 7] = [0x0f, 0x1f, 0x80, 0x53, 0x41, 0x46, 0x45];
+
 /// Most registers a request may set.
 pub const MAX_SET_REGS: usize = 16;
 /// Most guest bytes a request may write before the redirection.
@@ -139,7 +144,8 @@ pub enum Trigger {
         tgid: u32,
     },
     /// At the start of the next translation block any vCPU executes in kernel mode with
-    /// interrupts enabled (a point where an interrupt could be taken), whatever it runs. The
+    /// interrupts enabled (a point where an interrupt could be taken), whatever it runs, or at
+    /// a [`SAFE_POINT_MARKER`] the guest executes. The
     /// function runs with interrupts disabled (the flags are restored after). If it returns
     /// `not_here` in rax, the vCPU is restored and the next such point is tried (the guest's
     /// way of saying "not a safe point", e.g. RCU not watching). SymCall's synchronous

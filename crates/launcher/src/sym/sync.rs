@@ -20,7 +20,7 @@ use crate::vm::prepare::Prepared;
 
 /// How long a request may wait for a running vCPU before vmsight wakes one (a running guest
 /// enters a kernel block with interrupts enabled within microseconds).
-pub const WAKE_AFTER: Duration = Duration::from_micros(100);
+pub const WAKE_AFTER: Duration = Duration::from_micros(50);
 /// How often vmsight rings again while nobody took the request (the woken vCPU may have been
 /// at a point that answered "not here" and gone back to sleep).
 pub const WAKE_AGAIN: Duration = Duration::from_millis(1);
