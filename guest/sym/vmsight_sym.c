@@ -611,6 +611,20 @@ out:
 }
 
 /* page_info(pid, vaddr): rets = [flags, pfn, swap type, swap offset]. */
+/* page_info's bits for a present leaf entry (PTE, or a huge PMD/PUD) with these flags. */
+static u64 vsym_leaf_flags(pteval_t f)
+{
+	u64 flags = VSYM_PAGE_PRESENT;
+
+	if (f & _PAGE_RW)
+		flags |= VSYM_PAGE_PTE_WRITE;
+	if (f & _PAGE_USER)
+		flags |= VSYM_PAGE_PTE_USER;
+	if (f & _PAGE_NX)
+		flags |= VSYM_PAGE_PTE_NX;
+	return flags;
+}
+
 static long vsym_h_page_info(struct vsym_ctx *c)
 {
 	u64 addr = c->args[1];
@@ -673,13 +687,7 @@ static long vsym_h_page_info(struct vsym_ctx *c)
 		goto done;
 	if (pud_leaf(pudv)) {
 		if (pud_present(pudv)) {
-			flags |= VSYM_PAGE_PRESENT | VSYM_PAGE_HUGE;
-			if (pud_flags(pudv) & _PAGE_RW)
-				flags |= VSYM_PAGE_PTE_WRITE;
-			if (pud_flags(pudv) & _PAGE_USER)
-				flags |= VSYM_PAGE_PTE_USER;
-			if (pud_flags(pudv) & _PAGE_NX)
-				flags |= VSYM_PAGE_PTE_NX;
+			flags |= VSYM_PAGE_HUGE | vsym_leaf_flags(pud_flags(pudv));
 			pfn = pud_pfn(pudv) + ((addr & ~PUD_MASK) >> PAGE_SHIFT);
 		}
 		goto done;
@@ -692,13 +700,7 @@ static long vsym_h_page_info(struct vsym_ctx *c)
 		goto done;
 	if (pmd_leaf(pmdv)) {
 		if (pmd_present(pmdv)) {
-			flags |= VSYM_PAGE_PRESENT | VSYM_PAGE_HUGE;
-			if (pmd_flags(pmdv) & _PAGE_RW)
-				flags |= VSYM_PAGE_PTE_WRITE;
-			if (pmd_flags(pmdv) & _PAGE_USER)
-				flags |= VSYM_PAGE_PTE_USER;
-			if (pmd_flags(pmdv) & _PAGE_NX)
-				flags |= VSYM_PAGE_PTE_NX;
+			flags |= VSYM_PAGE_HUGE | vsym_leaf_flags(pmd_flags(pmdv));
 			pfn = pmd_pfn(pmdv) + ((addr & ~PMD_MASK) >> PAGE_SHIFT);
 		}
 		goto done;
@@ -710,13 +712,7 @@ static long vsym_h_page_info(struct vsym_ctx *c)
 	pte = READ_ONCE(*ptep);
 	pte_unmap(ptep);
 	if (pte_present(pte)) {
-		flags |= VSYM_PAGE_PRESENT;
-		if (pte_write(pte))
-			flags |= VSYM_PAGE_PTE_WRITE;
-		if (pte_flags(pte) & _PAGE_USER)
-			flags |= VSYM_PAGE_PTE_USER;
-		if (pte_flags(pte) & _PAGE_NX)
-			flags |= VSYM_PAGE_PTE_NX;
+		flags |= vsym_leaf_flags(pte_flags(pte));
 		pfn = pte_pfn(pte);
 	} else if (is_swap_pte(pte)) {
 		swp_entry_t e = pte_to_swp_entry(pte);

@@ -137,23 +137,33 @@ impl Ctx<'_> {
         let Some(saved) = self.read_all() else {
             return self.refuse(seq, RedirectFailure::RegisterRead);
         };
-        match self.apply(&req, &saved) {
+        self.activate(
+            &req,
+            Active {
+                seq,
+                not_here: None,
+                cr3,
+                ret_rsp: 0,
+                pc,
+                vcpu: self.vcpu,
+                t0: monotonic_ns(),
+                saved,
+            },
+        )
+    }
+
+    /// Applies `req` to this vCPU and makes `active` the redirection in progress; returns the
+    /// entry to move to (`None` after refusing it).
+    fn activate(&mut self, req: &RedirectRequest, mut active: Active) -> Option<u64> {
+        match self.apply(req, &active.saved) {
             Ok(ret_rsp) => {
-                *lock(&ACTIVE) = Some(Active {
-                    seq,
-                    not_here: None,
-                    cr3,
-                    ret_rsp,
-                    pc,
-                    vcpu: self.vcpu,
-                    t0: monotonic_ns(),
-                    saved,
-                });
+                active.ret_rsp = ret_rsp;
+                *lock(&ACTIVE) = Some(active);
                 ACTIVE_ON.store(true, Ordering::SeqCst);
                 self.count(Counter::Redirects, 1);
                 Some(req.entry)
             }
-            Err(why) => self.refuse(seq, why),
+            Err(why) => self.refuse(active.seq, why),
         }
     }
 
@@ -370,24 +380,19 @@ impl Ctx<'_> {
         if self.hot.regbuf.read_registers(&[h], &mut cr3) != 0 {
             return self.refuse(seq, RedirectFailure::RegisterRead);
         }
-        match self.apply(&req, &saved) {
-            Ok(ret_rsp) => {
-                *lock(&ACTIVE) = Some(Active {
-                    seq,
-                    not_here: Some(not_here),
-                    cr3: cr3_base(cr3[0]),
-                    ret_rsp,
-                    pc,
-                    vcpu: self.vcpu,
-                    t0: monotonic_ns(),
-                    saved,
-                });
-                ACTIVE_ON.store(true, Ordering::SeqCst);
-                self.count(Counter::Redirects, 1);
-                Some(req.entry)
-            }
-            Err(why) => self.refuse(seq, why),
-        }
+        self.activate(
+            &req,
+            Active {
+                seq,
+                not_here: Some(not_here),
+                cr3: cr3_base(cr3[0]),
+                ret_rsp: 0,
+                pc,
+                vcpu: self.vcpu,
+                t0: monotonic_ns(),
+                saved,
+            },
+        )
     }
 }
 
