@@ -721,6 +721,9 @@ fn vcpu_init(vcpu: c_uint) {
     let Some(st) = STATE.get() else { return };
     st.regs.get_or_init(discover_registers);
     st.channel.report_vcpus(vcpu.saturating_add(1));
+    if st.symsync() {
+        publish_arm_words(st, vcpu);
+    }
     let Some(slot) = st.vcpus.get(vcpu as usize) else {
         if !st.missing_slot_reported.swap(true, Ordering::Relaxed) {
             eprintln!(
@@ -1772,6 +1775,21 @@ extern "C" fn on_marker(vcpu: c_uint, _udata: *mut c_void) {
     if let Some(pc) = jump_to {
         redirect::jump(pc);
     }
+}
+
+/// Publishes where every vCPU's arm word is (so far: vCPUs `0..=vcpu`, re-published at each
+/// vCPU's initialisation because adding a vCPU may move the scoreboard): vmsight arms the
+/// vCPUs for SymCall's synchronous transport by writing them directly.
+fn publish_arm_words(st: &State, vcpu: c_uint) {
+    let n = (vcpu as usize + 1).min(vmsight_ring::redirect::MAX_ARM_VCPUS);
+    let addrs: Vec<u64> = (0..n as c_uint)
+        // SAFETY: QEMU sizes scoreboards for the highest vCPU index initialised, so the
+        // elements of 0..=vcpu exist.
+        .map(|i| unsafe { st.entry(SB_ARM).address(i) })
+        .collect();
+    st.channel
+        .redirect_mailbox()
+        .publish_arm(std::process::id(), &addrs);
 }
 
 /// The first instruction of a kernel block on an armed vCPU (SymCall's synchronous

@@ -15,6 +15,7 @@
 //!   trigger tgid entry has_frame return_to reserve set_mask set[20]
 //!   mem_addr mem_len mem[32]
 //!   status vcpu return_vcpu pc elapsed_ns saved[20] at_return[20] mismatch_mask
+//!   arm_pid arm_n arm_addr[64]
 //! ```
 //!
 //! Every field is an atomic; a scribbled mailbox yields a request the plugin validates like
@@ -62,9 +63,18 @@ pub struct Mailbox {
     saved: [AtomicU64; NREGS],
     at_return: [AtomicU64; NREGS],
     mismatch_mask: AtomicU64,
+    /// QEMU's pid and the addresses (in QEMU's memory) of every vCPU's arm word, published by
+    /// the plugin: vmsight arms the vCPUs for a kernel-triggered request by writing 1 there
+    /// itself (`process_vm_writev`), with no plugin thread to wake first.
+    arm_pid: AtomicU64,
+    arm_n: AtomicU64,
+    arm_addr: [AtomicU64; MAX_ARM_VCPUS],
 }
 
-const _: () = assert!(std::mem::size_of::<Mailbox>() == 111 * 8);
+/// Most vCPUs whose arm words the mailbox publishes.
+pub const MAX_ARM_VCPUS: usize = 64;
+
+const _: () = assert!(std::mem::size_of::<Mailbox>() == (111 + 2 + MAX_ARM_VCPUS) * 8);
 const _: () = assert!(MAILBOX_OFFSET as usize + std::mem::size_of::<Mailbox>() <= 4096);
 const _: () = assert!(MAILBOX_OFFSET as usize >= std::mem::size_of::<crate::control::FilterArea>());
 
@@ -209,6 +219,23 @@ impl Mailbox {
     /// arms the vCPUs for kernel-triggered requests waits here; vmsight wakes it on post).
     pub fn wait_post(&self, seen: u64, timeout: std::time::Duration) {
         futex_wait(&self.req_seq, seen, timeout);
+    }
+
+    /// Publishes where the arm words of vCPUs `0..addrs.len()` are in QEMU (process `pid`).
+    pub fn publish_arm(&self, pid: u32, addrs: &[u64]) {
+        let n = addrs.len().min(MAX_ARM_VCPUS);
+        for (slot, a) in self.arm_addr.iter().zip(&addrs[..n]) {
+            store(slot, *a);
+        }
+        store(&self.arm_pid, u64::from(pid));
+        self.arm_n.store(n as u64, Ordering::Release);
+    }
+
+    /// What [`Mailbox::publish_arm`] published: QEMU's pid and the arm words' addresses.
+    pub fn arm_targets(&self) -> Option<(u32, Vec<u64>)> {
+        let n = (self.arm_n.load(Ordering::Acquire) as usize).min(MAX_ARM_VCPUS);
+        let pid = u32::try_from(load(&self.arm_pid)).ok().filter(|p| *p > 1)?;
+        (n > 0).then(|| (pid, self.arm_addr[..n].iter().map(load).collect()))
     }
 
     /// The last posted sequence (what [`Mailbox::wait_post`] compares with).

@@ -46,13 +46,62 @@ pub fn offer(sym: &Symbiotic, prep: &Prepared, channel: Option<&Arc<Mutex<Channe
             let _ = c;
             sym.set_sync_missing("the VM has no kernel profile, which the plugin needs")
         }
-        Some(c) => sym.set_sync(Box::new(PluginSync { channel: c.clone() })),
+        Some(c) => sym.set_sync(Box::new(PluginSync {
+            channel: c.clone(),
+            qemu: std::sync::OnceLock::new(),
+        })),
     }
 }
 
 /// The transport over the plugin's redirect mailbox.
 struct PluginSync {
     channel: Arc<Mutex<ChannelHost>>,
+    /// QEMU's pid once checked to be our child (the plugin publishes it with the arm words).
+    qemu: std::sync::OnceLock<Option<u32>>,
+}
+
+impl PluginSync {
+    /// Arms every vCPU by writing 1 into its arm word in QEMU's memory, where the plugin said
+    /// they are: an armed vCPU takes the request at its next kernel block, with no plugin
+    /// thread to schedule first (on a host whose cores run the vCPUs, waking one costs
+    /// milliseconds). False if that is not possible; the plugin's own arming thread then does
+    /// it.
+    fn arm(&self) -> bool {
+        let Some((pid, addrs)) = lock(&self.channel).redirect_mailbox().arm_targets() else {
+            return false;
+        };
+        let ours = *self.qemu.get_or_init(|| is_our_child(pid).then_some(pid));
+        if ours != Some(pid) {
+            return false;
+        }
+        let ones: Vec<u8> = addrs.iter().flat_map(|_| 1u64.to_ne_bytes()).collect();
+        let remote: Vec<nix::sys::uio::RemoteIoVec> = addrs
+            .iter()
+            .map(|&a| nix::sys::uio::RemoteIoVec {
+                base: a as usize,
+                len: 8,
+            })
+            .collect();
+        nix::sys::uio::process_vm_writev(
+            nix::unistd::Pid::from_raw(pid as i32),
+            &[std::io::IoSlice::new(&ones)],
+            &remote,
+        )
+        .is_ok_and(|n| n == ones.len())
+    }
+}
+
+/// Whether `pid` is a child of this process (QEMU is: vmsight spawned it).
+fn is_our_child(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // The fields after the parenthesised command: state, ppid, ...
+    let ppid = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+        .and_then(|p| p.parse::<u32>().ok());
+    ppid == Some(std::process::id())
 }
 
 /// The redirection that runs `entry(nr, a0..a4)` on the module's stack.
@@ -89,6 +138,7 @@ impl SyncTransport for PluginSync {
     ) -> Result<i64, String> {
         let req = request(at, n, args, timeout);
         let seq = post(&self.channel, &req).map_err(|e| e.to_string())?;
+        self.arm();
         let t0 = Instant::now();
         let mut next_wake = t0 + WAKE_AFTER;
         loop {

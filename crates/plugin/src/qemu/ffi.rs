@@ -219,6 +219,10 @@ extern "C" {
     );
 
     pub fn qemu_plugin_scoreboard_new(element_size: usize) -> *mut qemu_plugin_scoreboard;
+    pub fn qemu_plugin_scoreboard_find(
+        score: *mut qemu_plugin_scoreboard,
+        vcpu_index: c_uint,
+    ) -> *mut c_void;
     pub fn qemu_plugin_u64_get(entry: qemu_plugin_u64, vcpu_index: c_uint) -> u64;
     pub fn qemu_plugin_u64_set(entry: qemu_plugin_u64, vcpu_index: c_uint, value: u64);
 

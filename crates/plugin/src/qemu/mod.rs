@@ -518,6 +518,18 @@ impl Scoreboard {
 }
 
 impl Word {
+    /// The word's address in QEMU's memory for `vcpu` (valid until QEMU grows the scoreboard,
+    /// which it does only when a vCPU is added).
+    ///
+    /// # Safety
+    /// `vcpu` must be a vCPU QEMU has initialised (QEMU does not bounds-check).
+    pub unsafe fn address(&self, vcpu: c_uint) -> u64 {
+        // SAFETY: caller guarantees the element exists; QEMU returns a pointer into the
+        // scoreboard's array, which we only turn into a number.
+        let element = unsafe { ffi::qemu_plugin_scoreboard_find(self.0.score, vcpu) };
+        element as u64 + self.0.offset as u64
+    }
+
     /// # Safety
     /// `vcpu` must be a vCPU QEMU has initialised (QEMU does not bounds-check).
     pub unsafe fn get(&self, vcpu: c_uint) -> u64 {
