@@ -105,6 +105,9 @@ pub struct RunStats {
     /// Hylics' share-size controller (`--hylics-slo`), at the end.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub controller: Option<vmsight_proto::hylics::ControllerStatus>,
+    /// The symbiotic interface's counters (`--symbiotic`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub symbiotic: Option<vmsight_proto::sym::SymCounters>,
     /// Classification counters of `--insights`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub insights: Option<vmsight_insight::ClassCounters>,
@@ -198,6 +201,7 @@ impl RunStats {
             share: None,
             offload: None,
             controller: None,
+            symbiotic: None,
             insights: None,
             trace,
             memory: ProcessMemory::read_self(),
@@ -338,6 +342,26 @@ impl fmt::Display for RunStats {
         }
         if let Some(c) = &self.controller {
             writeln!(f, "  {}", crate::hylics::control::summary(c))?;
+        }
+        if let Some(c) = &self.symbiotic {
+            writeln!(
+                f,
+                "  symbiotic: {} hellos ({} accepted, {} refused); symcalls {} doorbell, {} sync, \
+                 {} timed out, {} refused as busy; guest doorbells {} call ({} spurious), {} \
+                 state; SymSpy read {} times, {} problems",
+                c.hellos,
+                c.accepted,
+                c.refused,
+                c.calls_doorbell,
+                c.calls_sync,
+                c.timeouts,
+                c.busy,
+                c.doorbells_call,
+                c.doorbells_spurious,
+                c.doorbells_state,
+                c.spy_reads,
+                c.spy_problems
+            )?;
         }
         for (i, d) in self.disks.iter().enumerate() {
             let m = &d.metrics;

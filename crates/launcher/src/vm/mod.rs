@@ -199,6 +199,7 @@ fn teardown(cfg: &VmConfig, prep: &Prepared, t: Teardown) -> RunOutcome {
         share: share_info,
         offload: offload_stats,
         controller: controller_status,
+        symbiotic: sym_counters,
         error: backend_error,
     } = finish_devices(devices, &mut streams);
     let trace_summary = qemu.trace.map(|t| t.finish());
@@ -238,6 +239,7 @@ fn teardown(cfg: &VmConfig, prep: &Prepared, t: Teardown) -> RunOutcome {
     stats.share = share_info;
     stats.offload = offload_stats;
     stats.controller = controller_status;
+    stats.symbiotic = sym_counters;
     RunOutcome {
         reason: ending.reason(&late),
         stats,
@@ -251,6 +253,7 @@ struct Finished {
     share: Option<vmsight_proto::hylics::ShareInfo>,
     offload: Option<crate::hylics::offload::OffloadSnapshot>,
     controller: Option<vmsight_proto::hylics::ControllerStatus>,
+    symbiotic: Option<vmsight_proto::sym::SymCounters>,
     /// The first backend error.
     error: Option<String>,
 }
@@ -263,6 +266,7 @@ fn finish_devices(devices: Vec<Box<dyn Device>>, streams: &mut Vec<DiskStream>) 
     let mut share = None;
     let mut offload = None;
     let mut controller = None;
+    let mut symbiotic = None;
     let mut error = None;
     for (i, d) in devices.into_iter().enumerate() {
         let report = d.finish();
@@ -273,6 +277,7 @@ fn finish_devices(devices: Vec<Box<dyn Device>>, streams: &mut Vec<DiskStream>) 
         share = share.or(report.share);
         offload = offload.or(report.offload);
         controller = controller.or(report.controller);
+        symbiotic = symbiotic.or(report.sym);
         let Some(mut ds) = report.disk else {
             continue;
         };
@@ -289,6 +294,7 @@ fn finish_devices(devices: Vec<Box<dyn Device>>, streams: &mut Vec<DiskStream>) 
         share,
         offload,
         controller,
+        symbiotic,
         error,
     }
 }
