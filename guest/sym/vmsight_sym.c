@@ -36,6 +36,7 @@
 #include <linux/types.h>
 #include <linux/pci.h>
 #include <linux/random.h>
+#include <linux/ctype.h>
 #include <linux/io.h>
 #include <linux/interrupt.h>
 #include <linux/delay.h>
@@ -193,6 +194,57 @@ static struct {
 	bool ks_ok;
 	int probe_err;
 } vsym;
+
+/*
+ * vmsight's per-device hints (the VMM page), for the guest's own tools: one line per disk,
+ * "disk INDEX SERIAL FLAGS" in /sys/module/vmsight_sym/parameters/hints (read-only). The page
+ * is vmsight's, but it is read like anything shared: count and strings bounded here.
+ */
+static int vsym_hints_get(char *buf, const struct kernel_param *kp)
+{
+	static const struct {
+		u32 bit;
+		const char *name;
+	} names[] = {
+		{ VSYM_HINT_READONLY, "read-only" }, { VSYM_HINT_ICACHE, "icache" },
+		{ VSYM_HINT_DEDUP, "dedup" },	      { VSYM_HINT_DISK_MODEL, "disk-model" },
+		{ VSYM_HINT_STREAMED, "streamed" },
+	};
+	struct vsym_vmm *v = READ_ONCE(vsym.vmm);
+	int len = 0;
+	u32 n, i, j;
+
+	if (!v)
+		return 0;
+	n = min_t(u32, READ_ONCE(v->nr_hints), ARRAY_SIZE(v->hints));
+	for (i = 0; i < n; i++) {
+		char serial[sizeof(v->hints[0].serial) + 1];
+		u32 flags = READ_ONCE(v->hints[i].flags), any = 0;
+
+		memcpy(serial, v->hints[i].serial, sizeof(serial) - 1);
+		serial[sizeof(serial) - 1] = 0;
+		for (j = 0; serial[j]; j++)
+			if (!isgraph(serial[j]))
+				serial[j] = '?';
+		if (READ_ONCE(v->hints[i].kind) != VSYM_HINT_KIND_DISK)
+			continue;
+		len += sysfs_emit_at(buf, len, "disk %u %s", READ_ONCE(v->hints[i].index),
+				     serial[0] ? serial : "-");
+		for (j = 0; j < ARRAY_SIZE(names); j++)
+			if (flags & names[j].bit)
+				len += sysfs_emit_at(buf, len, "%s%s", any++ ? "," : " ",
+						     names[j].name);
+		len += sysfs_emit_at(buf, len, "\n");
+	}
+	return len;
+}
+
+static const struct kernel_param_ops vsym_hints_ops = {
+	.set = vsym_counter_set,
+	.get = vsym_hints_get,
+};
+module_param_cb(hints, &vsym_hints_ops, NULL, 0444);
+MODULE_PARM_DESC(hints, "vmsight's per-device hints: disk INDEX SERIAL FLAGS (read-only)");
 
 /* Handler execution is exclusive (it owns the scratch buffers below). */
 static atomic_t vsym_busy = ATOMIC_INIT(0);
