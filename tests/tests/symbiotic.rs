@@ -63,6 +63,7 @@ dd if=/dev/zero of=/swapfile bs=1M count=32 2>/dev/null
 chmod 600 /swapfile
 mkswap /swapfile >/dev/null
 swapon /swapfile
+echo "hints $(tr '\n' ';' < /sys/module/vmsight_sym/parameters/hints)"
 echo "uname r=$(uname -r)"
 echo "version $(uname -v)"
 echo "meminfo total=$(awk '/^MemTotal:/ {print $2}' /proc/meminfo) swaptotal=$(awk '/^SwapTotal:/ {print $2}' /proc/meminfo)"
@@ -110,6 +111,16 @@ fn check_against_the_guest(name: &str, vm: &mut LiveVm, transport: &str) {
     let seen = vm.seen().to_vec();
     let s = wait_active(name);
     let g = &s["guest"];
+
+    // vmsight -> guest: the module shows the VM's one disk (the root disk, writable and
+    // streamed) as vmsight described it.
+    let hints = seen.iter().find_map(|l| l.strip_prefix("hints ")).unwrap();
+    assert_eq!(hints.matches("disk ").count(), 1, "{hints}");
+    assert!(
+        hints.starts_with("disk 0 ") && hints.contains("streamed"),
+        "{hints}"
+    );
+    assert!(!hints.contains("read-only"), "{hints}");
 
     // SymSpy: the kernel, memory, swap devices.
     assert_eq!(g["release"], one(&seen, "uname ")["r"].as_str(), "{s}");
@@ -359,7 +370,19 @@ fn a_module_of_another_interface_version_is_refused_on_both_sides_and_the_right_
     let script = "echo up; read x; rmmod vmsight_sym; modprobe vmsight_sym_v99; echo rc99=$?; \
                   lsmod | grep -c '^vmsight_sym_v99' || true; echo v99-done; read x; \
                   modprobe vmsight_sym; echo rc1=$?; echo v1-done; read x; echo end";
-    let mut vm = LiveVm::start(&["--name", &name, "--symbiotic", "--", "sh", "-c", script]);
+    let dir = tempfile::tempdir().unwrap();
+    let st = dir.path().join("stats.json");
+    let mut vm = LiveVm::start(&[
+        "--name",
+        &name,
+        "--symbiotic",
+        "--stats-json",
+        st.to_str().unwrap(),
+        "--",
+        "sh",
+        "-c",
+        script,
+    ]);
     vm.wait_line("up");
     wait_active(&name);
     vm.send("next");
@@ -390,6 +413,14 @@ fn a_module_of_another_interface_version_is_refused_on_both_sides_and_the_right_
     assert_eq!(e["decoded"]["values"][0], 5, "{e}");
     vm.send("next");
     vm.wait_line("end");
+    let (code, _, err) = vm.finish();
+    assert_eq!(code, Some(0), "{err}");
+    // The run's stats count both handshakes the same way.
+    let stats: Value = serde_json::from_slice(&std::fs::read(&st).unwrap()).unwrap();
+    let c = &stats["symbiotic"];
+    assert!(c["accepted"].as_u64().unwrap() >= 2, "{stats}");
+    assert!(c["refused"].as_u64().unwrap() >= 1, "{stats}");
+    assert!(c["calls_doorbell"].as_u64().unwrap() >= 1, "{stats}");
 }
 
 #[test]

@@ -976,6 +976,63 @@ mod tests {
         assert_eq!(nr::by_name("nope"), None);
     }
 
+    fn reply(n: u32, ret: i64, rets: [u64; 4], data: &[u8]) -> CallReply {
+        CallReply {
+            nr: n,
+            name: nr::name(n).map(str::to_owned),
+            transport: Transport::Doorbell,
+            seq: 1,
+            ret,
+            rets,
+            data: data.to_vec(),
+            latency_ns: 0,
+        }
+    }
+
+    #[test]
+    fn answers_decode_by_call_number_and_errors_by_errno() {
+        let t = reply(
+            nr::TASK_INFO,
+            0,
+            [7, 1, 2, 0],
+            b"sleep\0/usr/bin/sleep\0/tmp\0",
+        );
+        let Some(Decoded::TaskInfo(t)) = t.decode() else {
+            panic!("not a task_info answer");
+        };
+        assert_eq!((t.tgid, t.ppid, t.threads), (7, 1, 2));
+        assert_eq!(
+            (t.comm.as_str(), t.exe.as_str(), t.cwd.as_str()),
+            ("sleep", "/usr/bin/sleep", "/tmp")
+        );
+        let p = reply(
+            nr::PAGE_INFO,
+            0,
+            [page::SWAPPED | page::VMA | page::VMA_WRITE, 0, 0, 712],
+            b"",
+        );
+        let Some(Decoded::PageInfo(p)) = p.decode() else {
+            panic!("not a page_info answer");
+        };
+        assert!(p.swapped && !p.present && p.pfn.is_none());
+        assert_eq!((p.swap_type, p.swap_offset), (Some(0), Some(712)));
+        assert!(p.vma.is_some_and(|v| v.write && !v.exec));
+        // A swap_info whose count exceeds the records present is cut to what is there.
+        let mut rec = vec![0u8; SWAP.size];
+        rec[SWAP.field("path").offset..][..9].copy_from_slice(b"/swapfile");
+        let w = reply(nr::SWAP_INFO, 5, [1, 2, 3, 4], &rec);
+        let Some(Decoded::SwapInfo(w)) = w.decode() else {
+            panic!("not a swap_info answer");
+        };
+        assert_eq!(w.devices.len(), 1);
+        assert_eq!(w.devices[0].path, "/swapfile");
+        let e = reply(nr::FD_PATH, -9, [0; 4], b"");
+        assert_eq!((e.decode(), e.errno()), (None, Some("EBADF")));
+        // Unterminated, non-UTF-8 strings from the guest decode lossily, never panic.
+        let f = reply(nr::FD_PATH, 0, [0; 4], &[0xff; 40]);
+        assert!(matches!(f.decode(), Some(Decoded::FdPath(_))));
+    }
+
     /// The module's header is generated from these tables; the committed copy must match.
     #[test]
     fn committed_c_header_is_current() {
