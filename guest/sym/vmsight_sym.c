@@ -466,6 +466,24 @@ static struct task_struct *vsym_task(u64 pid)
 	return p ? pid_task(p, PIDTYPE_PID) : NULL;
 }
 
+/*
+ * The task with this pid, its alloc_lock (task_lock) taken if it was free: that lock keeps
+ * ->mm, ->fs, ->files and ->comm. Call under rcu_read_lock(); on success unlock with
+ * spin_unlock(&(*t)->alloc_lock). -ESRCH without such a task, -EWOULDBLOCK if the lock is held
+ * (a handler never waits: the interrupted context may hold it).
+ */
+static long vsym_task_locked(u64 pid, struct task_struct **t)
+{
+	*t = vsym_task(pid);
+	if (!*t)
+		return -ESRCH;
+	if (!spin_trylock(&(*t)->alloc_lock)) {
+		*t = NULL;
+		return -EWOULDBLOCK;
+	}
+	return 0;
+}
+
 /* Sum of an event over all CPUs, lock-free (all_vm_events takes cpus_read_lock). */
 static u64 vsym_vm_event(enum vm_event_item item)
 {
@@ -565,16 +583,9 @@ static long vsym_h_task_info(struct vsym_ctx *c)
 	long ret = 0;
 
 	rcu_read_lock();
-	t = vsym_task(c->args[0]);
-	if (!t) {
-		ret = -ESRCH;
+	ret = vsym_task_locked(c->args[0], &t);
+	if (ret)
 		goto out;
-	}
-	/* alloc_lock (task_lock) protects ->mm, ->fs and ->comm. */
-	if (!spin_trylock(&t->alloc_lock)) {
-		ret = -EWOULDBLOCK;
-		goto out;
-	}
 	c->rets[0] = t->tgid;
 	c->rets[1] = pid_alive(t) ? rcu_dereference(t->real_parent)->tgid : 0;
 	c->rets[2] = t->signal ? get_nr_threads(t) : 0;
@@ -628,20 +639,14 @@ static long vsym_h_fd_path(struct vsym_ctx *c)
 	u64 fd = c->args[1];
 
 	rcu_read_lock();
-	t = vsym_task(c->args[0]);
-	if (!t) {
-		ret = -ESRCH;
-		goto out;
-	}
 	/*
 	 * Like task_lookup_next_fd_rcu (exported), which takes task_lock unconditionally: here
 	 * only tried. task_lock keeps ->files; files stay valid and the fd table and the file
 	 * are freed after an RCU grace period.
 	 */
-	if (!spin_trylock(&t->alloc_lock)) {
-		ret = -EWOULDBLOCK;
+	ret = vsym_task_locked(c->args[0], &t);
+	if (ret)
 		goto out;
-	}
 	files = t->files;
 	if (files && fd < files_fdtable(files)->max_fds)
 		file = files_lookup_fd_rcu(files, (unsigned int)fd);
@@ -662,7 +667,6 @@ out:
 	return ret;
 }
 
-/* page_info(pid, vaddr): rets = [flags, pfn, swap type, swap offset]. */
 /* page_info's bits for a present leaf entry (PTE, or a huge PMD/PUD) with these flags. */
 static u64 vsym_leaf_flags(pteval_t f)
 {
@@ -677,6 +681,7 @@ static u64 vsym_leaf_flags(pteval_t f)
 	return flags;
 }
 
+/* page_info(pid, vaddr): rets = [flags, pfn, swap type, swap offset]. */
 static long vsym_h_page_info(struct vsym_ctx *c)
 {
 	u64 addr = c->args[1];
@@ -694,15 +699,9 @@ static long vsym_h_page_info(struct vsym_ctx *c)
 	if (addr >= TASK_SIZE_MAX)
 		return -EFAULT;
 	rcu_read_lock();
-	t = vsym_task(c->args[0]);
-	if (!t) {
-		ret = -ESRCH;
+	ret = vsym_task_locked(c->args[0], &t);
+	if (ret)
 		goto out;
-	}
-	if (!spin_trylock(&t->alloc_lock)) {
-		ret = -EWOULDBLOCK;
-		goto out;
-	}
 	/* task_lock held and ->mm set: mm_users > 0 (exit_mm clears ->mm under it first). */
 	mm = (t->flags & PF_KTHREAD) ? NULL : t->mm;
 	if (!mm) {
@@ -1076,10 +1075,15 @@ static noinline long vsym_sync_call(u64 nr, u64 a0, u64 a1, u64 a2, u64 a3, u64 
 	if (atomic_cmpxchg(&vsym_busy, 0, 1) != 0)
 		return -EBUSY;
 	atomic_long_inc(&vsym_sync_calls);
+	/* The call this entry answers: vmsight may give up on it and post another meanwhile. */
+	seq = READ_ONCE(vsym.call->seq);
 	vsym_dispatch(nr, args, VSYM_TRANSPORT_SYNC, &res);
 	spin_lock(&vsym_call_lock);
-	seq = READ_ONCE(vsym.call->seq);
-	vsym_publish(seq, &res, vsym_out);
+	/* Still the posted call (vmsight withdraws a call it gave up on: state IDLE). */
+	if (READ_ONCE(vsym.call->seq) == seq && READ_ONCE(vsym.call->state) == VSYM_CALL_POSTED)
+		vsym_publish(seq, &res, vsym_out);
+	else
+		atomic_long_inc(&vsym_stale);
 	spin_unlock(&vsym_call_lock);
 	atomic_set_release(&vsym_busy, 0);
 	return res.ret;
