@@ -458,27 +458,54 @@ impl Symbiotic {
                 transport::DOORBELL
             },
         );
-        let outcome = match sync {
-            Some(at) => self.run_sync(at, req.nr, args, timeout),
-            None => self.run_doorbell(seq, timeout),
-        };
-        let answered = self.answer_of(seq);
-        match (outcome, answered) {
-            (Ok(()), true) => {
-                bump(if sync.is_some() {
-                    &self.counters.calls_sync
-                } else {
-                    &self.counters.calls_doorbell
-                });
-                Ok(self.reply(seq, req.nr, sync.is_some(), t0.elapsed()))
+        if let Some(at) = sync {
+            let outcome = self.run_sync(at, req.nr, args, timeout);
+            return self.sync_outcome(seq, req.nr, name, outcome, timeout, t0);
+        }
+        self.run_doorbell(seq, timeout)?;
+        if self.answer_of(seq) {
+            bump(&self.counters.calls_doorbell);
+            return Ok(self.reply(seq, req.nr, false, t0.elapsed()));
+        }
+        bump(&self.counters.timeouts);
+        // The module's thread may still answer it: later calls wait for that (busy).
+        slot.unanswered = Some((seq, Instant::now()));
+        Err(SymError::Timeout {
+            vm: self.vm.clone(),
+            seq,
+            name,
+            ms: timeout.as_millis() as u64,
+        })
+    }
+
+    /// The end of a synchronous call. The redirection either returned (with the module's
+    /// answer in the call page, or with a refusal such as -EBUSY in rax and no answer), or it
+    /// never ran or did not return in time: then the post is withdrawn (the module publishes
+    /// only for the call still posted), so the next call does not wait for it.
+    fn sync_outcome(
+        &self,
+        seq: u64,
+        n: u32,
+        name: String,
+        outcome: Result<Option<i64>, SymError>,
+        timeout: Duration,
+        t0: Instant,
+    ) -> Result<CallReply, SymError> {
+        if self.answer_of(seq) {
+            bump(&self.counters.calls_sync);
+            return Ok(self.reply(seq, n, true, t0.elapsed()));
+        }
+        self.region
+            .cas32(CALL.at("state"), call_state::POSTED, call_state::IDLE);
+        match outcome {
+            Ok(Some(rax)) => {
+                bump(&self.counters.calls_sync);
+                let mut r = self.reply(seq, n, true, t0.elapsed());
+                (r.ret, r.rets, r.data) = (rax, [0; 4], Vec::new());
+                Ok(r)
             }
-            (Err(e @ SymError::Sync { .. }), _) => {
-                slot.unanswered = Some((seq, Instant::now()));
-                Err(e)
-            }
-            _ => {
+            Ok(None) => {
                 bump(&self.counters.timeouts);
-                slot.unanswered = Some((seq, Instant::now()));
                 Err(SymError::Timeout {
                     vm: self.vm.clone(),
                     seq,
@@ -486,6 +513,7 @@ impl Symbiotic {
                     ms: timeout.as_millis() as u64,
                 })
             }
+            Err(e) => Err(e),
         }
     }
 
@@ -592,13 +620,15 @@ impl Symbiotic {
         }
     }
 
+    /// Runs the call on a vCPU: `Some(rax)` when the entry returned, `None` when it did not
+    /// within `timeout` (the redirection is then cancelled).
     fn run_sync(
         &self,
         at: SyncEntry,
         n: u32,
         args: [u64; 5],
         timeout: Duration,
-    ) -> Result<(), SymError> {
+    ) -> Result<Option<i64>, SymError> {
         let Some(t) = self.sync.get() else {
             return Err(SymError::SyncUnavailable {
                 vm: self.vm.clone(),
@@ -609,8 +639,8 @@ impl Symbiotic {
             let _ = self.bells.ring_guest(VEC_STATE);
         };
         match t.call(at, n, args, timeout, &wake) {
-            Ok(_rax) => Ok(()),
-            Err(reason) if reason.contains("timed out") => Ok(()), // no answer: a timeout
+            Ok(rax) => Ok(Some(rax)),
+            Err(reason) if reason.contains("timed out") => Ok(None),
             Err(reason) => Err(SymError::Sync {
                 vm: self.vm.clone(),
                 reason,
@@ -679,6 +709,70 @@ mod tests {
             })
             .unwrap_err();
         assert!(e.to_string().contains("version 7"), "{e}");
+    }
+
+    /// A synchronous transport that never runs the call, or returns a refusal.
+    struct FakeSync(Option<i64>);
+
+    impl SyncTransport for FakeSync {
+        fn call(
+            &self,
+            _: SyncEntry,
+            _: u32,
+            _: [u64; 5],
+            _: Duration,
+            _: &dyn Fn(),
+        ) -> Result<i64, String> {
+            self.0.ok_or_else(|| "timed out".to_owned())
+        }
+    }
+
+    fn active_with_sync(answer: Option<i64>) -> Arc<Symbiotic> {
+        let s = Symbiotic::new("t", &[]).unwrap();
+        hello(&s, ABI_VERSION, guest_state::HELLO);
+        s.region.store32(GUEST.at("state"), guest_state::ACTIVE);
+        s.region.store64(GUEST.at("symcalls"), 1 << nr::ECHO);
+        s.region
+            .store64(GUEST.at("sync_entry"), 0xffff_ffff_c000_0000);
+        s.region
+            .store64(GUEST.at("sync_return"), 0xffff_ffff_c000_0010);
+        s.region
+            .store64(GUEST.at("sync_stack"), 0xff11_0000_0000_4000);
+        s.set_sync(Box::new(FakeSync(answer)));
+        s
+    }
+
+    fn sync_echo(s: &Symbiotic) -> Result<CallReply, SymError> {
+        s.call(&CallRequest {
+            nr: nr::ECHO,
+            args: vec![1],
+            transport: Transport::Sync,
+            timeout_ms: 10,
+        })
+    }
+
+    #[test]
+    fn a_synchronous_call_that_never_ran_is_withdrawn_and_does_not_block_the_next() {
+        let s = active_with_sync(None);
+        assert!(matches!(sync_echo(&s), Err(SymError::Timeout { .. })));
+        assert_eq!(s.region.load32(CALL.at("state")), call_state::IDLE);
+        // Not busy: the next call is posted (and times out the same way).
+        assert!(matches!(
+            sync_echo(&s),
+            Err(SymError::Timeout { seq: 2, .. })
+        ));
+        assert_eq!(s.counters().busy, 0);
+    }
+
+    #[test]
+    fn a_synchronous_refusal_without_an_answer_is_the_reply() {
+        let s = active_with_sync(Some(-16));
+        let r = sync_echo(&s).unwrap();
+        assert_eq!(
+            (r.ret, r.errno(), r.transport),
+            (-16, Some("EBUSY"), Transport::Sync)
+        );
+        assert_eq!(s.region.load32(CALL.at("state")), call_state::IDLE);
     }
 
     #[test]

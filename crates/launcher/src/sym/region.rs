@@ -106,6 +106,13 @@ impl Region {
         self.a32(off).store(v, Ordering::Release)
     }
 
+    /// Stores `new` if the value is `current`; true if it did.
+    pub fn cas32(&self, off: usize, current: u32, new: u32) -> bool {
+        self.a32(off)
+            .compare_exchange(current, new, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
     pub fn load64(&self, off: usize) -> u64 {
         self.a64(off).load(Ordering::Acquire)
     }
