@@ -720,11 +720,13 @@ pub fn c_str(bytes: &[u8]) -> String {
     String::from_utf8_lossy(&bytes[..end]).into_owned()
 }
 
-fn le_u32(b: &[u8], off: usize) -> u32 {
+/// The little-endian `u32` at `off` of a copied page (callers bound `off` by the tables).
+pub fn le_u32(b: &[u8], off: usize) -> u32 {
     u32::from_le_bytes(b[off..off + 4].try_into().unwrap_or_default())
 }
 
-fn le_u64(b: &[u8], off: usize) -> u64 {
+/// The little-endian `u64` at `off` of a copied page.
+pub fn le_u64(b: &[u8], off: usize) -> u64 {
     u64::from_le_bytes(b[off..off + 8].try_into().unwrap_or_default())
 }
 

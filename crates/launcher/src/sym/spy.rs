@@ -4,9 +4,9 @@
 //! inconsistency is reported as a problem instead of trusted.
 
 use vmsight_proto::sym::{
-    c_str, feature, guest_state, guest_state_name, hint, nr, refuse, swap_record, vmm_state_name,
-    CpuTask, GuestSpy, MemCounters, SpyReport, SymCounters, Ty, ABI_VERSION, CPU, GUEST,
-    GUEST_MAGIC, HINT, MAX_CPUS, MAX_HINTS, MAX_SWAPS, SWAP, VMM,
+    c_str, feature, guest_state, guest_state_name, hint, le_u32, le_u64, nr, refuse, swap_record,
+    vmm_state_name, CpuTask, GuestSpy, MemCounters, SpyReport, SymCounters, Ty, ABI_VERSION, CPU,
+    GUEST, GUEST_MAGIC, HINT, MAX_CPUS, MAX_HINTS, MAX_SWAPS, SWAP, VMM,
 };
 
 use super::region::Region;
@@ -87,14 +87,6 @@ pub fn refusal(reason: u32, guest_abi: u32) -> String {
     }
 }
 
-fn u32_at(p: &[u8], off: usize) -> u32 {
-    u32::from_le_bytes(p[off..off + 4].try_into().unwrap_or_default())
-}
-
-fn u64_at(p: &[u8], off: usize) -> u64 {
-    u64::from_le_bytes(p[off..off + 8].try_into().unwrap_or_default())
-}
-
 fn str_at(p: &[u8], name: &str) -> (String, bool) {
     let f = GUEST.field(name);
     let Ty::Str(n) = f.ty else {
@@ -161,16 +153,16 @@ pub fn parse(p: &[u8], problems: &mut Vec<String>) -> Option<GuestSpy> {
         return None;
     }
     let off = |n: &str| GUEST.field(n).offset;
-    if u64_at(p, off("magic")) != GUEST_MAGIC {
+    if le_u64(p, off("magic")) != GUEST_MAGIC {
         problems.push("bad magic".into());
         return None;
     }
-    let abi = u32_at(p, off("abi"));
+    let abi = le_u32(p, off("abi"));
     if abi != ABI_VERSION {
         problems.push(format!("interface version {abi}, expected {ABI_VERSION}"));
         return None;
     }
-    let mut nr_cpus = u32_at(p, off("nr_cpus"));
+    let mut nr_cpus = le_u32(p, off("nr_cpus"));
     if nr_cpus == 0 || nr_cpus as usize > MAX_CPUS {
         problems.push(format!("nr_cpus {nr_cpus} outside 1..={MAX_CPUS}"));
         nr_cpus = nr_cpus.clamp(1, MAX_CPUS as u32);
@@ -185,14 +177,14 @@ pub fn parse(p: &[u8], problems: &mut Vec<String>) -> Option<GuestSpy> {
     let mem = mem_counters(p, problems);
     Some(GuestSpy {
         abi,
-        peer: u32_at(p, off("peer")),
+        peer: le_u32(p, off("peer")),
         release,
         version,
         nr_cpus,
-        refresh_ms: u32_at(p, off("refresh_ms")),
-        refreshes: u64_at(p, off("refreshes")),
+        refresh_ms: le_u32(p, off("refresh_ms")),
+        refreshes: le_u64(p, off("refreshes")),
         symcalls: symcalls(p),
-        sync_entry: u64_at(p, off("sync_entry")) != 0,
+        sync_entry: le_u64(p, off("sync_entry")) != 0,
         mem,
         swaps: swaps(p, problems),
         cpus: cpus(p, nr_cpus),
@@ -200,7 +192,7 @@ pub fn parse(p: &[u8], problems: &mut Vec<String>) -> Option<GuestSpy> {
 }
 
 fn mem_counters(p: &[u8], problems: &mut Vec<String>) -> MemCounters {
-    let g = |n: &str| u64_at(p, GUEST.field(n).offset);
+    let g = |n: &str| le_u64(p, GUEST.field(n).offset);
     let m = MemCounters {
         mem_total_kib: g("mem_total_kib"),
         mem_free_kib: g("mem_free_kib"),
@@ -222,13 +214,13 @@ fn mem_counters(p: &[u8], problems: &mut Vec<String>) -> MemCounters {
 fn symcalls(p: &[u8]) -> Vec<String> {
     let base = GUEST.field("symcalls").offset;
     (0..=nr::MAX)
-        .filter(|n| u64_at(p, base + 8 * (*n as usize / 64)) & (1 << (n % 64)) != 0)
+        .filter(|n| le_u64(p, base + 8 * (*n as usize / 64)) & (1 << (n % 64)) != 0)
         .map(|n| nr::name(n).map_or_else(|| n.to_string(), str::to_owned))
         .collect()
 }
 
 fn swaps(p: &[u8], problems: &mut Vec<String>) -> Vec<vmsight_proto::sym::SwapDevice> {
-    let n = u32_at(p, GUEST.field("nr_swap").offset) as usize;
+    let n = le_u32(p, GUEST.field("nr_swap").offset) as usize;
     if n > MAX_SWAPS {
         problems.push(format!("nr_swap {n} exceeds {MAX_SWAPS}"));
     }
@@ -248,15 +240,15 @@ fn cpus(p: &[u8], nr_cpus: u32) -> Vec<CpuTask> {
     (0..nr_cpus as usize)
         .filter_map(|i| {
             let e = &p[base + i * CPU.size..base + (i + 1) * CPU.size];
-            let seq = u32_at(e, CPU.field("seq").offset);
+            let seq = le_u32(e, CPU.field("seq").offset);
             let comm = CPU.field("comm");
             // Torn (odd) or never written (0) entries are skipped, not trusted.
             (seq != 0 && seq.is_multiple_of(2)).then(|| CpuTask {
                 cpu: i as u32,
-                pid: u32_at(e, CPU.field("pid").offset) as i32,
-                tgid: u32_at(e, CPU.field("tgid").offset) as i32,
+                pid: le_u32(e, CPU.field("pid").offset) as i32,
+                tgid: le_u32(e, CPU.field("tgid").offset) as i32,
                 comm: c_str(&e[comm.offset..comm.offset + comm.ty.size()]),
-                switches: u64_at(e, CPU.field("switches").offset),
+                switches: le_u64(e, CPU.field("switches").offset),
             })
         })
         .collect()
