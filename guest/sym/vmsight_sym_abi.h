@@ -13,10 +13,31 @@
 #define VSYM_VMM_MAGIC 0x4d4d564d59534d56ULL
 #define VSYM_GUEST_MAGIC 0x5453474d59534d56ULL
 #define VSYM_RET_NOT_HERE (-65536LL)
+#define VSYM_SWAPR_MAGIC 0x4752504157534d56ULL
+#define VSYM_SWAPR_ABI 1
+
+#define VSYM_SWAPR_PAGE 4096
+#define VSYM_SWAPR_VMM_READY 1
+#define VSYM_SWAPR_VMM_GONE 2
+#define VSYM_SWAPR_GUEST_NONE 0
+#define VSYM_SWAPR_GUEST_ACTIVE 1
+#define VSYM_SWAPR_LOCK_FREE 0
+#define VSYM_SWAPR_LOCK_GUEST 1
+#define VSYM_SWAPR_LOCK_VMM 2
+#define VSYM_SWAPR_OFFSET_MASK 4294967295
+#define VSYM_SWAPR_STATE_SHIFT 32
+#define VSYM_SWAPR_STATE_MASK 1095216660480ULL
+#define VSYM_SWAPR_REFERENCED 1099511627776ULL
+#define VSYM_SWAPR_SLOT_RESERVED 0
+#define VSYM_SWAPR_SLOT_FREE 1
+#define VSYM_SWAPR_SLOT_MAPPED 2
+#define VSYM_SWAPR_SLOT_EVICTING 3
+#define VSYM_SWAPR_SLOT_DEAD 4
 
 #define VSYM_FEAT_SPY 1
 #define VSYM_FEAT_DOORBELL 2
 #define VSYM_FEAT_SYNC 4
+#define VSYM_FEAT_SWAP 8
 
 #define VSYM_VMM_WAITING 0
 #define VSYM_VMM_ACCEPTED 1
@@ -237,5 +258,58 @@ _Static_assert(__builtin_offsetof(struct vsym_call, reserved) == 120, "vsym_call
 _Static_assert(__builtin_offsetof(struct vsym_call, data) == 128, "vsym_call.data");
 _Static_assert(sizeof(struct vsym_call) <= 4096, "vsym_call size");
 #define VSYM_CALL_OFFSET 0x3000
+
+struct vsym_swaphdr {
+	__u64 magic; /* offset 0 */
+	__u32 abi; /* offset 8 */
+	__u32 vmm_state; /* offset 12 */
+	__u64 swap_pages; /* offset 16 */
+	__u32 slots; /* offset 24 */
+	__u32 lock; /* offset 28 */
+	__u64 index_off; /* offset 32 */
+	__u64 meta_off; /* offset 40 */
+	__u64 stack_off; /* offset 48 */
+	__u64 data_off; /* offset 56 */
+	__u32 free_top; /* offset 64 */
+	__u32 used; /* offset 68 */
+	__u32 guest_state; /* offset 72 */
+	__u32 limit; /* offset 76 */
+	__u64 region_size; /* offset 80 */
+	__u8 gap_88[40];
+	__u64 g_stores; /* offset 128 */
+	__u64 g_store_full; /* offset 136 */
+	__u64 g_loads; /* offset 144 */
+	__u64 g_load_misses; /* offset 152 */
+	__u64 g_invalidates; /* offset 160 */
+	__u64 g_busy; /* offset 168 */
+	__u64 g_lower_reads; /* offset 176 */
+	__u64 g_lower_writes; /* offset 184 */
+	__u64 g_corrupt; /* offset 192 */
+} __attribute__((packed, aligned(8)));
+_Static_assert(__builtin_offsetof(struct vsym_swaphdr, magic) == 0, "vsym_swaphdr.magic");
+_Static_assert(__builtin_offsetof(struct vsym_swaphdr, abi) == 8, "vsym_swaphdr.abi");
+_Static_assert(__builtin_offsetof(struct vsym_swaphdr, vmm_state) == 12, "vsym_swaphdr.vmm_state");
+_Static_assert(__builtin_offsetof(struct vsym_swaphdr, swap_pages) == 16, "vsym_swaphdr.swap_pages");
+_Static_assert(__builtin_offsetof(struct vsym_swaphdr, slots) == 24, "vsym_swaphdr.slots");
+_Static_assert(__builtin_offsetof(struct vsym_swaphdr, lock) == 28, "vsym_swaphdr.lock");
+_Static_assert(__builtin_offsetof(struct vsym_swaphdr, index_off) == 32, "vsym_swaphdr.index_off");
+_Static_assert(__builtin_offsetof(struct vsym_swaphdr, meta_off) == 40, "vsym_swaphdr.meta_off");
+_Static_assert(__builtin_offsetof(struct vsym_swaphdr, stack_off) == 48, "vsym_swaphdr.stack_off");
+_Static_assert(__builtin_offsetof(struct vsym_swaphdr, data_off) == 56, "vsym_swaphdr.data_off");
+_Static_assert(__builtin_offsetof(struct vsym_swaphdr, free_top) == 64, "vsym_swaphdr.free_top");
+_Static_assert(__builtin_offsetof(struct vsym_swaphdr, used) == 68, "vsym_swaphdr.used");
+_Static_assert(__builtin_offsetof(struct vsym_swaphdr, guest_state) == 72, "vsym_swaphdr.guest_state");
+_Static_assert(__builtin_offsetof(struct vsym_swaphdr, limit) == 76, "vsym_swaphdr.limit");
+_Static_assert(__builtin_offsetof(struct vsym_swaphdr, region_size) == 80, "vsym_swaphdr.region_size");
+_Static_assert(__builtin_offsetof(struct vsym_swaphdr, g_stores) == 128, "vsym_swaphdr.g_stores");
+_Static_assert(__builtin_offsetof(struct vsym_swaphdr, g_store_full) == 136, "vsym_swaphdr.g_store_full");
+_Static_assert(__builtin_offsetof(struct vsym_swaphdr, g_loads) == 144, "vsym_swaphdr.g_loads");
+_Static_assert(__builtin_offsetof(struct vsym_swaphdr, g_load_misses) == 152, "vsym_swaphdr.g_load_misses");
+_Static_assert(__builtin_offsetof(struct vsym_swaphdr, g_invalidates) == 160, "vsym_swaphdr.g_invalidates");
+_Static_assert(__builtin_offsetof(struct vsym_swaphdr, g_busy) == 168, "vsym_swaphdr.g_busy");
+_Static_assert(__builtin_offsetof(struct vsym_swaphdr, g_lower_reads) == 176, "vsym_swaphdr.g_lower_reads");
+_Static_assert(__builtin_offsetof(struct vsym_swaphdr, g_lower_writes) == 184, "vsym_swaphdr.g_lower_writes");
+_Static_assert(__builtin_offsetof(struct vsym_swaphdr, g_corrupt) == 192, "vsym_swaphdr.g_corrupt");
+_Static_assert(sizeof(struct vsym_swaphdr) <= 4096, "vsym_swaphdr size");
 
 #endif /* VMSIGHT_SYM_ABI_H */

@@ -57,6 +57,12 @@ pub enum ControlRequest {
     /// A symcall into the guest module (`vmsight sym NAME call`); the reply comes when the
     /// guest answered or the timeout fired.
     SymCall(crate::sym::CallRequest),
+    /// The swap disk and its cache (`vmsight swap NAME status`); with `cache_bytes`, resize
+    /// the cache first (`vmsight swap NAME cache SIZE`). The reply is a [`ControlReply::Swap`].
+    Swap {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cache_bytes: Option<u64>,
+    },
 }
 
 /// What an [`ControlRequest::Idle`] request does.
@@ -78,7 +84,7 @@ pub struct IdleMark {
 }
 
 /// The `cmd` of every [`ControlRequest`] (a test checks the list against the enum).
-const COMMANDS: [&str; 9] = [
+const COMMANDS: [&str; 10] = [
     "status",
     "stream-start",
     "dedup-gc",
@@ -88,6 +94,7 @@ const COMMANDS: [&str; 9] = [
     "redirect",
     "sym-spy",
     "sym-call",
+    "swap",
 ];
 
 impl ControlRequest {
@@ -104,6 +111,7 @@ impl ControlRequest {
             ControlRequest::Redirect(_) => COMMANDS[6],
             ControlRequest::SymSpy => COMMANDS[7],
             ControlRequest::SymCall(_) => COMMANDS[8],
+            ControlRequest::Swap { .. } => COMMANDS[9],
         }
     }
 }
@@ -221,6 +229,8 @@ pub enum ControlReply {
     SymSpy(Box<crate::sym::SpyReport>),
     /// The answer to [`ControlRequest::SymCall`].
     SymCalled(crate::sym::CallReply),
+    /// The answer to [`ControlRequest::Swap`].
+    Swap(Box<crate::swap::SwapReport>),
     /// The request was refused; the sentence says why.
     Refused(String),
 }
@@ -266,6 +276,8 @@ struct WireReply {
     spy: Option<Box<crate::sym::SpyReport>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     symcall: Option<crate::sym::CallReply>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    swap: Option<Box<crate::swap::SwapReport>>,
 }
 
 impl WireReply {
@@ -284,6 +296,7 @@ impl WireReply {
             redirect: None,
             spy: None,
             symcall: None,
+            swap: None,
         }
     }
 }
@@ -327,6 +340,10 @@ impl From<ControlReply> for WireReply {
                 symcall: Some(r),
                 ..WireReply::empty(true)
             },
+            ControlReply::Swap(r) => WireReply {
+                swap: Some(r),
+                ..WireReply::empty(true)
+            },
             ControlReply::Refused(error) => WireReply {
                 error: Some(error),
                 ..WireReply::empty(false)
@@ -339,7 +356,7 @@ impl From<ControlReply> for WireReply {
 #[derive(Debug, thiserror::Error)]
 #[error(
     "the reply has none of \"error\", \"disks\", \"freed\", \"marks\", \"share\", \"controller\", \
-     \"redirect\", \"spy\" and \"symcall\""
+     \"redirect\", \"spy\", \"symcall\" and \"swap\""
 )]
 pub struct NoStatus;
 
@@ -373,6 +390,9 @@ impl TryFrom<WireReply> for ControlReply {
         }
         if let (Some(r), None) = (w.symcall, &w.disks) {
             return Ok(ControlReply::SymCalled(r));
+        }
+        if let (Some(r), None) = (w.swap, &w.disks) {
+            return Ok(ControlReply::Swap(r));
         }
         let status = VmStatus {
             disks: w.disks.ok_or(NoStatus)?,
@@ -424,6 +444,10 @@ mod tests {
             ControlRequest::ShareResize { bytes: 1 },
             ControlRequest::HylicsController,
             redirect,
+            ControlRequest::Swap { cache_bytes: None },
+            ControlRequest::Swap {
+                cache_bytes: Some(64 << 20),
+            },
         ] {
             let line = req.to_line();
             assert!(
@@ -489,7 +513,7 @@ mod tests {
         let e = ControlRequest::parse(r#"{"cmd":"reboot"}"#).expect_err("bad");
         assert_eq!(
             e.to_string(),
-            "unknown command \"reboot\" (known: status, stream-start, dedup-gc, idle, share-resize, hylics-controller, redirect, sym-spy, sym-call)"
+            "unknown command \"reboot\" (known: status, stream-start, dedup-gc, idle, share-resize, hylics-controller, redirect, sym-spy, sym-call, swap)"
         );
     }
 
@@ -574,6 +598,12 @@ mod tests {
                 last_reasons: vec!["queueing_reset".into()],
                 log: Some("/tmp/c.log".into()),
             }),
+            ControlReply::Swap(Box::new(crate::swap::SwapReport {
+                swap_bytes: 1 << 29,
+                cache_used_pages: 7,
+                hit_rate: Some(0.5),
+                ..Default::default()
+            })),
             ControlReply::Refused("unknown command".into()),
         ] {
             assert_eq!(ControlReply::parse(&r.to_line()).expect("parses"), r);

@@ -11,6 +11,7 @@
 //! - [`profile`]: the kernel profile format (`profile.json`: image build → plugin, process
 //!   tracking);
 //! - [`redirect`]: vCPU redirection requests and outcomes (control socket and plugin mailbox);
+//! - [`swap`]: SwapBypass's report (swap disk, cache, bypass, added memory);
 //! - [`sym`]: the symbiotic interface (the region shared with the guest module, call numbers);
 //! - [`syscall`]: the x86-64 syscall table (names, errno names, what each argument is), shared
 //!   by the plugin (which captures string and buffer arguments) and the trace decoder.
@@ -26,6 +27,7 @@ pub mod net;
 pub mod profile;
 pub mod redirect;
 pub mod server;
+pub mod swap;
 pub mod sym;
 pub mod syscall;
 

@@ -42,6 +42,8 @@ pub mod feature {
     pub const DOORBELL: u32 = 2;
     /// Symcalls over the synchronous transport (vCPU redirection, QEMU 11).
     pub const SYNC: u32 = 4;
+    /// SwapBypass: a swap region (second ivshmem device, [`super::swapr`]) is attached.
+    pub const SWAP: u32 = 8;
 }
 
 /// `VMM.state`: vmsight's answer to the module's hello.
@@ -379,7 +381,155 @@ pub static CALL: Page = Page {
 };
 
 /// Every page and record, records first (the C header declares them in this order).
-pub static ALL: [&Page; 6] = [&HINT, &SWAP, &CPU, &VMM, &GUEST, &CALL];
+/// The header page of the swap region (SwapBypass, docs/swapbypass.md). The region is a
+/// second ivshmem device (`ivshmem-plain`) whose memory vmsight owns: this page, then the
+/// index (`u32` per swap page: 0 or slot + 1), the slot states (`u64` per slot), the free
+/// stack (`u32` per slot) and the slots' pages, at the offsets the header gives. Its `base`
+/// is the start of the swap region, not of the symbiotic region.
+pub static SWAPHDR: Page = Page {
+    c_name: "vsym_swaphdr",
+    base: 0,
+    size: 4096,
+    fields: &[
+        f("magic", 0, Ty::U64),
+        f("abi", 8, Ty::U32),
+        f("vmm_state", 12, Ty::U32),
+        f("swap_pages", 16, Ty::U64),
+        f("slots", 24, Ty::U32),
+        // The spin lock both sides take around every index, state and stack change.
+        f("lock", 28, Ty::U32),
+        f("index_off", 32, Ty::U64),
+        f("meta_off", 40, Ty::U64),
+        f("stack_off", 48, Ty::U64),
+        f("data_off", 56, Ty::U64),
+        // Entries in the free stack (slots the guest may take).
+        f("free_top", 64, Ty::U32),
+        // Slots holding a page (mapped, being evicted, or dead until the eviction ends).
+        f("used", 68, Ty::U32),
+        f("guest_state", 72, Ty::U32),
+        // The cache size vmsight grants, in slots (informational; the free stack enforces it).
+        f("limit", 76, Ty::U32),
+        f("region_size", 80, Ty::U64),
+        // The guest module's counters (hostile input to vmsight: reported, never trusted).
+        f("g_stores", 128, Ty::U64),
+        f("g_store_full", 136, Ty::U64),
+        f("g_loads", 144, Ty::U64),
+        f("g_load_misses", 152, Ty::U64),
+        f("g_invalidates", 160, Ty::U64),
+        f("g_busy", 168, Ty::U64),
+        f("g_lower_reads", 176, Ty::U64),
+        f("g_lower_writes", 184, Ty::U64),
+        f("g_corrupt", 192, Ty::U64),
+    ],
+};
+
+/// The swap region (SwapBypass): constants and its layout for a swap size.
+pub mod swapr {
+    /// `SWAPHDR.magic`.
+    pub const MAGIC: u64 = u64::from_le_bytes(*b"VMSWAPRG");
+    /// `SWAPHDR.abi`: the swap region's own version.
+    pub const ABI: u32 = 1;
+    /// Page size of the swap device, slots and index.
+    pub const PAGE: u64 = 4096;
+    /// `vmm_state`: vmsight serves the region.
+    pub const VMM_READY: u32 = 1;
+    /// `vmm_state`: vmsight is gone; the module stops using the region.
+    pub const VMM_GONE: u32 = 2;
+    /// `guest_state`: no module uses the region.
+    pub const GUEST_NONE: u32 = 0;
+    /// `guest_state`: the module's bypass device is up.
+    pub const GUEST_ACTIVE: u32 = 1;
+    /// `lock`: free, held by the guest, held by vmsight.
+    pub const LOCK_FREE: u32 = 0;
+    pub const LOCK_GUEST: u32 = 1;
+    pub const LOCK_VMM: u32 = 2;
+    /// A slot state word (`meta[slot]`): bits 0-31 the swap page it holds, bits 32-39 the
+    /// state, bit 40 the referenced mark the guest sets when it loads the slot.
+    pub const OFFSET_MASK: u64 = 0xffff_ffff;
+    pub const STATE_SHIFT: u32 = 32;
+    pub const STATE_MASK: u64 = 0xff << 32;
+    pub const REFERENCED: u64 = 1 << 40;
+    /// Not allocatable: outside the cache size vmsight grants (its memory is given back).
+    pub const SLOT_RESERVED: u64 = 0;
+    /// In the free stack.
+    pub const SLOT_FREE: u64 = 1;
+    /// Holds the current contents of its swap page; the index points at it.
+    pub const SLOT_MAPPED: u64 = 2;
+    /// vmsight is writing it to the swap file; still mapped and readable, never overwritten.
+    pub const SLOT_EVICTING: u64 = 3;
+    /// Unmapped while being evicted; vmsight frees it when the write ends.
+    pub const SLOT_DEAD: u64 = 4;
+
+    /// Where everything is in a swap region.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct Layout {
+        /// Pages of the swap disk (index entries).
+        pub swap_pages: u64,
+        /// Slots (the most pages the cache can ever hold).
+        pub slots: u64,
+        pub index_off: u64,
+        pub meta_off: u64,
+        pub stack_off: u64,
+        pub data_off: u64,
+        /// The region's size: a power of two (a PCI BAR), at least `data_off + slots pages`.
+        pub region_size: u64,
+    }
+
+    fn pages_for(bytes: u64) -> u64 {
+        bytes.div_ceil(PAGE)
+    }
+
+    impl Layout {
+        /// The layout for a swap disk of `swap_pages` pages with room for at most `max_slots`
+        /// cached pages (fewer when the power-of-two region leaves less room). `None` when the
+        /// swap is empty or beyond what 32-bit offsets address.
+        pub fn new(swap_pages: u64, max_slots: u64) -> Option<Self> {
+            if swap_pages < 2 || swap_pages > u64::from(u32::MAX) || max_slots == 0 {
+                return None;
+            }
+            let max_slots = max_slots.min(swap_pages);
+            let index_off = PAGE;
+            let fixed = |slots: u64| {
+                let meta_off = index_off + pages_for(swap_pages * 4) * PAGE;
+                let stack_off = meta_off + pages_for(slots * 8) * PAGE;
+                let data_off = stack_off + pages_for(slots * 4) * PAGE;
+                (meta_off, stack_off, data_off)
+            };
+            // A PCI BAR is a power of two: take the one the pages alone need and fit as many
+            // slots in it as its metadata leaves room for.
+            let region_size = (max_slots * PAGE)
+                .next_power_of_two()
+                .max((fixed(1).2 + PAGE).next_power_of_two());
+            let fits = |s: u64| fixed(s).2 + s * PAGE <= region_size;
+            let mut slots = max_slots;
+            while slots > 0 && !fits(slots) {
+                // Each step removes at least one page's worth of slots.
+                let over = (fixed(slots).2 + slots * PAGE - region_size).div_ceil(PAGE);
+                slots = slots.saturating_sub(over.max(1));
+            }
+            if slots == 0 {
+                return None;
+            }
+            let (meta_off, stack_off, data_off) = fixed(slots);
+            Some(Self {
+                swap_pages,
+                slots,
+                index_off,
+                meta_off,
+                stack_off,
+                data_off,
+                region_size,
+            })
+        }
+
+        /// Region offset of slot `s`'s page.
+        pub fn slot_data(&self, s: u64) -> u64 {
+            self.data_off + s * PAGE
+        }
+    }
+}
+
+pub static ALL: [&Page; 7] = [&HINT, &SWAP, &CPU, &VMM, &GUEST, &CALL, &SWAPHDR];
 
 /// The C header of the layout, for the guest module.
 pub fn c_header() -> String {
@@ -400,13 +550,38 @@ pub fn c_header() -> String {
     let _ = writeln!(s, "#define VSYM_VMM_MAGIC 0x{VMM_MAGIC:016x}ULL");
     let _ = writeln!(s, "#define VSYM_GUEST_MAGIC 0x{GUEST_MAGIC:016x}ULL");
     let _ = writeln!(s, "#define VSYM_RET_NOT_HERE ({RET_NOT_HERE}LL)");
+    let _ = writeln!(s, "#define VSYM_SWAPR_MAGIC 0x{:016x}ULL", swapr::MAGIC);
+    let _ = writeln!(s, "#define VSYM_SWAPR_ABI {}", swapr::ABI);
     let consts: &[(&str, &[(&str, u64)])] = &[
+        (
+            "SWAPR",
+            &[
+                ("PAGE", swapr::PAGE),
+                ("VMM_READY", swapr::VMM_READY.into()),
+                ("VMM_GONE", swapr::VMM_GONE.into()),
+                ("GUEST_NONE", swapr::GUEST_NONE.into()),
+                ("GUEST_ACTIVE", swapr::GUEST_ACTIVE.into()),
+                ("LOCK_FREE", swapr::LOCK_FREE.into()),
+                ("LOCK_GUEST", swapr::LOCK_GUEST.into()),
+                ("LOCK_VMM", swapr::LOCK_VMM.into()),
+                ("OFFSET_MASK", swapr::OFFSET_MASK),
+                ("STATE_SHIFT", swapr::STATE_SHIFT.into()),
+                ("STATE_MASK", swapr::STATE_MASK),
+                ("REFERENCED", swapr::REFERENCED),
+                ("SLOT_RESERVED", swapr::SLOT_RESERVED),
+                ("SLOT_FREE", swapr::SLOT_FREE),
+                ("SLOT_MAPPED", swapr::SLOT_MAPPED),
+                ("SLOT_EVICTING", swapr::SLOT_EVICTING),
+                ("SLOT_DEAD", swapr::SLOT_DEAD),
+            ],
+        ),
         (
             "FEAT",
             &[
                 ("SPY", feature::SPY.into()),
                 ("DOORBELL", feature::DOORBELL.into()),
                 ("SYNC", feature::SYNC.into()),
+                ("SWAP", feature::SWAP.into()),
             ],
         ),
         (
@@ -503,7 +678,8 @@ pub fn c_header() -> String {
     for (group, items) in consts {
         s.push('\n');
         for (n, v) in *items {
-            let _ = writeln!(s, "#define VSYM_{group}_{n} {v}");
+            let suffix = if *v > u64::from(u32::MAX) { "ULL" } else { "" };
+            let _ = writeln!(s, "#define VSYM_{group}_{n} {v}{suffix}");
         }
     }
     for p in ALL {
@@ -935,6 +1111,34 @@ pub fn guest_state_name(s: u32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn swap_regions_are_powers_of_two_with_aligned_parts_and_room_for_their_slots() {
+        for (pages, max) in [
+            (131_072, 131_072),
+            (131_072, 4096),
+            (2, 2),
+            (25_600, 25_600),
+        ] {
+            let l = swapr::Layout::new(pages, max).expect("a layout");
+            assert!(l.region_size.is_power_of_two(), "{l:?}");
+            assert!(l.slots >= 1 && l.slots <= max, "{l:?}");
+            assert!(l.slot_data(l.slots) <= l.region_size, "{l:?}");
+            for off in [l.index_off, l.meta_off, l.stack_off, l.data_off] {
+                assert_eq!(off % swapr::PAGE, 0, "{l:?}");
+            }
+            assert!(l.meta_off >= l.index_off + pages * 4, "{l:?}");
+            assert!(l.stack_off >= l.meta_off + l.slots * 8, "{l:?}");
+            assert!(l.data_off >= l.stack_off + l.slots * 4, "{l:?}");
+        }
+        // 512 MiB of swap: a 512 MiB region whose metadata costs under 1 % of the slots.
+        let l = swapr::Layout::new(131_072, 131_072).expect("a layout");
+        assert_eq!(l.region_size, 512 << 20);
+        assert!(l.slots > 131_072 * 99 / 100, "{l:?}");
+        assert_eq!(swapr::Layout::new(0, 10), None);
+        assert_eq!(swapr::Layout::new(10, 0), None);
+        assert_eq!(swapr::Layout::new(1 << 33, 10), None);
+    }
 
     /// Fields are in offset order, do not overlap, and fit their page; pages do not overlap
     /// and fit the region.
