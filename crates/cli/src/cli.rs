@@ -74,6 +74,9 @@ enum Cmd {
     /// The symbiotic interface of a running VM (`--symbiotic`): the guest module's SymSpy
     /// page, and symcalls into it (docs/symbiotic.md).
     Sym(crate::sym::SymArgs),
+    /// The swap disk of a running VM (`--swap`, SwapBypass): its cache in host memory, the
+    /// guest module's bypass, and resizing the cache (docs/swapbypass.md).
+    Swap(crate::swap::SwapArgs),
     /// Deduplicated volumes (iDedup): create, info, check, gc, export. Serve one with
     /// `vmsight run --disk VOL,dedup`.
     Dedup {
@@ -281,6 +284,13 @@ struct RunArgs {
     /// module `vmsight_sym` at boot; `vmsight sym NAME spy|call` then reads and calls it.
     #[arg(long)]
     symbiotic: bool,
+    /// A swap disk of SIZE served by vmsight with a swap cache in host memory, formatted and
+    /// enabled at boot (SwapBypass, docs/swapbypass.md); with --symbiotic the guest module
+    /// swaps through the cache without block I/O. Options after commas: cache=SIZE (default:
+    /// the whole swap; bare numbers are MiB), max-cache=SIZE, file=PATH, grow=SIZE (guest
+    /// memory vmsight may add through virtio-mem while the guest thrashes).
+    #[arg(long, value_name = "SIZE[,OPTS]")]
+    swap: Option<String>,
     /// Command to run in the guest as root; its stdout/stderr/exit status become vmsight's.
     #[arg(last = true, value_name = "CMD")]
     command: Vec<String>,
@@ -353,6 +363,7 @@ pub fn main() -> i32 {
         Cmd::HylicsReplay(a) => crate::hylics::replay(a),
         Cmd::Cpu(a) => crate::cpu::run(a),
         Cmd::Sym(a) => crate::sym::run(a),
+        Cmd::Swap(a) => crate::swap::run(a),
         Cmd::Dedup { action } => crate::dedup::run(action),
     };
     match res {
@@ -471,6 +482,15 @@ impl TryFrom<RunArgs> for VmConfig {
                 option: "--hylics-slo",
                 reason: e.to_string(),
             })?;
+        let swap = a
+            .swap
+            .as_deref()
+            .map(str::parse::<vmsight_launcher::swap::SwapSpec>)
+            .transpose()
+            .map_err(|e| RunArgsError::Value {
+                option: "--swap",
+                reason: e.to_string(),
+            })?;
         Ok(VmConfig {
             name: a.name.unwrap_or_else(generate_name),
             vcpus: a.vcpus,
@@ -502,6 +522,7 @@ impl TryFrom<RunArgs> for VmConfig {
             share,
             slo,
             symbiotic: a.symbiotic,
+            swap,
             metrics: a.metrics,
             stream: vmsight_launcher::stream::StreamConfig {
                 enabled: !a.no_stream,

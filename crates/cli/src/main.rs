@@ -6,6 +6,7 @@ mod dedup;
 mod hylics;
 mod idle;
 mod net;
+mod swap;
 mod sym;
 
 use std::process::ExitCode;

@@ -282,6 +282,9 @@ pub struct VmConfig {
     /// `--symbiotic`: the symbiotic interface (fw_cfg item, ivshmem-doorbell device served by
     /// vmsight, guest module loaded at boot; docs/symbiotic.md).
     pub symbiotic: bool,
+    /// `--swap`: the swap disk vmsight serves with its swap cache (SwapBypass,
+    /// docs/swapbypass.md); shared with the guest module when `symbiotic` is on.
+    pub swap: Option<crate::swap::SwapSpec>,
 }
 
 /// What `--background`, `--idle`, `--idle-interval`, `--idle-max-hold` and `--idle-log` ask

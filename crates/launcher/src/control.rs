@@ -208,6 +208,7 @@ mod tests {
             ControlRequest::SymSpy | ControlRequest::SymCall(_) => {
                 ControlReply::Refused("no symbiotic interface".into())
             }
+            ControlRequest::Swap { .. } => ControlReply::Refused("no swap disk".into()),
         });
         ControlServer::serve(sock, service).expect("binds")
     }

@@ -105,6 +105,12 @@ pub enum LaunchError {
     /// The symbiotic interface could not be set up (its errors name the VM).
     #[error(transparent)]
     Sym(Box<crate::sym::SymError>),
+    #[error("VM {vm}: swap disk: {source}")]
+    Swap {
+        vm: String,
+        #[source]
+        source: vmsight_swap::SwapError,
+    },
     #[error("VM {vm}: shared in-memory file system: {source}")]
     Share {
         vm: String,

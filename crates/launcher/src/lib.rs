@@ -24,6 +24,7 @@ pub mod stages;
 pub mod stats;
 pub mod stream;
 pub mod supervisor;
+pub mod swap;
 pub mod sym;
 pub mod term;
 pub mod trace;

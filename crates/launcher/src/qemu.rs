@@ -448,6 +448,9 @@ pub struct QemuPlan {
     pub accel: Accel,
     pub vcpus: u32,
     pub mem_mib: u64,
+    /// Room for hot-plugged memory (`-m ...,maxmem=`), MiB beyond `mem_mib`: the swap
+    /// service's virtio-mem device (`--swap ...,grow=SIZE`).
+    pub hotplug_mib: u64,
     pub kernel: PathBuf,
     pub initrd: PathBuf,
     pub cmdline: String,
@@ -532,7 +535,12 @@ pub fn build_args(p: &QemuPlan) -> Vec<String> {
         Accel::Kvm => push(&["-accel", "kvm", "-cpu", "host"]),
     }
     push(&["-smp", &p.vcpus.to_string()]);
-    push(&["-m", &format!("{}M", p.mem_mib)]);
+    if p.hotplug_mib > 0 {
+        let max = p.mem_mib + p.hotplug_mib;
+        push(&["-m", &format!("{}M,maxmem={max}M", p.mem_mib)]);
+    } else {
+        push(&["-m", &format!("{}M", p.mem_mib)]);
+    }
     // Guest RAM in a shared memfd: required by vhost-user, and lets vmsight map guest memory.
     push(&[
         "-object",
@@ -651,6 +659,7 @@ mod tests {
             accel: Accel::Tcg,
             vcpus: 2,
             mem_mib: 1024,
+            hotplug_mib: 0,
             kernel: "/k".into(),
             initrd: "/i".into(),
             cmdline: kernel_cmdline("t1", &["quiet".into()]),

@@ -108,6 +108,9 @@ pub struct RunStats {
     /// The symbiotic interface's counters (`--symbiotic`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub symbiotic: Option<vmsight_proto::sym::SymCounters>,
+    /// The swap disk, its cache and the bypass (`--swap`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub swap: Option<vmsight_proto::swap::SwapReport>,
     /// Classification counters of `--insights`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub insights: Option<vmsight_insight::ClassCounters>,
@@ -202,6 +205,7 @@ impl RunStats {
             offload: None,
             controller: None,
             symbiotic: None,
+            swap: None,
             insights: None,
             trace,
             memory: ProcessMemory::read_self(),
@@ -342,6 +346,9 @@ impl fmt::Display for RunStats {
         }
         if let Some(c) = &self.controller {
             writeln!(f, "  {}", crate::hylics::control::summary(c))?;
+        }
+        if let Some(r) = &self.swap {
+            writeln!(f, "  {}", r.summary())?;
         }
         if let Some(c) = &self.symbiotic {
             writeln!(

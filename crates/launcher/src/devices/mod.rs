@@ -12,6 +12,7 @@
 pub mod blk;
 pub mod fs;
 pub mod net;
+pub mod swap;
 pub mod sym;
 pub mod vsock;
 
@@ -30,6 +31,7 @@ pub static DEVICES: &[&DeviceEntry] = &[
     &net::ENTRY,
     &fs::ENTRY,
     &vsock::ENTRY,
+    &swap::ENTRY,
     &sym::ENTRY,
 ];
 
@@ -66,6 +68,8 @@ pub struct DeviceEnv<'a> {
     pub hylics: Option<&'a crate::hylics::Hylics>,
     /// The symbiotic interface, with `--symbiotic`.
     pub sym: Option<&'a std::sync::Arc<crate::sym::Symbiotic>>,
+    /// The swap service, with `--swap`.
+    pub swap: Option<&'a std::sync::Arc<crate::swap::SwapService>>,
 }
 
 /// A running device.
@@ -126,6 +130,8 @@ pub struct DeviceReport {
     pub offload: Option<crate::hylics::offload::OffloadSnapshot>,
     /// The symbiotic interface's counters (the ivshmem-doorbell device).
     pub sym: Option<vmsight_proto::sym::SymCounters>,
+    /// The swap disk and its cache (the swap device).
+    pub swap: Option<vmsight_proto::swap::SwapReport>,
     /// The backend ended with an error.
     pub error: Option<String>,
 }

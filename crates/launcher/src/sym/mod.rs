@@ -169,13 +169,20 @@ pub const DEFAULT_REFRESH_MS: u32 = 200;
 
 impl Symbiotic {
     /// Creates the region and writes vmsight's page; nothing runs yet ([`serve`] does).
-    pub fn new(vm: &str, disk_hints: &[spy::DiskHint]) -> Result<Arc<Symbiotic>, SymError> {
+    pub fn new(
+        vm: &str,
+        disk_hints: &[spy::DiskHint],
+        swap: bool,
+    ) -> Result<Arc<Symbiotic>, SymError> {
         let region = Region::create(vm)?;
         let bells = Doorbells::new().map_err(|source| SymError::Doorbells {
             vm: vm.to_owned(),
             source,
         })?;
-        let features = feature::SPY | feature::DOORBELL | feature::SYNC;
+        let mut features = feature::SPY | feature::DOORBELL | feature::SYNC;
+        if swap {
+            features |= feature::SWAP;
+        }
         let s = Symbiotic {
             vm: vm.to_owned(),
             region,
@@ -685,7 +692,7 @@ mod tests {
 
     #[test]
     fn the_handshake_accepts_this_version_refuses_others_and_forgets_an_unloaded_module() {
-        let s = Symbiotic::new("t", &[]).unwrap();
+        let s = Symbiotic::new("t", &[], false).unwrap();
         assert_eq!(s.region.load64(VMM.at("magic")), VMM_MAGIC);
         hello(&s, ABI_VERSION + 98, guest_state::HELLO);
         assert_eq!(s.region.load32(VMM.at("state")), vmm_state::REFUSED);
@@ -728,7 +735,7 @@ mod tests {
     }
 
     fn active_with_sync(answer: Option<i64>) -> Arc<Symbiotic> {
-        let s = Symbiotic::new("t", &[]).unwrap();
+        let s = Symbiotic::new("t", &[], false).unwrap();
         hello(&s, ABI_VERSION, guest_state::HELLO);
         s.region.store32(GUEST.at("state"), guest_state::ACTIVE);
         s.region.store64(GUEST.at("symcalls"), 1 << nr::ECHO);
@@ -777,7 +784,7 @@ mod tests {
 
     #[test]
     fn a_doorbell_is_spurious_unless_it_brings_a_new_answer() {
-        let s = Symbiotic::new("t", &[]).unwrap();
+        let s = Symbiotic::new("t", &[], false).unwrap();
         s.in_flight.store(1, Ordering::Release);
         s.region.store64(CALL.at("done_seq"), 1);
         s.region.store32(CALL.at("state"), call_state::DONE);
@@ -796,7 +803,7 @@ mod tests {
 
     #[test]
     fn requests_beyond_the_interface_are_refused_before_the_guest_sees_them() {
-        let s = Symbiotic::new("t", &[]).unwrap();
+        let s = Symbiotic::new("t", &[], false).unwrap();
         let r = s.call(&CallRequest {
             nr: nr::ECHO,
             args: vec![0; 6],

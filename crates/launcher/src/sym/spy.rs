@@ -68,6 +68,7 @@ pub fn feature_names(f: u32) -> Vec<String> {
         (feature::SPY, "spy"),
         (feature::DOORBELL, "doorbell"),
         (feature::SYNC, "sync"),
+        (feature::SWAP, "swap"),
     ]
     .iter()
     .filter(|(b, _)| f & b != 0)

@@ -28,6 +28,15 @@ impl StreamHandles {
 
 /// Why a VM without the interface refuses symbiotic requests.
 const NO_SYM: &str = "the VM runs without the symbiotic interface (start it with --symbiotic)";
+const NO_SWAP: &str = "the VM has no swap disk served by vmsight (start it with --swap SIZE)";
+
+/// The feature services the control socket reaches (each absent when not configured).
+pub struct ControlFeatures {
+    pub idle: Option<Arc<crate::idle::Attributor>>,
+    pub hylics: Option<crate::hylics::Hylics>,
+    pub sym: Option<Arc<crate::sym::Symbiotic>>,
+    pub swap: Option<Arc<crate::swap::SwapService>>,
+}
 
 /// The state the control socket's handler reads.
 pub struct ControlState {
@@ -40,6 +49,8 @@ pub struct ControlState {
     plugin: Option<Arc<Mutex<vmsight_ring::ChannelHost>>>,
     /// The symbiotic interface (`--symbiotic`).
     sym: Option<Arc<crate::sym::Symbiotic>>,
+    /// The swap disk's service (`--swap`).
+    swap: Option<Arc<crate::swap::SwapService>>,
 }
 
 impl ControlState {
@@ -47,11 +58,15 @@ impl ControlState {
         streams: &[DiskStream],
         devices: &[Box<dyn Device>],
         insight: Option<vmsight_insight::InsightEngine>,
-        idle: Option<Arc<crate::idle::Attributor>>,
-        hylics: Option<crate::hylics::Hylics>,
         plugin: Option<Arc<Mutex<vmsight_ring::ChannelHost>>>,
-        sym: Option<Arc<crate::sym::Symbiotic>>,
+        features: ControlFeatures,
     ) -> Self {
+        let ControlFeatures {
+            idle,
+            hylics,
+            sym,
+            swap,
+        } = features;
         Self {
             streams: streams
                 .iter()
@@ -69,6 +84,7 @@ impl ControlState {
             hylics,
             plugin,
             sym,
+            swap,
         }
     }
 
@@ -164,7 +180,21 @@ impl ControlState {
                 },
                 None => ControlReply::Refused(NO_SYM.into()),
             },
+            ControlRequest::Swap { cache_bytes } => self.swap(cache_bytes),
         }
+    }
+
+    /// `vmsight swap NAME status|cache SIZE`: resizes the cache if asked, then reports.
+    fn swap(&self, cache_bytes: Option<u64>) -> ControlReply {
+        let Some(s) = &self.swap else {
+            return ControlReply::Refused(NO_SWAP.into());
+        };
+        if let Some(b) = cache_bytes {
+            if let Err(e) = s.set_cache(b) {
+                return ControlReply::Refused(e.to_string());
+            }
+        }
+        ControlReply::Swap(Box::new(s.report()))
     }
 
     /// `vmsight cpu NAME redirect`: blocks until the guest function returned (or why not).

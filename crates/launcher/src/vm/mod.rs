@@ -73,6 +73,7 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
     let idle = services::idle_attributor(cfg, &prep)?;
     let hylics = services::hylics(cfg, &prep)?;
     let sym = services::symbiotic(cfg, &prep)?;
+    let swap = services::swap(cfg, &prep, sym.as_ref())?;
     let devices = devices::start_all(&DeviceEnv {
         cfg,
         prep: &prep,
@@ -81,6 +82,7 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
         idle: idle.as_ref(),
         hylics: hylics.as_ref(),
         sym: sym.as_ref(),
+        swap: swap.as_ref(),
     })?;
     phase("devices");
     let svc = services::start(
@@ -89,7 +91,12 @@ pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> 
         &devices,
         &mut streams,
         insight.as_ref().map(|(e, _)| e),
-        services::Features { idle, hylics, sym },
+        services::Features {
+            idle,
+            hylics,
+            sym,
+            swap,
+        },
     )?;
     phase("services");
     let qemu = spawn::spawn(cfg, arts, &prep, &devices, &svc, insight.as_ref())?;
@@ -200,6 +207,7 @@ fn teardown(cfg: &VmConfig, prep: &Prepared, t: Teardown) -> RunOutcome {
         offload: offload_stats,
         controller: controller_status,
         symbiotic: sym_counters,
+        swap: swap_report,
         error: backend_error,
     } = finish_devices(devices, &mut streams);
     let trace_summary = qemu.trace.map(|t| t.finish());
@@ -240,6 +248,7 @@ fn teardown(cfg: &VmConfig, prep: &Prepared, t: Teardown) -> RunOutcome {
     stats.offload = offload_stats;
     stats.controller = controller_status;
     stats.symbiotic = sym_counters;
+    stats.swap = swap_report;
     RunOutcome {
         reason: ending.reason(&late),
         stats,
@@ -254,6 +263,7 @@ struct Finished {
     offload: Option<crate::hylics::offload::OffloadSnapshot>,
     controller: Option<vmsight_proto::hylics::ControllerStatus>,
     symbiotic: Option<vmsight_proto::sym::SymCounters>,
+    swap: Option<vmsight_proto::swap::SwapReport>,
     /// The first backend error.
     error: Option<String>,
 }
@@ -267,6 +277,7 @@ fn finish_devices(devices: Vec<Box<dyn Device>>, streams: &mut Vec<DiskStream>) 
     let mut offload = None;
     let mut controller = None;
     let mut symbiotic = None;
+    let mut swap = None;
     let mut error = None;
     for (i, d) in devices.into_iter().enumerate() {
         let report = d.finish();
@@ -278,6 +289,7 @@ fn finish_devices(devices: Vec<Box<dyn Device>>, streams: &mut Vec<DiskStream>) 
         offload = offload.or(report.offload);
         controller = controller.or(report.controller);
         symbiotic = symbiotic.or(report.sym);
+        swap = swap.or(report.swap);
         let Some(mut ds) = report.disk else {
             continue;
         };
@@ -295,6 +307,7 @@ fn finish_devices(devices: Vec<Box<dyn Device>>, streams: &mut Vec<DiskStream>) 
         offload,
         controller,
         symbiotic,
+        swap,
         error,
     }
 }

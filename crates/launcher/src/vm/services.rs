@@ -24,7 +24,7 @@ use crate::guestio::{self, ConsoleTail};
 use crate::stream::{Delivery, DiskStream};
 use crate::supervisor::Event;
 
-use super::control_state::ControlState;
+use super::control_state::{ControlFeatures, ControlState};
 use super::prepare::Prepared;
 
 /// The insight engine and the writer thread of its log, when `--insights` is on.
@@ -157,7 +157,33 @@ pub fn symbiotic(
         .iter()
         .map(|d| crate::sym::spy::disk_hint(cfg, d))
         .collect();
-    Ok(Some(crate::sym::Symbiotic::new(&cfg.name, &hints)?))
+    Ok(Some(crate::sym::Symbiotic::new(
+        &cfg.name,
+        &hints,
+        cfg.swap.is_some(),
+    )?))
+}
+
+/// The swap disk's service (swap file, cache, evictor), with `--swap`; its region is shared
+/// with the guest module when the symbiotic interface is on.
+pub fn swap(
+    cfg: &VmConfig,
+    prep: &Prepared,
+    sym: Option<&Arc<crate::sym::Symbiotic>>,
+) -> Result<Option<Arc<crate::swap::SwapService>>, LaunchError> {
+    let Some(spec) = &cfg.swap else {
+        return Ok(None);
+    };
+    let dir = vmsight_image::cache_dir()?.join("vms").join(&cfg.name);
+    let svc = Arc::new(crate::swap::SwapService::create(
+        &cfg.name,
+        spec,
+        &dir,
+        prep.rt.path(),
+        sym.cloned(),
+    )?);
+    svc.start_mem()?;
+    Ok(Some(svc))
 }
 
 /// A file-update stream (tap queue) per writable disk; consumers start with the services.
@@ -175,6 +201,7 @@ pub struct Features {
     pub idle: Option<Arc<crate::idle::Attributor>>,
     pub hylics: Option<crate::hylics::Hylics>,
     pub sym: Option<Arc<crate::sym::Symbiotic>>,
+    pub swap: Option<Arc<crate::swap::SwapService>>,
 }
 
 /// Runs phase 3.
@@ -186,7 +213,12 @@ pub fn start(
     insight: Option<&InsightEngine>,
     features: Features,
 ) -> Result<Services, LaunchError> {
-    let Features { idle, hylics, sym } = features;
+    let Features {
+        idle,
+        hylics,
+        sym,
+        swap,
+    } = features;
     let delivery = Arc::new(Delivery::open(
         cfg.stream.host.clone(),
         &cfg.name,
@@ -218,10 +250,13 @@ pub fn start(
         streams,
         devices,
         insight.cloned(),
-        idle.clone(),
-        hylics,
         channel.as_ref().map(|(_, c)| c.clone()),
-        sym.clone(),
+        ControlFeatures {
+            idle: idle.clone(),
+            hylics,
+            sym: sym.clone(),
+            swap,
+        },
     );
     let metrics = super::metrics::serve(cfg, devices, streams)?;
     let control = crate::control::ControlServer::serve(

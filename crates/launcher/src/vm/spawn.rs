@@ -113,6 +113,7 @@ fn plan(
         accel: prep.accel,
         vcpus: cfg.vcpus,
         mem_mib: cfg.mem_mib,
+        hotplug_mib: cfg.swap.as_ref().map_or(0, |s| s.grow >> 20),
         kernel: prep.guest.kernel.clone(),
         initrd: prep.guest.initrd.clone(),
         cmdline: qemu::kernel_cmdline(
