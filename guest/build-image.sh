@@ -72,7 +72,7 @@ need_cmd sha256sum coreutils
 [ -f /usr/lib/x86_64-linux-gnu/libc.a ] || die "static libc missing; install the Debian package 'libc6-dev'"
 for f in "$RECIPE_DIR/init" "$RECIPE_DIR/initramfs-init" "$RECIPE_DIR/sym/Kbuild" \
     "$RECIPE_DIR/sym/vmsight_sym.c" "$RECIPE_DIR/sym/vmsight_sym_v99.c" \
-    "$RECIPE_DIR/sym/vmsight_sym_abi.h"; do
+    "$RECIPE_DIR/sym/vmsight_sym_swap.c" "$RECIPE_DIR/sym/vmsight_sym_abi.h"; do
     [ -f "$f" ] || die "recipe file $f is missing"
 done
 

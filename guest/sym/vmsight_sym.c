@@ -27,6 +27,10 @@
  *        interrupts disabled and the return address sync_return; results go to the call page
  *        as well and the return value is the call's ret.
  *
+ *  - SwapBypass (vmsight_sym_swap.c, #included below): a second ivshmem device whose BAR2 is
+ *    a swap cache vmsight owns; the block device vmswap0, stacked on the swap disk, swaps
+ *    pages in and out of it without block I/O.
+ *
  * Everything read from the shared region is untrusted: numbers are bounded, nothing read from
  * it is used as a pointer or a length, and the module keeps its own copies of its sequence
  * counters.
@@ -1276,6 +1280,10 @@ static void vsym_refresh_work(struct work_struct *w)
 	schedule_delayed_work(&vsym.work, msecs_to_jiffies(vsym.refresh_ms));
 }
 
+/* --- SwapBypass ---------------------------------------------------------------------------- */
+
+#include "vmsight_sym_swap.c"
+
 /* --- device -------------------------------------------------------------------------------- */
 
 /* Undoes whatever probe set up; the module's state is reset for another probe. */
@@ -1381,7 +1389,8 @@ static int vsym_handshake(void)
 	}
 }
 
-static int vsym_probe(struct pci_dev *pdev, const struct pci_device_id *id)
+/* Probe of the symbiotic interface's device (ivshmem-doorbell, VSYM_VMM_MAGIC in BAR2). */
+static int vsym_probe_sym(struct pci_dev *pdev)
 {
 	char ver[sizeof(((struct vsym_vmm *)0)->vmsight_version) + 1];
 	u32 ms;
@@ -1525,10 +1534,23 @@ fail:
 	return err;
 }
 
+/*
+ * Every ivshmem device: the swap region's (VSYM_SWAPR_MAGIC in BAR2, bound whatever the
+ * interface's handshake says) or else, maybe, the symbiotic interface's.
+ */
+static int vsym_probe(struct pci_dev *pdev, const struct pci_device_id *id)
+{
+	if (vswap_is_region(pdev))
+		return vswap_probe(pdev);
+	return vsym_probe_sym(pdev);
+}
+
 static void vsym_remove(struct pci_dev *pdev)
 {
 	if (pdev == vsym.pdev)
 		vsym_teardown();
+	else
+		vswap_remove(pdev);
 }
 
 /* No MODULE_DEVICE_TABLE: the module is loaded on request (vmsight.sym=1), not by alias. */
@@ -1569,11 +1591,14 @@ static int __init vsym_init(void)
 		pr_info("fw_cfg announces the interface but no vmsight ivshmem device was found\n");
 		return -ENODEV;
 	}
+	vswap_start();
 	return 0;
 }
 
 static void __exit vsym_exit(void)
 {
+	/* vmswap0 first (it may use the region), then the devices. */
+	vswap_stop();
 	pci_unregister_driver(&vsym_driver);
 }
 
