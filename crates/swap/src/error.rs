@@ -21,6 +21,9 @@ pub enum SwapError {
     },
     #[error("cannot start the swap cache's evictor thread: {0}")]
     Thread(#[source] std::io::Error),
-    #[error("a swap cache of {pages} pages is larger than the region's {slots} slots")]
+    #[error(
+        "a swap cache of {pages} pages is larger than the region's {slots} slots (the cache \
+         can grow up to the --swap ...,max-cache= the VM was started with)"
+    )]
     TooLarge { pages: u64, slots: u64 },
 }

@@ -144,9 +144,16 @@ impl SwapService {
 
     /// Resizes the cache to `bytes` (rounded down to pages); the evictor moves pages to the
     /// swap file and gives memory back when it shrinks.
+    /// Up to `max-cache` is accepted; the region's metadata leaves slightly fewer slots than
+    /// `max-cache` pages, so a size near it is clamped to the slots there are.
     pub fn set_cache(&self, bytes: u64) -> Result<(), LaunchError> {
+        let pages = if bytes <= self.spec.max_cache {
+            (bytes / PAGE).min(self.store.layout().slots)
+        } else {
+            bytes / PAGE
+        };
         self.store
-            .set_target(bytes / PAGE)
+            .set_target(pages)
             .map_err(|source| LaunchError::Swap {
                 vm: self.vm.clone(),
                 source,

@@ -1,0 +1,366 @@
+//! SwapBypass (`vmsight run --swap`, docs/swapbypass.md): the swap disk vmsight serves from its
+//! swap cache, with and without the symbiotic module's bypass, the cache resized while the
+//! guest swaps, and guest memory added through virtio-mem while it thrashes. Every page's
+//! integrity is checked by the guest's own program (swap-check: per-page versioned patterns,
+//! random-order rounds); the mechanism claimed is checked against the guest kernel's own
+//! counters (`/proc/vmstat` pswpin/pswpout, `/proc/swaps`, `/proc/meminfo`), never against
+//! vmsight alone.
+#![allow(clippy::unwrap_used)] // Test code: a failed unwrap is a failed test.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use serde_json::Value;
+use vmsight_tests::*;
+
+/// Prints the guest's swap counters as `vmstat pswpin=N pswpout=N`.
+const VMSTAT: &str =
+    r#"echo "vmstat $(awk '/^pswp(in|out) / {printf "%s=%s ", $1, $2}' /proc/vmstat)""#;
+
+/// `key=value` words of a line.
+fn fields(line: &str) -> HashMap<String, u64> {
+    line.split_whitespace()
+        .filter_map(|w| w.split_once('='))
+        .filter_map(|(k, v)| Some((k.to_owned(), v.parse().ok()?)))
+        .collect()
+}
+
+/// The last stdout line starting with `prefix`, as fields.
+fn line_fields(stdout: &str, prefix: &str) -> HashMap<String, u64> {
+    let l = stdout
+        .lines()
+        .rev()
+        .find(|l| l.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no line {prefix:?} in {stdout}"));
+    fields(l)
+}
+
+fn stats_swap(path: &Path) -> Value {
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    v["swap"].clone()
+}
+
+fn n(v: &Value, key: &str) -> u64 {
+    v[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no {key} in the swap report {v}"))
+}
+
+/// The device the guest swaps on (`/proc/swaps`).
+fn swap_device(stdout: &str) -> String {
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("swapdev "))
+        .unwrap_or_else(|| panic!("no swap device line in {stdout}"))
+        .trim()
+        .to_owned()
+}
+
+/// The guest part every test shares: swap state, counters before, the workload, counters
+/// after.
+fn script(workload: &str, after: &str) -> String {
+    format!(
+        "set -e\n\
+         echo \"swapdev $(awk 'NR > 1 {{print $1}}' /proc/swaps)\"\n\
+         {VMSTAT}\n\
+         {workload}\n\
+         {VMSTAT}\n\
+         {after}\n"
+    )
+}
+
+/// Reads and writes the block path makes on the swap disk besides the guest's swap I/O: the
+/// swap header (mkswap, swapon) and the kernel's and blkid's probing of a new disk.
+const PROBE_PAGES: u64 = 1024;
+
+#[test]
+fn without_the_module_every_swap_in_is_a_block_read_and_every_page_survives() {
+    let st = tempfile::NamedTempFile::new().unwrap();
+    let r = guest_sh(
+        &[
+            "--mem",
+            "128M",
+            "--swap",
+            "256M,cache=32M",
+            "--stats-json",
+            st.path().to_str().unwrap(),
+        ],
+        &script("swap-check 160 --rounds 2", "true"),
+    );
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert!(r.stdout.contains("swap-check OK"), "{r:?}");
+    let dev = swap_device(&r.stdout);
+    assert!(dev.starts_with("/dev/vd"), "swap on the disk itself: {dev}");
+    let v = line_fields(&r.stdout, "vmstat");
+    let (pin, pout) = (v["pswpin"], v["pswpout"]);
+    assert!(pin > 1000 && pout > 1000, "the guest swapped: {v:?}");
+    let s = stats_swap(st.path());
+    assert_eq!(s["bypass_offered"], false);
+    // The guest's own counts and the swap disk's requests agree page for page, but for the
+    // header and probing reads.
+    let (br, bw) = (n(&s, "block_reads"), n(&s, "block_writes"));
+    assert!(
+        br >= pin && br - pin <= PROBE_PAGES,
+        "reads {br} vs pswpin {pin}"
+    );
+    assert!(
+        bw >= pout && bw - pout <= PROBE_PAGES,
+        "writes {bw} vs pswpout {pout}"
+    );
+    // A 32 MiB cache under 160 MiB of swapped pages: evictions and both kinds of reads.
+    assert!(n(&s, "evictions") > 0, "{s}");
+    assert!(n(&s, "cache_hits") > 0 && n(&s, "cache_misses") > 0, "{s}");
+    assert!(n(&s, "cache_used_pages") <= 32 << 8, "{s}");
+    assert_eq!(n(&s, "corrupt"), 0, "{s}");
+}
+
+#[test]
+fn the_bypass_swaps_through_shared_memory_without_block_io_and_the_cache_empties_after() {
+    let st = tempfile::NamedTempFile::new().unwrap();
+    let r = guest_sh(
+        &[
+            "--mem",
+            "128M",
+            "--symbiotic",
+            "--swap",
+            "256M",
+            "--stats-json",
+            st.path().to_str().unwrap(),
+        ],
+        // After the workload exits the guest has freed its swap; give vmsight a moment to
+        // take the freed pages' memory back.
+        &script(
+            "swap-check 160 --rounds 2",
+            "sleep 3; echo \"swapused kib=$(awk '/^SwapTotal:/ {t=$2} /^SwapFree:/ {f=$2} \
+             END {print t - f}' /proc/meminfo)\"",
+        ),
+    );
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert!(r.stdout.contains("swap-check OK"), "{r:?}");
+    assert_eq!(swap_device(&r.stdout), "/dev/vmswap0", "{r:?}");
+    let v = line_fields(&r.stdout, "vmstat");
+    let (pin, pout) = (v["pswpin"], v["pswpout"]);
+    assert!(pin > 1000 && pout > 1000, "the guest swapped: {v:?}");
+    let s = stats_swap(st.path());
+    assert_eq!(s["bypass_active"], true, "{s}");
+    // Every swap-in and swap-out the guest kernel counted went through the region, but for
+    // the probing of the new device before mkswap (nothing cached yet) and the few pages the
+    // module sent down the disk path when the region's lock stayed busy beyond its bound
+    // (both counted): the disk path carries next to nothing.
+    let (loads, lower_r) = (n(&s, "bypass_loads"), n(&s, "bypass_lower_reads"));
+    let (stores, lower_w) = (n(&s, "bypass_stores"), n(&s, "bypass_lower_writes"));
+    assert!(loads + lower_r >= pin, "loads vs pswpin {pin}: {s}");
+    assert!(stores + lower_w >= pout, "stores vs pswpout {pout}: {s}");
+    assert!(lower_r <= PROBE_PAGES + pin / 100, "{s}");
+    assert!(lower_w <= pout / 100, "{s}");
+    assert!(
+        lower_w <= n(&s, "bypass_busy") + n(&s, "bypass_store_full"),
+        "{s}"
+    );
+    assert_eq!(
+        n(&s, "block_writes"),
+        lower_w,
+        "every disk write is a counted fallback: {s}"
+    );
+    assert!(n(&s, "block_reads") <= PROBE_PAGES + pin / 100, "{s}");
+    // The workload is gone: its swap slots were freed, and the cache with them. What stays
+    // is what the guest still has swapped out (its own count) and the swap header.
+    let used_kib = line_fields(&r.stdout, "swapused")["kib"];
+    assert!(
+        n(&s, "cache_used_pages") <= used_kib / 4 + 16,
+        "cache vs the guest's {used_kib} KiB of swap in use: {s}"
+    );
+    assert!(
+        n(&s, "cache_resident_bytes") <= 16 << 20,
+        "the freed pages' memory went back to the host: {s}"
+    );
+    assert_eq!(n(&s, "corrupt") + n(&s, "bypass_corrupt"), 0, "{s}");
+}
+
+/// `vmsight swap NAME ...` as JSON.
+fn swap_cmd(name: &str, args: &[&str]) -> Value {
+    let mut a = vec!["swap", name];
+    a.extend_from_slice(args);
+    a.push("--json");
+    let r = run(&a);
+    assert_eq!(r.code, Some(0), "{r:?}");
+    serde_json::from_str(&r.stdout).unwrap()
+}
+
+#[test]
+fn the_cache_shrinks_and_grows_while_the_guest_swaps_and_no_page_is_lost() {
+    let name = vm_name("swapresize");
+    let st = tempfile::NamedTempFile::new().unwrap();
+    // swap-check waits while /tmp/pause exists (checked after the fill and after every
+    // round); the host says when to go on and when to stop again.
+    let guest = "touch /tmp/pause; \
+                 (swap-check 160 --rounds 3 --pause-file /tmp/pause; echo \"exit $?\") & \
+                 while read l; do case $l in go) rm -f /tmp/pause ;; stop) touch /tmp/pause ;; \
+                 end) break ;; esac; done; wait";
+    let mut vm = LiveVm::start(&[
+        "--name",
+        &name,
+        "--mem",
+        "128M",
+        "--symbiotic",
+        "--swap",
+        "256M",
+        "--stats-json",
+        st.path().to_str().unwrap(),
+        "--",
+        "sh",
+        "-c",
+        guest,
+    ]);
+    vm.wait_line("swap-check: paused");
+    let before = swap_cmd(&name, &["status"]);
+    assert!(n(&before, "cache_used_pages") > 16 << 8, "{before}");
+    // Shrink to 16 MiB: the evictor moves the coldest pages to the swap file.
+    let r = swap_cmd(&name, &["cache", "16M"]);
+    assert_eq!(n(&r, "cache_limit_pages"), 16 << 8, "{r}");
+    let mut now = Value::Null;
+    wait_until("the cache to shrink to 16 MiB", 60, || {
+        now = swap_cmd(&name, &["status"]);
+        n(&now, "cache_used_pages") <= 16 << 8
+    });
+    assert!(n(&now, "evictions") > 0, "{now}");
+    vm.send("go");
+    vm.wait_line("swap-check: resumed");
+    // Pause again after the next round (the round takes seconds of swapping).
+    vm.send("stop");
+    vm.wait_prefix("swap-check: round");
+    vm.wait_line("swap-check: paused");
+    // The small cache sent pages down the disk path: the spill is in use.
+    let mid = swap_cmd(&name, &["status"]);
+    assert!(n(&mid, "bypass_lower_reads") > 0, "{mid}");
+    assert!(
+        n(&mid, "bypass_store_full") + n(&mid, "cache_misses") > 0,
+        "{mid}"
+    );
+    let r = swap_cmd(&name, &["cache", "256M"]);
+    assert!(n(&r, "cache_limit_pages") > 60_000, "{r}");
+    vm.send("go");
+    let ok = vm.wait_prefix("swap-check OK");
+    assert!(ok.contains("pages=40960"), "{ok}");
+    vm.wait_line("exit 0");
+    vm.send("end");
+    let (code, _, err) = vm.finish();
+    assert_eq!(code, Some(0), "{err}");
+    let s = stats_swap(st.path());
+    assert!(
+        n(&s, "evictions") >= n(&before, "cache_used_pages") - (16 << 8),
+        "{s}"
+    );
+    assert_eq!(n(&s, "corrupt") + n(&s, "bypass_corrupt"), 0, "{s}");
+}
+
+#[test]
+fn a_thrashing_guest_gets_memory_and_gives_it_back_when_the_workload_ends() {
+    let st = tempfile::NamedTempFile::new().unwrap();
+    let mem = r#"echo "memtotal $(awk '/^MemTotal:/ {print $2}' /proc/meminfo)""#;
+    let r = guest_sh(
+        &[
+            "--mem",
+            "128M",
+            "--symbiotic",
+            "--swap",
+            "256M,grow=256M",
+            "--stats-json",
+            st.path().to_str().unwrap(),
+        ],
+        &format!(
+            "{mem}; swap-check 200 --rounds 3; {mem}; \
+             n=0; while [ $n -lt 60 ]; do sleep 1; n=$((n + 1)); \
+             t=$(awk '/^MemTotal:/ {{print $2}}' /proc/meminfo); \
+             [ \"$t\" -lt 200000 ] && break; done; {mem}"
+        ),
+    );
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert!(r.stdout.contains("swap-check OK"), "{r:?}");
+    let totals: Vec<u64> = r
+        .stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("memtotal "))
+        .map(|t| t.trim().parse().unwrap())
+        .collect();
+    assert_eq!(totals.len(), 3, "{r:?}");
+    assert!(
+        totals[1] > totals[0] + 64 * 1024,
+        "memory was added: {totals:?}"
+    );
+    assert!(totals[2] < totals[1], "memory was taken back: {totals:?}");
+    let s = stats_swap(st.path());
+    let m = &s["mem"];
+    assert!(n(m, "grows") >= 1 && n(m, "added_bytes") >= 64 << 20, "{s}");
+    assert!(
+        n(m, "shrinks") >= 1 && n(m, "removed_bytes") >= 64 << 20,
+        "{s}"
+    );
+}
+
+#[test]
+fn a_guest_scribbling_over_the_swap_region_cannot_take_vmsight_down() {
+    let st = tempfile::NamedTempFile::new().unwrap();
+    // Garbles the header's counters, the index, the slot states and the free stack of the
+    // region (not the lock word, which a hostile guest could hold: that costs it its own swap
+    // and is tested in vmsight-swap's unit tests), then swaps through it. The guest's data
+    // may suffer; vmsight must serve the VM to its end and say what it met.
+    let scribble = r#"
+for d in /sys/bus/pci/devices/*; do
+  [ "$(cat $d/vendor)" = 0x1af4 ] && [ "$(cat $d/device)" = 0x1110 ] || continue
+  python3 - "$d/resource2" <<'EOF'
+import mmap, os, random, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_SYNC)
+m = mmap.mmap(fd, 0)
+if m[0:8] != b"VMSWAPRG":
+    sys.exit(0)
+data_off = int.from_bytes(m[56:64], "little")
+random.seed(7)
+for _ in range(200000):
+    off = random.randrange(32, data_off - 8) & ~7
+    if off // 8 != 3:  # the lock word shares the word at 24
+        m[off:off + 8] = random.randbytes(8)
+print("scribbled", sys.argv[1])
+EOF
+done
+swap-check 160 --rounds 1 || echo "swap-check failed, as it may"
+"#;
+    let r = guest_sh(
+        &[
+            "--mem",
+            "128M",
+            "--symbiotic",
+            "--swap",
+            "256M",
+            "--stats-json",
+            st.path().to_str().unwrap(),
+        ],
+        scribble,
+    );
+    assert!(r.stdout.contains("scribbled"), "{r:?}");
+    // vmsight served the VM to its end (the guest's last command ran) and reported what it
+    // met.
+    assert_eq!(r.code, Some(0), "{r:?}");
+    let s = stats_swap(st.path());
+    assert!(
+        n(&s, "corrupt") + n(&s, "bypass_corrupt") > 0,
+        "the garbage was noticed: {s}"
+    );
+}
+
+#[test]
+fn bad_swap_specs_are_refused_with_the_reason() {
+    for (spec, want) in [
+        ("lots", "not a size"),
+        ("512M,cache=1G", "larger than max-cache"),
+        ("512M,grow=3M", "multiple of 2 MiB"),
+    ] {
+        let r = run(&["run", "--swap", spec, "--", "true"]);
+        assert_eq!(r.code, Some(1), "{spec}: {r:?}");
+        let e = r.one_line_error();
+        assert!(e.contains("--swap") && e.contains(want), "{spec}: {e}");
+    }
+    let r = run(&["swap", "no-such-vm", "status"]);
+    assert_ne!(r.code, Some(0), "{r:?}");
+    assert!(r.one_line_error().contains("no-such-vm"), "{r:?}");
+}
