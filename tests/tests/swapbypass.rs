@@ -8,9 +8,12 @@
 #![allow(clippy::unwrap_used)] // Test code: a failed unwrap is a failed test.
 
 use std::collections::HashMap;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
+use std::time::Duration;
 
 use serde_json::Value;
+use vmsight_metrics::harness::{free_loopback_port, Prometheus};
 use vmsight_tests::*;
 
 /// Prints the guest's swap counters as `vmstat pswpin=N pswpout=N`.
@@ -193,13 +196,21 @@ fn the_cache_shrinks_and_grows_while_the_guest_swaps_and_no_page_is_lost() {
     let st = tempfile::NamedTempFile::new().unwrap();
     // swap-check waits while /tmp/pause exists (checked after the fill and after every
     // round); the host says when to go on and when to stop again.
-    let guest = "touch /tmp/pause; \
-                 (swap-check 160 --rounds 3 --pause-file /tmp/pause; echo \"exit $?\") & \
-                 while read l; do case $l in go) rm -f /tmp/pause ;; stop) touch /tmp/pause ;; \
-                 end) break ;; esac; done; wait";
+    let guest = format!(
+        "touch /tmp/pause; \
+         (swap-check 160 --rounds 3 --pause-file /tmp/pause; echo \"exit $?\") & \
+         while read l; do case $l in go) rm -f /tmp/pause ;; stop) touch /tmp/pause ;; \
+         vmstat) {VMSTAT} ;; end) break ;; esac; done; wait"
+    );
+    // A real Prometheus scrapes the VM (docs/metrics.md).
+    let metrics = SocketAddr::from((Ipv4Addr::LOCALHOST, free_loopback_port().unwrap()));
+    let prometheus = Prometheus::start(&[metrics]).unwrap_or_else(|e| panic!("{e}"));
+    let metrics_addr = metrics.to_string();
     let mut vm = LiveVm::start(&[
         "--name",
         &name,
+        "--metrics",
+        &metrics_addr,
         "--mem",
         "128M",
         "--symbiotic",
@@ -210,9 +221,19 @@ fn the_cache_shrinks_and_grows_while_the_guest_swaps_and_no_page_is_lost() {
         "--",
         "sh",
         "-c",
-        guest,
+        &guest,
     ]);
     vm.wait_line("swap-check: paused");
+    // What the guest kernel swapped out so far went through the bypass, as scraped.
+    vm.send("vmstat");
+    let pout = fields(&vm.wait_prefix("vmstat"))["pswpout"];
+    assert!(pout > 1000, "the fill swapped: {pout}");
+    let q = format!("vmsight_swap_out_pages_total{{vm=\"{name}\",path=\"bypass\"}}");
+    prometheus
+        .wait_for(&q, Duration::from_secs(60), |s| {
+            s.len() == 1 && s[0].value >= 0.99 * pout as f64
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
     let before = swap_cmd(&name, &["status"]);
     assert!(n(&before, "cache_used_pages") > 16 << 8, "{before}");
     // Shrink to 16 MiB: the evictor moves the coldest pages to the swap file.

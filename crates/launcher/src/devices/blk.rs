@@ -189,7 +189,7 @@ impl Device for BlkDevice {
 }
 
 /// The backend's counters as metric samples (names in docs/metrics.md).
-fn block_samples(m: &BlockMetrics, capacity: u64) -> Vec<Sample> {
+pub(super) fn block_samples(m: &BlockMetrics, capacity: u64) -> Vec<Sample> {
     let s = m.snapshot();
     let mut v = Vec::new();
     for (kind, n, bytes) in [

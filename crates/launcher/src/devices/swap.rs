@@ -158,11 +158,17 @@ impl Device for SwapDevice {
 
     fn metrics(&self) -> DeviceMetrics {
         let svc = self.svc.clone();
+        let m = self.metrics.clone();
+        let capacity = svc.spec().size;
         DeviceMetrics {
             kind: ENTRY.kind,
             id: self.id(),
             disk: Some(self.index),
-            samples: Arc::new(move || samples(&svc.report())),
+            samples: Arc::new(move || {
+                let mut v = blk::block_samples(&m, capacity);
+                v.extend(samples(&svc.report()));
+                v
+            }),
             stages: self.stages.clone(),
         }
     }
