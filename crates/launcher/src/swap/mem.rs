@@ -1,7 +1,8 @@
 //! Growing a thrashing guest (`--swap ...,grow=SIZE`): a virtio-mem device whose requested
 //! size vmsight raises through QMP while the guest swaps in heavily and the host has memory
-//! to spare, and lowers again once the guest has that much memory free and stopped swapping
-//! (docs/swapbypass.md, "Adding memory").
+//! to spare (a quarter of `grow=` per step, or at once what the guest has swapped out when
+//! SymSpy says), and lowers it again a step at a time once the guest has that much memory free
+//! and stopped swapping (docs/swapbypass.md).
 //!
 //! The policy is deliberately simple and its inputs are all independent of the guest module's
 //! honesty for safety: swap-in rate from vmsight's own counters (block reads plus the
@@ -76,6 +77,8 @@ pub struct Look {
     pub host_available: u64,
     /// The guest's MemAvailable, bytes (SymSpy), if known.
     pub guest_available: Option<u64>,
+    /// Swap the guest has in use, bytes (SymSpy), if known: how much memory it is short of.
+    pub guest_swap_used: Option<u64>,
     /// Pages in the swap cache.
     pub cache_used: u64,
 }
@@ -97,7 +100,13 @@ impl Policy {
         if l.swapin_per_s >= THRASH_PAGES_PER_S {
             self.calm = 0;
             let room = self.max - self.requested;
-            let step = self.step.min(room);
+            // At least a step; as much as the guest has swapped out when it says (its
+            // shortfall), in whole blocks.
+            let want = l
+                .guest_swap_used
+                .map_or(self.step, |u| u.div_ceil(BLOCK) * BLOCK)
+                .max(self.step);
+            let step = want.min(room);
             if step > 0 && l.host_available >= step + HOST_RESERVE {
                 self.requested += step;
                 return Decision::Request(self.requested);
@@ -192,6 +201,7 @@ fn run(max: u64, path: &Path, source: &Source, report: &Mutex<MemReport>, stop: 
             swapin_per_s: now.1.saturating_sub(last.1) as f64 / secs,
             host_available: host_available(),
             guest_available: guest_available(&r),
+            guest_swap_used: r.guest_swap_used_kib.map(|k| k << 10),
             cache_used: r.cache_used_pages,
         };
         last = now;
@@ -281,6 +291,7 @@ mod tests {
             swapin_per_s: rate,
             host_available: 8 << 30,
             guest_available: guest_mib.map(|m| m << 20),
+            guest_swap_used: None,
             cache_used: 100,
         }
     }
@@ -297,6 +308,15 @@ mod tests {
             Decision::Stay,
             "at the limit"
         );
+    }
+
+    #[test]
+    fn a_guest_that_says_how_much_it_swapped_gets_that_much_at_once() {
+        let mut p = Policy::new(1 << 30);
+        let mut l = look(5000.0, Some(10));
+        l.guest_swap_used = Some((600 << 20) + 1);
+        assert_eq!(p.decide(&l), Decision::Request((600 << 20) + BLOCK));
+        assert_eq!(p.decide(&l), Decision::Request(1 << 30), "capped by grow=");
     }
 
     #[test]
