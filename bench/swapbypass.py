@@ -1,0 +1,528 @@
+#!/usr/bin/env python3
+"""SwapBypass (SymCall paper §6-§7.2 shape): a 256 MB guest with 512 MB of swap, running
+workloads bigger than its memory, with its swap served five ways.
+
+  bench/swapbypass.py [--reps 3] [--quick] [--workloads stream:300,gups:256,memperf:256]
+                      [--configs hdd,ramdisk,zram,ideal,bypass]
+                      [--cache-sizes 0,64M,128M,256M,512M] [--mem 256M] [--swap-size 512M]
+                      [--ideal-mem 1G] [--timeout 1800] [--data canonical|random] [--nohuge]
+                      [--zram-comp ALG] [--args NAME=ARGS ...] [--json FILE]
+
+Configurations, one VM (2 vCPUs) per configuration, workload and repetition, interleaved
+within each repetition:
+  hdd      --swap SWAP,cache=0 --disk-model hdd: every swap I/O reaches the swap file through a
+           model of a hard disk (the paper's disk-model baseline)
+  ramdisk  --swap SWAP,cache=SWAP: the whole swap disk in vmsight's host swap cache, reached
+           through the guest's block path (the paper's RAM-disk baseline)
+  zram     no --swap; the guest makes compressed in-memory swap of SWAP itself (zram, the
+           kernel's default compressor unless --zram-comp): what a guest can do alone
+  ideal    --mem IDEAL, no swap: the workload fits in memory
+  bypass   --symbiotic --swap SWAP,cache=C for every C in --cache-sizes (the paper's x-axis):
+           the guest module swaps through shared memory without block I/O; pages beyond the
+           host cache C go to the swap file
+  grow     --symbiotic --swap SWAP,cache=SWAP,grow=IDEAL-MEM: the bypass, and vmsight adds
+           guest memory through virtio-mem while the guest thrashes (not in the default list
+           of the paper's configurations, which is --configs' default plus grow)
+Workloads (guest/progs; every one validates its data at the end, so a page that swap brought
+back wrong fails the run): `stream MIB` (STREAM's four kernels over three arrays of MIB/3),
+`gups MIB` (HPCC RandomAccess), `memperf MIB` (an ECT-memperf sweep of working sets and
+strides). The guest command prints /proc/vmstat's pswpin/pswpout and the swap lines of
+/proc/meminfo before and after the workload.
+Data: --data canonical (the default) starts the workloads from their benchmarks' own values,
+as the paper ran them (STREAM's constant arrays, HPCC's table[i] = i, memperf's words their
+index: the programs' `--canonical`); --data
+random from hashes that do not compress. Only zram cares: canonical STREAM pages are one value
+repeated, which zram stores as a single word (its best case), while with random data every
+page zram stores still takes a whole page of guest memory, so it cannot hold a working set
+bigger than memory at all (expect the OOM killer or a timeout). SwapBypass, the RAM disk and
+the disk model move the same bytes either way.
+
+Measured per run: the wall time of `vmsight run` on the host (boot included), the workload's
+own seconds as it prints them (inside the guest, without boot, fills and checks: the speedups
+use these), the host CPU seconds of vmsight + QEMU (getrusage of the children), the guest's
+pswpin/pswpout deltas and vmsight's swap counters (`--stats-json`, key `swap`; a counter the
+running vmsight does not report is left blank). A run that exceeds --timeout is killed and
+shown as ">T"; the script goes on.
+Then, per workload: each bypass cache size's speedup over ramdisk, hdd and zram and its ratio
+to ideal, and the paper's goals with met/missed: Stream 11.5x over the RAM disk and 32.4x over
+the disk model, GUPS 15.4x, memperf 30.9x (no baseline is named for these two here: each is
+checked against both, the RAM disk being the stricter), and within 1.2x of ideal once the host
+cache covers the working set (C >= the workload's MiB). Against a baseline that timed out only
+a bound in wall-time terms is known (timeout / the bypass run's wall time), shown as ">Nx".
+
+--quick is a smoke run: 1 repetition, a 128 MB guest (vmsight's smallest) with 256 MB of swap,
+192 MiB workloads and caches 0,32M,64M,128M,256M (explicit options still win). VMSIGHT names the vmsight binary
+(default target/release/vmsight).
+"""
+import argparse
+import json
+import math
+import os
+import re
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
+import peers  # noqa: E402
+
+VMSIGHT = os.environ.get("VMSIGHT", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "target",
+                                                 "release", "vmsight"))
+# The workload's own timing field (in-guest seconds, without boot, fills and checks).
+GUEST_SECONDS = {"stream": "seconds", "gups": "seconds", "memperf": "total_seconds", "swap-check": None}
+# The paper's speedups (§7.2): (workload, baseline, factor).
+GOALS = [("stream", "ramdisk", 11.5), ("stream", "hdd", 32.4),
+         ("gups", "ramdisk", 15.4), ("gups", "hdd", 15.4),
+         ("memperf", "ramdisk", 30.9), ("memperf", "hdd", 30.9)]
+IDEAL_GOAL = 1.2
+SWAP_FIELDS = ["guest_pswpin", "guest_pswpout", "bypass_stores", "bypass_loads", "bypass_load_misses",
+               "block_reads", "block_writes", "cache_hits", "cache_misses", "evictions", "cache_limit_pages",
+               "cache_used_pages"]
+STATS_PLACEHOLDER = "STATS.json"
+
+
+def parse_mib(s):
+    """'512M' -> 512, '1G' -> 1024, '64' -> 64 (MiB), '0' -> 0."""
+    m = re.fullmatch(r"(\d+)([MmGg]?)(i?[Bb])?", s.strip())
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a size in MiB (like 512M or 1G): {s!r}")
+    n = int(m.group(1))
+    return n * 1024 if m.group(2) in ("G", "g") else n
+
+
+def size_text(mib):
+    return "0" if mib == 0 else (f"{mib // 1024}G" if mib % 1024 == 0 else f"{mib}M")
+
+
+def check_vmsight(need_swap):
+    """Fails loudly unless VMSIGHT is a vmsight whose `run` has the options used here."""
+    if not (os.path.isfile(VMSIGHT) and os.access(VMSIGHT, os.X_OK)):
+        sys.exit(f"swapbypass.py: no vmsight binary at {VMSIGHT}: build it (cargo build --release) "
+                 "or point VMSIGHT at one")
+    r = subprocess.run([VMSIGHT, "run", "--help"], capture_output=True, text=True)
+    missing = [o for o in (["--swap"] if need_swap else []) + ["--stats-json", "--mem"] if o not in r.stdout]
+    if r.returncode != 0 or missing:
+        sys.exit(f"swapbypass.py: {VMSIGHT} run --help does not offer {', '.join(missing) or 'its options'} "
+                 f"(exit status {r.returncode}): this vmsight has no SwapBypass swap disk")
+
+
+# --- configurations ------------------------------------------------------------------------
+
+def configs(a):
+    """[(key, label, cache text, vmsight options, mem MiB, guest prefix script)] in run order."""
+    swap = size_text(a.swap_size)
+    out = []
+    for name in a.configs:
+        if name == "hdd":
+            out.append(("hdd", "hdd", "0", ["--swap", f"{swap},cache=0", "--disk-model", "hdd"], a.mem, ""))
+        elif name == "ramdisk":
+            out.append(("ramdisk", "ramdisk", swap, ["--swap", f"{swap},cache={swap}"], a.mem, ""))
+        elif name == "zram":
+            comp = f"echo {a.zram_comp} > /sys/block/zram0/comp_algorithm && " if a.zram_comp else ""
+            prefix = (f"{{ modprobe zram && {comp}echo {swap} > /sys/block/zram0/disksize && "
+                      "mkswap /dev/zram0 >/dev/null && swapon /dev/zram0; } || "
+                      "{ echo 'swapbench: zram setup failed' >&2; exit 98; }; "
+                      "echo swapbench zram $(cat /sys/block/zram0/comp_algorithm); ")
+            out.append(("zram", "zram", "-", [], a.mem, prefix))
+        elif name == "ideal":
+            out.append(("ideal", "ideal", "-", [], a.ideal_mem, ""))
+        elif name == "grow":
+            grow = max(2, a.ideal_mem - a.mem) // 2 * 2
+            out.append(("grow", "grow", swap,
+                        ["--symbiotic", "--swap", f"{swap},cache={swap},grow={grow}M"], a.mem, ""))
+        elif name == "bypass":
+            for c in a.cache_sizes:
+                out.append((f"bypass-{size_text(c)}", "bypass", size_text(c),
+                            ["--symbiotic", "--swap", f"{swap},cache={size_text(c)}"], a.mem, ""))
+        else:
+            sys.exit(f"swapbypass.py: unknown configuration {name!r} (hdd, ramdisk, zram, ideal, bypass, grow)")
+    return out
+
+
+def guest_script(prefix, workload_cmd, zram):
+    """The guest command: swap statistics around the workload; the workload's exit status."""
+    vm = 'echo swapbench vmstat $(grep -E "^pswp(in|out) " /proc/vmstat)'
+    mi = 'echo swapbench meminfo $(grep -E "^(MemTotal|SwapTotal|SwapFree):" /proc/meminfo)'
+    after = f"{vm}; {mi}; " + ("echo swapbench zram_mm_stat $(cat /sys/block/zram0/mm_stat); " if zram else "")
+    return f"{prefix}{vm}; {mi}; {workload_cmd}; rc=$?; {after}exit $rc"
+
+
+def vm_argv(cfg, stats, script):
+    _, _, _, opts, mem, _ = cfg
+    return [VMSIGHT, "run", "--mem", f"{mem}M", "--vcpus", "2", "--stats-json", stats, *opts,
+            "--", "sh", "-c", script]
+
+
+# --- one run -------------------------------------------------------------------------------
+
+def run_vm(argv, timeout):
+    """Runs argv in its own process group; returns (status, stdout, stderr, wall s, CPU s,
+    timed out). On timeout the group gets SIGTERM, then SIGKILL 30 s later."""
+    c0 = peers.children_cpu_s()
+    t0 = time.monotonic()
+    p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, errors="replace", start_new_session=True)
+    timed_out = False
+
+    def kill(sig):
+        try:
+            os.killpg(p.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        kill(signal.SIGTERM)
+        try:
+            out, err = p.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            kill(signal.SIGKILL)
+            out, err = p.communicate()
+    except BaseException:  # ^C: the VM is in its own process group, so stop it here
+        kill(signal.SIGKILL)
+        p.wait()
+        raise
+    wall = time.monotonic() - t0
+    return p.returncode, out, err, wall, peers.children_cpu_s() - c0, timed_out
+
+
+def kv(line):
+    """'prog a=1 b=x' -> {'a': 1.0, 'b': 'x'}."""
+    d = {}
+    for tok in line.split()[1:]:
+        if "=" not in tok:
+            d.setdefault("tag", tok)  # swap-check's OK or BAD
+        else:
+            k, v = tok.split("=", 1)
+            try:
+                d[k] = float(v)
+            except ValueError:
+                d[k] = v
+    return d
+
+
+def parse_output(prog, stdout):
+    vmstat, meminfo, res, zram = [], [], None, {}
+    for line in stdout.splitlines():
+        w = line.split()
+        if line.startswith("swapbench vmstat"):
+            vmstat.append({w[i]: int(w[i + 1]) for i in range(2, len(w) - 1, 2)})
+        elif line.startswith("swapbench meminfo"):
+            meminfo.append({w[i].rstrip(":"): int(w[i + 1]) for i in range(2, len(w) - 2, 3)})
+        elif line.startswith("swapbench zram_mm_stat") and len(w) >= 4:
+            # orig_data_size compr_data_size mem_used_total mem_limit mem_used_max same_pages ...
+            zram.update(orig_kib=int(w[2]) // 1024, compr_kib=int(w[3]) // 1024)
+            if len(w) >= 8:
+                zram.update(mem_used_max_kib=int(w[6]) // 1024, same_pages=int(w[7]))
+        elif line.startswith("swapbench zram "):
+            zram["comp_algorithm"] = " ".join(w[2:])
+        elif line.startswith(prog + " ") and "=" in line:
+            res = kv(line)
+    out = {"result": res, "zram": zram or None,
+           "meminfo_before": meminfo[0] if meminfo else None}
+    if len(vmstat) >= 2:
+        out["pswpin"] = vmstat[-1].get("pswpin", 0) - vmstat[0].get("pswpin", 0)
+        out["pswpout"] = vmstat[-1].get("pswpout", 0) - vmstat[0].get("pswpout", 0)
+    return out
+
+
+def valid(prog, res):
+    if not res:
+        return False
+    if prog == "gups":
+        return res.get("errors") == 0
+    if prog == "swap-check":
+        return res.get("tag") == "OK"
+    return res.get("valid") == 1
+
+
+def one_run(cfg, wl, rep, a, shown):
+    key, label, cache, _, mem, prefix = cfg
+    prog, mib, extra = wl
+    cmd = " ".join([prog, str(mib), *extra])
+    script = guest_script(prefix, cmd, label == "zram")
+    work = tempfile.mkdtemp(prefix="bench-swapbypass-")
+    try:
+        stats_path = os.path.join(work, "stats.json")
+        argv = vm_argv(cfg, stats_path, script)
+        if (key, prog) not in shown:
+            shown.add((key, prog))
+            print(f"# {prog} {key}: {shlex.join(vm_argv(cfg, STATS_PLACEHOLDER, script))}", flush=True)
+        status, out, err, wall, cpu, timed_out = run_vm(argv, a.timeout)
+        stats = {}
+        if os.path.exists(stats_path):
+            try:
+                with open(stats_path) as f:
+                    stats = json.load(f)
+            except (OSError, ValueError) as e:
+                print(f"# {prog} {key}: unreadable --stats-json file: {e}", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if "Usage: vmsight" in err or "unexpected argument" in err:
+        sys.exit(f"swapbypass.py: vmsight rejected the command line of {key}:\n{err.strip()[-2000:]}")
+    parsed = parse_output(prog, out)
+    res = parsed["result"]
+    field = GUEST_SECONDS.get(prog)
+    r = {"workload": prog, "mib": mib, "config": key, "kind": label, "cache": cache, "mem_mib": mem, "rep": rep,
+         "status": status, "timed_out": timed_out, "wall_s": wall, "cpu_s": cpu,
+         "guest_s": res.get(field) if res and field else None,
+         "ok": not timed_out and status == 0 and valid(prog, res),
+         "result": res, "pswpin": parsed.get("pswpin"), "pswpout": parsed.get("pswpout"),
+         "meminfo_before": parsed["meminfo_before"], "zram": parsed["zram"],
+         "swap": stats.get("swap") if isinstance(stats.get("swap"), dict) else None,
+         "boot_seconds": stats.get("boot_seconds"), "stats": stats,
+         "stdout_tail": out[-2000:], "stderr_tail": err[-2000:]}
+    swap_total = (parsed["meminfo_before"] or {}).get("SwapTotal")
+    note = ""
+    if timed_out:
+        note = f" TIMED OUT after {a.timeout:.0f} s"
+    elif status == 127 or f"{prog}: not found" in err:
+        note = f" FAILED (status {status}): is `{prog}` in the guest image? (vmsight image build)"
+    elif status == 98 and "zram setup failed" in err:
+        note = " FAILED: the guest could not set up zram swap"
+    elif not r["ok"]:
+        note = f" FAILED (status {status}, result {res})"
+    if label != "ideal" and swap_total == 0:
+        note += " WARNING: the guest had no swap"
+    sw = r["swap"] or {}
+    def f(x):
+        return fmt(x, 2) or "-"
+    print(f"rep {rep} {prog} {key}: wall {wall:.1f} s, guest {f(r['guest_s'])} s, cpu {cpu:.1f} s, "
+          f"pswpin {f(r['pswpin'])} pswpout {f(r['pswpout'])}, bypass loads {f(sw.get('bypass_loads'))} "
+          f"stores {f(sw.get('bypass_stores'))}, block reads {f(sw.get('block_reads'))} "
+          f"writes {f(sw.get('block_writes'))}{note}", flush=True)
+    if not r["ok"] and not timed_out:
+        tail = "\n".join(("stderr: " + err.strip()[-800:]).splitlines()[-8:])
+        print(f"#   {tail}", flush=True)
+    return r
+
+
+# --- summary -------------------------------------------------------------------------------
+
+def fmt(x, nd=1):
+    if x is None:
+        return ""
+    if isinstance(x, float) and math.isinf(x):
+        return "inf"
+    if isinstance(x, float):
+        return f"{x:.{nd}f}"
+    return str(x)
+
+
+def med(values):
+    vs = [v for v in values if v is not None]
+    return statistics.median(vs) if vs else None
+
+
+def summarize(runs):
+    """Medians of one (workload, config): timeouts count as infinitely slow, failures not at
+    all (a config whose every run failed has no time)."""
+    ok = [r for r in runs if r["ok"]]
+    slow = [r for r in runs if r["timed_out"]]
+    s = {"runs": len(runs), "ok": len(ok), "timed_out": len(slow), "failed": len(runs) - len(ok) - len(slow)}
+    counted = ok + slow
+    s["wall_s"] = med([math.inf if r["timed_out"] else r["wall_s"] for r in counted])
+    s["guest_s"] = med([math.inf if r["timed_out"] else r["guest_s"] for r in counted])
+    s["cpu_s"] = med([r["cpu_s"] for r in runs])
+    for k in ("pswpin", "pswpout"):
+        s[k] = med([r[k] for r in counted])
+    for k in SWAP_FIELDS:
+        s[k] = med([(r["swap"] or {}).get(k) for r in counted])
+    return s
+
+
+def show_time(x, timeout):
+    if x is None:
+        return "FAIL"
+    if math.isinf(x):
+        return f">{timeout:.0f}"
+    return f"{x:.1f}" if x >= 10 else f"{x:.2f}"
+
+
+def ratio(num, den):
+    """num / den with timeouts (inf) and failures (None): None when unknown."""
+    if num is None or den is None or den == 0 or math.isinf(den):
+        return None
+    return num / den
+
+
+def report(a, cfgs, results):
+    summary = {}
+    for prog, mib, _ in a.workloads:
+        rows = {c[0]: summarize([r for r in results if r["workload"] == prog and r["config"] == c[0]]) for c in cfgs}
+        summary[prog] = rows
+        print(f"\n### {prog} {mib} (guest {size_text(a.mem)}, swap {size_text(a.swap_size)}; medians of "
+              f"{a.reps} repetition(s); in-guest s = the workload's own timing)\n")
+        print("| config | cache | runs ok | wall s | in-guest s | host CPU s | pswpin | pswpout | bypass loads "
+              "| bypass stores | bypass load misses | block reads | block writes | cache hits | cache misses "
+              "| evictions |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for key, label, cache, _, _, _ in cfgs:
+            s = rows[key]
+            cells = [key, cache, f"{s['ok']}/{s['runs']}", show_time(s["wall_s"], a.timeout),
+                     "" if not GUEST_SECONDS[prog] else
+                     show_time(s["guest_s"], a.timeout) if s["ok"] or s["timed_out"] else "FAIL",
+                     fmt(s["cpu_s"]), fmt(s["pswpin"], 0), fmt(s["pswpout"], 0)]
+            cells += [fmt(s[k], 0) for k in ("bypass_loads", "bypass_stores", "bypass_load_misses", "block_reads",
+                                             "block_writes", "cache_hits", "cache_misses", "evictions")]
+            print("| " + " | ".join(cells) + " |")
+
+        byp = [(c[0], parse_mib(c[2])) for c in cfgs if c[1] in ("bypass", "grow")]
+        if not byp or not GUEST_SECONDS[prog]:
+            continue  # (swap-check prints no timing of its own: the table above is all)
+        base = {k: rows[k] for k in ("ramdisk", "hdd", "zram", "ideal") if k in rows}
+        print(f"\n| {prog}: bypass config | in-guest s | speedup over ramdisk | over hdd | over zram | "
+              "/ ideal |")
+        print("|---|---|---|---|---|---|")
+        for key, cache_mib in byp:
+            g = rows[key]["guest_s"]
+            cells = [key, show_time(g, a.timeout) if g is not None else "FAIL"]
+            for b in ("ramdisk", "hdd", "zram"):
+                cells.append(speedup_text(base.get(b), rows[key], a.timeout))
+            ideal = base.get("ideal")
+            r = ratio(g, ideal["guest_s"]) if ideal else None
+            cells.append(f"{r:.2f}x" if r is not None else "")
+            print("| " + " | ".join(cells) + " |")
+
+        goals = [(b, f) for w, b, f in GOALS if w == prog]
+        if goals or "ideal" in base:
+            print(f"\n| {prog}: paper's goal | best measured | config | met |")
+            print("|---|---|---|---|")
+        for b, f in goals:
+            best, at = None, None
+            for key, cache_mib in byp:
+                sp = speedup_value(base.get(b), rows[key], a.timeout)
+                if sp is not None and (best is None or sp[0] > best[0]):
+                    best, at = sp, key
+            if best is None:
+                print(f"| >= {f}x over {b} | unknown | | unknown |")
+            else:
+                v, bound = best
+                shown = f">{v:.1f}x (wall, {b} timed out)" if bound else f"{v:.1f}x"
+                met = "met" if v >= f else ("unknown" if bound else "missed")
+                print(f"| >= {f}x over {b} | {shown} | {at} | {met} |")
+        if "ideal" in base:
+            for key, cache_mib in byp:
+                if cache_mib < mib:
+                    continue
+                r = ratio(rows[key]["guest_s"], base["ideal"]["guest_s"])
+                met = "unknown" if r is None else ("met" if r <= IDEAL_GOAL else "missed")
+                print(f"| within {IDEAL_GOAL}x of ideal (cache covers the {mib} MiB) | "
+                      f"{'' if r is None else f'{r:.2f}x'} | {key} | {met} |")
+    return summary
+
+
+def speedup_value(base, s, timeout):
+    """(speedup of s over base in in-guest seconds, is_lower_bound); a timed-out base gives a
+    bound in wall-time terms (timeout / s's wall); None when unknown."""
+    if base is None or s["guest_s"] is None or math.isinf(s["guest_s"]) or base["guest_s"] is None:
+        return None
+    if math.isinf(base["guest_s"]):
+        if s["wall_s"] is None or math.isinf(s["wall_s"]):
+            return None
+        return timeout / s["wall_s"], True
+    return base["guest_s"] / s["guest_s"], False
+
+
+def speedup_text(base, s, timeout):
+    v = speedup_value(base, s, timeout)
+    if v is None:
+        return ""
+    return f">{v[0]:.1f}x (wall)" if v[1] else f"{v[0]:.2f}x"
+
+
+# --- main ----------------------------------------------------------------------------------
+
+def parse_workloads(text, mib_default, extra_args, nohuge, canonical):
+    out = []
+    for item in filter(None, text.split(",")):
+        name, _, mib = item.partition(":")
+        if name not in GUEST_SECONDS:
+            sys.exit(f"swapbypass.py: unknown workload {name!r} (stream, gups, memperf, swap-check)")
+        m = int(mib) if mib else mib_default[name]
+        extra = shlex.split(extra_args.get(name, "")) + (["--nohuge"] if nohuge else [])
+        if canonical and name != "swap-check":
+            extra.append("--canonical")
+        out.append((name, m, extra))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--reps", type=int, help="repetitions (default 3; --quick 1)")
+    ap.add_argument("--quick", action="store_true", help="a smoke run: 1 rep, 128 MB guest, 192 MiB workloads")
+    ap.add_argument("--workloads", help="NAME[:MIB],... (default stream:300,gups:256,memperf:256)")
+    ap.add_argument("--configs", default="hdd,ramdisk,zram,ideal,bypass,grow")
+    ap.add_argument("--cache-sizes", help="bypass host cache sizes (default 0,64M,128M,256M,512M)")
+    ap.add_argument("--mem", type=parse_mib, help="guest memory (default 256M; --quick 128M)")
+    ap.add_argument("--swap-size", type=parse_mib, help="swap size (default 512M; --quick 256M)")
+    ap.add_argument("--ideal-mem", type=parse_mib, default=1024, help="the ideal guest's memory (default 1G)")
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds per run (default 1800)")
+    ap.add_argument("--data", choices=("canonical", "random"), default="canonical",
+                    help="the workloads' start values: the benchmarks' own (compressible) or random")
+    ap.add_argument("--nohuge", action="store_true", help="pass --nohuge to the workloads (no THP)")
+    ap.add_argument("--zram-comp", default="", help="zram compressor (default: the kernel's, lzo-rle)")
+    ap.add_argument("--args", action="append", default=[], metavar="NAME=ARGS",
+                    help="extra arguments for one workload, e.g. 'gups=--updates-per-word 0.03125'")
+    ap.add_argument("--json", help="write every run's raw results (and the medians) to this file")
+    a = ap.parse_args()
+    # The VMs run in process groups of their own (so a timeout can stop QEMU too); a SIGTERM
+    # must unwind through run_vm to stop the current one, as ^C does.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("swapbypass.py: terminated"))
+    q = a.quick
+    a.reps = a.reps if a.reps is not None else (1 if q else 3)
+    a.mem = a.mem if a.mem is not None else (128 if q else 256)
+    a.swap_size = a.swap_size if a.swap_size is not None else (256 if q else 512)
+    try:
+        a.cache_sizes = [parse_mib(c) for c in (a.cache_sizes or ("0,32M,64M,128M,256M" if q else
+                                                                  "0,64M,128M,256M,512M")).split(",")]
+    except argparse.ArgumentTypeError as e:
+        sys.exit(f"swapbypass.py: --cache-sizes: {e}")
+    extra = {}
+    for item in a.args:
+        name, eq, rest = item.partition("=")
+        if not eq:
+            sys.exit(f"swapbypass.py: --args takes NAME=ARGS, not {item!r}")
+        extra[name] = rest
+    mib_default = ({"stream": 192, "gups": 192, "memperf": 192, "swap-check": 192} if q else
+                   {"stream": 300, "gups": 256, "memperf": 256, "swap-check": 300})
+    a.workloads = parse_workloads(a.workloads or "stream,gups,memperf", mib_default, extra, a.nohuge,
+                                  a.data == "canonical")
+    a.configs = [c for c in a.configs.split(",") if c]
+    if a.reps < 1 or a.timeout <= 0 or not a.workloads:
+        sys.exit("swapbypass.py: --reps and --timeout must be positive, --workloads not empty")
+    cfgs = configs(a)
+    check_vmsight(any(c[1] in ("hdd", "ramdisk", "bypass") for c in cfgs))
+
+    with open("/proc/loadavg") as f:
+        print(f"# load before: {f.read().strip()}", flush=True)
+    print(f"# vmsight {VMSIGHT}; {a.reps} repetition(s); timeout {a.timeout:.0f} s per run", flush=True)
+    results, shown = [], set()
+
+    def dump(summary=None):
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump({"args": {k: v for k, v in vars(a).items()}, "runs": results, "summary": summary}, f,
+                          indent=1)
+
+    for rep in range(a.reps):
+        for wl in a.workloads:
+            for cfg in cfgs:
+                results.append(one_run(cfg, wl, rep, a, shown))
+                dump()
+    with open("/proc/loadavg") as f:
+        print(f"# load after: {f.read().strip()}", flush=True)
+    summary = report(a, cfgs, results)
+    dump(summary)
+
+
+if __name__ == "__main__":
+    main()
