@@ -28,11 +28,12 @@ pub const BLOCK: u64 = 2 << 20;
 /// The kernel parameter that makes the guest init load virtio_mem and online new memory.
 pub const KERNEL_ARG: &str = "vmsight.memhp=1";
 /// How often the policy looks.
-const PERIOD: Duration = Duration::from_millis(500);
-/// Swap-ins per second above which the guest is thrashing (4 MiB/s).
+const PERIOD: Duration = Duration::from_millis(250);
+/// Pages swapped in and out per second above which the guest is short of memory (4 MiB/s):
+/// a guest pushing pages out is already paying for the shortage, before it reads them back.
 const THRASH_PAGES_PER_S: f64 = 1024.0;
-/// Looks in a row that must agree before memory is removed.
-const CALM_LOOKS: u32 = 6;
+/// Looks in a row that must agree before memory is removed (3 s).
+const CALM_LOOKS: u32 = 12;
 /// Host memory that must stay available after a grow.
 const HOST_RESERVE: u64 = 512 << 20;
 
@@ -71,8 +72,8 @@ pub struct Policy {
 /// One look's inputs.
 #[derive(Debug, Clone, Copy)]
 pub struct Look {
-    /// Pages swapped in per second since the last look.
-    pub swapin_per_s: f64,
+    /// Pages swapped in and out per second since the last look.
+    pub swap_per_s: f64,
     /// Host MemAvailable, bytes.
     pub host_available: u64,
     /// The guest's MemAvailable, bytes (SymSpy), if known.
@@ -97,7 +98,7 @@ impl Policy {
 
     /// Decides from one look.
     pub fn decide(&mut self, l: &Look) -> Decision {
-        if l.swapin_per_s >= THRASH_PAGES_PER_S {
+        if l.swap_per_s >= THRASH_PAGES_PER_S {
             self.calm = 0;
             let room = self.max - self.requested;
             // At least a step; as much as the guest has swapped out when it says (its
@@ -113,7 +114,7 @@ impl Policy {
             }
             return Decision::Stay;
         }
-        if self.requested == 0 || l.swapin_per_s > 0.0 {
+        if self.requested == 0 || l.swap_per_s > 0.0 {
             self.calm = 0;
             return Decision::Stay;
         }
@@ -191,14 +192,14 @@ fn run(max: u64, path: &Path, source: &Source, report: &Mutex<MemReport>, stop: 
         return;
     };
     let mut policy = Policy::new(max);
-    let mut last = (Instant::now(), swapins(&source()));
+    let mut last = (Instant::now(), swapped(&source()));
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(PERIOD);
         let r = source();
-        let now = (Instant::now(), swapins(&r));
+        let now = (Instant::now(), swapped(&r));
         let secs = now.0.duration_since(last.0).as_secs_f64().max(1e-3);
         let look = Look {
-            swapin_per_s: now.1.saturating_sub(last.1) as f64 / secs,
+            swap_per_s: now.1.saturating_sub(last.1) as f64 / secs,
             host_available: host_available(),
             guest_available: guest_available(&r),
             guest_swap_used: r.guest_swap_used_kib.map(|k| k << 10),
@@ -217,8 +218,9 @@ fn run(max: u64, path: &Path, source: &Source, report: &Mutex<MemReport>, stop: 
     }
 }
 
-fn swapins(r: &SwapReport) -> u64 {
-    r.block_reads + r.bypass_loads
+/// Pages swapped in and out so far, by either path.
+fn swapped(r: &SwapReport) -> u64 {
+    r.block_reads + r.block_writes + r.bypass_loads + r.bypass_stores
 }
 
 /// The guest's MemAvailable from SymSpy (absent without the module).
@@ -288,7 +290,7 @@ mod tests {
 
     fn look(rate: f64, guest_mib: Option<u64>) -> Look {
         Look {
-            swapin_per_s: rate,
+            swap_per_s: rate,
             host_available: 8 << 30,
             guest_available: guest_mib.map(|m| m << 20),
             guest_swap_used: None,
