@@ -69,6 +69,10 @@ pub struct SwapReport {
     pub guest_pswpout: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guest_swap_used_kib: Option<u64>,
+    /// The guest's swap device on vmsight's swap disk as the guest kernel lists it (SymSpy):
+    /// its path, swap type (the index in the guest's swap entries), priority and use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest_swap_device: Option<crate::sym::SwapDevice>,
     /// The guest's MemAvailable (SymSpy).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guest_mem_available_kib: Option<u64>,
@@ -134,6 +138,12 @@ impl SwapReport {
         }
         if let (Some(i), Some(o)) = (self.guest_pswpin, self.guest_pswpout) {
             s.push_str(&format!("; guest pswpin {i} pswpout {o}"));
+        }
+        if let Some(d) = &self.guest_swap_device {
+            s.push_str(&format!(
+                "; guest swaps on {} (swap type {}, priority {}, {} KiB used)",
+                d.path, d.kind, d.prio, d.used_kib
+            ));
         }
         if let Some(m) = &self.mem {
             s.push_str(&format!(

@@ -221,6 +221,18 @@ impl SwapService {
             r.guest_swap_used_kib =
                 Some(spy.mem.swap_total_kib.saturating_sub(spy.mem.swap_free_kib));
             r.guest_mem_available_kib = Some(spy.mem.mem_available_kib);
+            // The guest's swap on vmsight's disk: the bypass device, or the disk itself
+            // (whose name vmsight cannot know; it is the one of the swap disk's size).
+            r.guest_swap_device = spy
+                .swaps
+                .iter()
+                .find(|d| d.path == "/dev/vmswap0")
+                .or_else(|| {
+                    spy.swaps
+                        .iter()
+                        .find(|d| d.blockdev && d.size_kib + 4 == self.spec.size >> 10)
+                })
+                .cloned();
         }
         r.with_hit_rate()
     }
