@@ -34,6 +34,9 @@ const PERIOD: Duration = Duration::from_millis(250);
 const THRASH_PAGES_PER_S: f64 = 1024.0;
 /// Looks in a row that must agree before memory is removed (3 s).
 const CALM_LOOKS: u32 = 12;
+/// Looks in a row above the threshold before memory is added (a burst, like the kernel
+/// probing a new disk at boot, is not a shortage).
+const HOT_LOOKS: u32 = 2;
 /// Host memory that must stay available after a grow.
 const HOST_RESERVE: u64 = 512 << 20;
 
@@ -67,6 +70,7 @@ pub struct Policy {
     pub step: u64,
     pub requested: u64,
     calm: u32,
+    hot: u32,
 }
 
 /// One look's inputs.
@@ -93,6 +97,7 @@ impl Policy {
             step,
             requested: 0,
             calm: 0,
+            hot: 0,
         }
     }
 
@@ -100,6 +105,10 @@ impl Policy {
     pub fn decide(&mut self, l: &Look) -> Decision {
         if l.swap_per_s >= THRASH_PAGES_PER_S {
             self.calm = 0;
+            self.hot += 1;
+            if self.hot < HOT_LOOKS {
+                return Decision::Stay;
+            }
             let room = self.max - self.requested;
             // At least a step; as much as the guest has swapped out when it says (its
             // shortfall), in whole blocks.
@@ -114,6 +123,7 @@ impl Policy {
             }
             return Decision::Stay;
         }
+        self.hot = 0;
         if self.requested == 0 || l.swap_per_s > 0.0 {
             self.calm = 0;
             return Decision::Stay;
@@ -218,9 +228,13 @@ fn run(max: u64, path: &Path, source: &Source, report: &Mutex<MemReport>, stop: 
     }
 }
 
-/// Pages swapped in and out so far, by either path.
+/// Pages swapped in and out so far: the guest kernel's own count when SymSpy gives it, else
+/// the swap disk's traffic by either path (which includes the kernel probing the disk).
 fn swapped(r: &SwapReport) -> u64 {
-    r.block_reads + r.block_writes + r.bypass_loads + r.bypass_stores
+    match (r.guest_pswpin, r.guest_pswpout) {
+        (Some(i), Some(o)) => i + o,
+        _ => r.block_reads + r.block_writes + r.bypass_loads + r.bypass_stores,
+    }
 }
 
 /// The guest's MemAvailable from SymSpy (absent without the module).
@@ -301,6 +315,11 @@ mod tests {
     #[test]
     fn thrashing_grows_in_steps_up_to_the_limit() {
         let mut p = Policy::new(1 << 30);
+        assert_eq!(
+            p.decide(&look(5000.0, None)),
+            Decision::Stay,
+            "one look is a burst"
+        );
         assert_eq!(p.decide(&look(5000.0, None)), Decision::Request(256 << 20));
         assert_eq!(p.decide(&look(5000.0, None)), Decision::Request(512 << 20));
         p.decide(&look(5000.0, None));
@@ -317,6 +336,7 @@ mod tests {
         let mut p = Policy::new(1 << 30);
         let mut l = look(5000.0, Some(10));
         l.guest_swap_used = Some((600 << 20) + 1);
+        p.decide(&l);
         assert_eq!(p.decide(&l), Decision::Request((600 << 20) + BLOCK));
         assert_eq!(p.decide(&l), Decision::Request(1 << 30), "capped by grow=");
     }
@@ -327,11 +347,13 @@ mod tests {
         let mut l = look(5000.0, None);
         l.host_available = 600 << 20;
         assert_eq!(p.decide(&l), Decision::Stay);
+        assert_eq!(p.decide(&l), Decision::Stay);
     }
 
     #[test]
     fn memory_goes_back_only_after_a_calm_stretch_with_room_in_the_guest() {
         let mut p = Policy::new(512 << 20);
+        p.decide(&look(5000.0, None));
         p.decide(&look(5000.0, None));
         assert_eq!(p.requested, 128 << 20);
         // Still swapping a little: nothing moves.
@@ -351,6 +373,7 @@ mod tests {
     #[test]
     fn without_the_module_memory_goes_back_once_the_cache_is_empty() {
         let mut p = Policy::new(256 << 20);
+        p.decide(&look(5000.0, None));
         p.decide(&look(5000.0, None));
         let mut l = look(0.0, None);
         for _ in 0..CALM_LOOKS {
