@@ -33,16 +33,12 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include "memwork.h"
+
 #define PROG "gups"
 #define POLY 0x0000000000000007ULL
 #define PERIOD 1317624576693539401LL
 #define STREAMS 128
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static inline uint64_t step(uint64_t ran) {
     return (ran << 1) ^ ((int64_t)ran < 0 ? POLY : 0);
@@ -85,13 +81,7 @@ static int canonical;
 static uint64_t start_word(uint64_t i) {
     if (canonical)
         return i;
-    uint64_t x = i * 0x9e3779b97f4a7c15ULL + 0x47555053ULL;
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ULL;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebULL;
-    x ^= x >> 31;
-    return x;
+    return memwork_mix64(i * 0x9e3779b97f4a7c15ULL + 0x47555053ULL);
 }
 
 static void usage(void) {
@@ -152,10 +142,10 @@ int main(int argc, char **argv) {
         fprintf(stderr, PROG ": madvise(MADV_NOHUGEPAGE): %s (going on)\n", strerror(errno));
     uint64_t mask = words - 1;
 
-    double t0 = now();
+    double t0 = memwork_now();
     for (uint64_t i = 0; i < words; i++)
         table[i] = start_word(i);
-    double t1 = now();
+    double t1 = memwork_now();
     uint64_t ran[STREAMS];
     for (int j = 0; j < STREAMS; j++)
         ran[j] = hpcc_starts((int64_t)(updates / STREAMS * (uint64_t)j));
@@ -164,7 +154,7 @@ int main(int argc, char **argv) {
             ran[j] = step(ran[j]);
             table[ran[j] & mask] ^= ran[j];
         }
-    double t2 = now();
+    double t2 = memwork_now();
 
     uint64_t temp = 0x1, errors = 0;
     for (uint64_t i = 0; i < updates; i++) {
@@ -173,7 +163,7 @@ int main(int argc, char **argv) {
     }
     for (uint64_t i = 0; i < words; i++)
         errors += table[i] != start_word(i);
-    double t3 = now();
+    double t3 = memwork_now();
 
     if (errors)
         fprintf(stderr, PROG ": %llu of %llu words wrong after undoing the updates (corrupted "

@@ -29,31 +29,18 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
+
+#include "memwork.h"
 #include <unistd.h>
 
 #define PROG "memperf"
 #define MAX_LIST 32
 #define RAND_STRIDE 0 /* a stride of 0 bytes stands for "rand" */
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static uint64_t mix64(uint64_t x) {
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ULL;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebULL;
-    x ^= x >> 31;
-    return x;
-}
-
 static int canonical;
 
 static uint64_t start_word(uint64_t i) {
-    return canonical ? i : mix64(i * 0x9e3779b97f4a7c15ULL + 0x4d454d50ULL);
+    return canonical ? i : memwork_mix64(i * 0x9e3779b97f4a7c15ULL + 0x4d454d50ULL);
 }
 
 static void usage(void) {
@@ -154,10 +141,10 @@ int main(int argc, char **argv) {
     if (nohuge && madvise(mem, bytes, MADV_NOHUGEPAGE) != 0)
         fprintf(stderr, PROG ": madvise(MADV_NOHUGEPAGE): %s (going on)\n", strerror(errno));
 
-    double t0 = now();
+    double t0 = memwork_now();
     for (size_t i = 0; i < words; i++)
         mem[i] = start_word(i);
-    double init = now() - t0, total = 0;
+    double init = memwork_now() - t0, total = 0;
     uint64_t rng = 0x6d656d70ULL;
 
     for (int a = 0; a < nws; a++) {
@@ -170,27 +157,27 @@ int main(int argc, char **argv) {
                     perm[i] = (uint32_t)i;
                 for (size_t i = ws_pages - 1; i > 0; i--) {
                     rng += 0x9e3779b97f4a7c15ULL;
-                    size_t j = (size_t)(mix64(rng) % (i + 1));
+                    size_t j = (size_t)(memwork_mix64(rng) % (i + 1));
                     uint32_t t = perm[i];
                     perm[i] = perm[j];
                     perm[j] = t;
                 }
                 accesses = ws_pages;
-                t1 = now();
+                t1 = memwork_now();
                 for (long p = 0; p < passes; p++)
                     for (size_t i = 0; i < ws_pages; i++) {
                         size_t pg = perm[i];
                         mem[pg * wpp + ((pg * 67) & (wpp - 1))]++;
                     }
-                t2 = now();
+                t2 = memwork_now();
             } else {
                 size_t step = (size_t)strides[b] / sizeof(uint64_t);
                 accesses = (ws_words + step - 1) / step;
-                t1 = now();
+                t1 = memwork_now();
                 for (long p = 0; p < passes; p++)
                     for (size_t w = 0; w < ws_words; w += step)
                         mem[w]++;
-                t2 = now();
+                t2 = memwork_now();
             }
             total += t2 - t1;
             char sname[24];
@@ -206,7 +193,7 @@ int main(int argc, char **argv) {
 
     /* Every word must be its start value plus one per access it received: page by page, the
      * increments each (working set, stride) pair gave the page's words. */
-    double t3 = now();
+    double t3 = memwork_now();
     int valid = 1;
     for (size_t pg = 0; valid && pg < pages; pg++) {
         size_t base = pg * wpp;
@@ -237,6 +224,6 @@ int main(int argc, char **argv) {
             }
     }
     printf(PROG " total_seconds=%.6f valid=%d init_seconds=%.6f check_seconds=%.6f\n", total,
-           valid, init, now() - t3);
+           valid, init, memwork_now() - t3);
     return valid ? 0 : 1;
 }

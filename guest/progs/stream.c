@@ -32,31 +32,18 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include "memwork.h"
+
 #define PROG "stream"
 
 static const double q = 3.0;
 static int canonical;
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static uint64_t mix64(uint64_t x) {
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ULL;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebULL;
-    x ^= x >> 31;
-    return x;
-}
-
 /* A double in [1, 2) with a random 52-bit mantissa. */
 static double start_value(uint64_t salt, size_t i) {
     if (canonical)
         return salt == 1 ? 1.0 : salt == 2 ? 2.0 : 0.0;
-    return 1.0 + (double)(mix64(salt ^ (i * 0x9e3779b97f4a7c15ULL)) >> 12) * 0x1p-52;
+    return 1.0 + (double)(memwork_mix64(salt ^ (i * 0x9e3779b97f4a7c15ULL)) >> 12) * 0x1p-52;
 }
 
 static void usage(void) {
@@ -114,13 +101,13 @@ int main(int argc, char **argv) {
         fprintf(stderr, PROG ": madvise(MADV_NOHUGEPAGE): %s (going on)\n", strerror(errno));
     double *a = mem, *b = mem + n, *cc = mem + 2 * n;
 
-    double t0 = now();
+    double t0 = memwork_now();
     for (size_t i = 0; i < n; i++) {
         a[i] = start_value(1, i);
         b[i] = start_value(2, i);
         cc[i] = start_value(3, i);
     }
-    double t1 = now();
+    double t1 = memwork_now();
     for (long k = 0; k < iters; k++) {
         if (!triad_only) {
             for (size_t i = 0; i < n; i++)
@@ -133,7 +120,7 @@ int main(int argc, char **argv) {
         for (size_t i = 0; i < n; i++)
             a[i] = b[i] + q * cc[i];
     }
-    double t2 = now();
+    double t2 = memwork_now();
 
     /* Replays each element's recurrence from its start value (the same operations in the same
      * order, so normally bit for bit the same). */
@@ -154,7 +141,7 @@ int main(int argc, char **argv) {
             errors++;
         }
     }
-    double t3 = now();
+    double t3 = memwork_now();
     if (errors)
         fprintf(stderr,
                 PROG ": %zu elements wrong, the first at index %zu (array byte offset %zu, "

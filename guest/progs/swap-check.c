@@ -43,6 +43,8 @@
 #include <inttypes.h>
 #include <stdint.h>
 #include <stdio.h>
+
+#include "memwork.h"
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -52,29 +54,20 @@
 
 /* splitmix64's finalizer: a bijective 64-bit mix, good enough that two different inputs never
  * give the same word in practice. */
-static uint64_t mix64(uint64_t x) {
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ULL;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebULL;
-    x ^= x >> 31;
-    return x;
-}
-
 /* The per-(page, version) key; word w of that page is word_of(key, w). */
 static uint64_t page_key(uint64_t seed, uint64_t page, unsigned version) {
-    return mix64(seed ^ mix64((page << 16) ^ version ^ 0x5357415043484b31ULL));
+    return memwork_mix64(seed ^ memwork_mix64((page << 16) ^ version ^ 0x5357415043484b31ULL));
 }
 
 static inline uint64_t word_of(uint64_t key, uint64_t w) {
-    return mix64(key + (w + 1) * 0x9e3779b97f4a7c15ULL);
+    return memwork_mix64(key + (w + 1) * 0x9e3779b97f4a7c15ULL);
 }
 
 static uint64_t rng_state;
 
 static uint64_t rng_next(void) {
     rng_state += 0x9e3779b97f4a7c15ULL;
-    return mix64(rng_state);
+    return memwork_mix64(rng_state);
 }
 
 /* Uniform in [0, n) (n small against 2^64: the modulo bias is negligible here). */
