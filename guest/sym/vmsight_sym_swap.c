@@ -330,59 +330,55 @@ static int vswap_invalidate_locked(struct vswap_region *r, u64 off)
 	return 0;
 }
 
+/* A store or a load under the region's lock: one of the *_locked operations. */
+typedef int (*vswap_locked_op)(struct vswap_region *r, u64 off, struct page *page);
+
+/*
+ * Runs OP on swap page OFF under the region's lock and counts it: DONE when it succeeded,
+ * VSWAP_CORRUPT on -EIO, FAILED (unless it is -1) on any other refusal. -EAGAIN when the
+ * region is gone or its lock stayed busy (the caller uses the lower disk).
+ */
+static int vswap_run(u64 off, struct page *page, vswap_locked_op op, int done, int failed,
+		     const char *what)
+{
+	struct vswap_region *r;
+	unsigned long flags;
+	int err;
+
+	rcu_read_lock();
+	r = vswap_begin(off, &flags);
+	if (!r) {
+		rcu_read_unlock();
+		return -EAGAIN;
+	}
+	err = op(r, off, page);
+	if (!err)
+		vswap_count(done);
+	else if (err == -EIO)
+		vswap_count(VSWAP_CORRUPT);
+	else if (failed >= 0)
+		vswap_count(failed);
+	vswap_unlock(r, flags);
+	rcu_read_unlock();
+	vswap_check(err, what, off);
+	return err;
+}
+
 /*
  * Stores PAGE as swap page OFF. 0 when the region took it; otherwise the caller writes the
  * lower disk. COUNT_FULL: count a full cache (rw_page does not: the bio path retries).
  */
 static int vswap_store(u64 off, struct page *page, bool count_full)
 {
-	struct vswap_region *r;
-	unsigned long flags;
-	int err;
-
-	rcu_read_lock();
-	r = vswap_begin(off, &flags);
-	if (!r) {
-		rcu_read_unlock();
-		return -EAGAIN;
-	}
-	err = vswap_store_locked(r, off, page);
-	if (!err)
-		vswap_count(VSWAP_STORES);
-	else if (err == -EIO)
-		vswap_count(VSWAP_CORRUPT);
-	else if (count_full)
-		vswap_count(VSWAP_STORE_FULL);
-	vswap_unlock(r, flags);
-	rcu_read_unlock();
-	vswap_check(err, "store", off);
-	return err;
+	return vswap_run(off, page, vswap_store_locked, VSWAP_STORES,
+			 count_full ? VSWAP_STORE_FULL : -1, "store");
 }
 
 /* Loads swap page OFF into PAGE. 0 on a hit; otherwise the caller reads the lower disk. */
 static int vswap_load(u64 off, struct page *page, bool count_miss)
 {
-	struct vswap_region *r;
-	unsigned long flags;
-	int err;
-
-	rcu_read_lock();
-	r = vswap_begin(off, &flags);
-	if (!r) {
-		rcu_read_unlock();
-		return -EAGAIN;
-	}
-	err = vswap_load_locked(r, off, page);
-	if (!err)
-		vswap_count(VSWAP_LOADS);
-	else if (err == -EIO)
-		vswap_count(VSWAP_CORRUPT);
-	if (err && count_miss)
-		vswap_count(VSWAP_LOAD_MISSES);
-	vswap_unlock(r, flags);
-	rcu_read_unlock();
-	vswap_check(err, "load", off);
-	return err;
+	return vswap_run(off, page, vswap_load_locked, VSWAP_LOADS,
+			 count_miss ? VSWAP_LOAD_MISSES : -1, "load");
 }
 
 /* Swap page OFF is free. A busy lock skips it: that only wastes the slot until reuse. */
