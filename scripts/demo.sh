@@ -203,3 +203,13 @@ print(next(c["tgid"] for c in json.load(sys.stdin)["guest"]["cpus"] if c["comm"]
 "$VMSIGHT" sym demo-sym call echo 1 --repeat 1000 --transport sync
 "$VMSIGHT" sym demo-sym call echo 1 --repeat 200 --transport doorbell
 kill $pid 2>/dev/null; wait $pid 2>/dev/null || true
+
+echo
+echo "== SwapBypass (--swap, docs/swapbypass.md): a 128 MB guest runs STREAM over 160 MiB. With its"
+echo "   swap on a disk behind an HDD model it thrashes; with the symbiotic module it swaps through"
+echo "   vmsight's shared cache without block I/O, and vmsight adds memory (virtio-mem) while it thrashes"
+"$VMSIGHT" run --name demo-swap --mem 128M --swap 256M,cache=0 --disk-model hdd -- sh -c \
+  'timeout 15 stream 160 --iters 2 >/dev/null || echo "guest: swapping to the modelled HDD, STREAM is not done after 15 s"'
+"$VMSIGHT" run --name demo-swap --mem 128M --symbiotic --swap 256M,grow=256M --stats -- sh -c \
+  'stream 160 --iters 2 | sed "s/^/guest: /"; echo "guest: $(grep -E "^pswp(in|out) " /proc/vmstat | tr "\n" " ")"' \
+  2>&1 | grep -E "^guest:|^  swap " | sed 's/^  //'
