@@ -1,7 +1,7 @@
 //! vhost-user-blk disks: one vmsight block backend per disk (root first), its pipeline built
 //! from the stage registry.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use vmsight_blockdev::{spawn_backend_on, BackendHandle, Backing, BlockMetrics, DiskConfig};
@@ -167,25 +167,39 @@ impl Device for BlkDevice {
     }
 
     fn finish(self: Box<Self>) -> DeviceReport {
-        let error = self
-            .handle
-            .wait()
-            .err()
-            .map(|e| format!("{}: {e}", self.plan.path.display()));
+        let error = backend_error(self.handle, &self.plan.path);
         if self.plan.dedup.is_some() {
             crate::disksource::unregister(&self.plan.path);
         }
-        let mut ds = DiskStats::from_metrics(self.plan.path.clone(), &self.metrics);
-        for (_, m) in &self.stages {
-            ds.stages.insert(m.key().to_owned(), m.snapshot());
-            ds.stage_lines.push(m.summary());
-        }
+        let ds = disk_stats(self.plan.path.clone(), &self.metrics, &self.stages);
         DeviceReport {
             disk: Some(ds),
             error,
             ..DeviceReport::default()
         }
     }
+}
+
+/// Waits for a disk's backend to end and names the disk in its error, if it failed.
+pub(super) fn backend_error(handle: BackendHandle, path: &Path) -> Option<String> {
+    handle
+        .wait()
+        .err()
+        .map(|e| format!("{}: {e}", path.display()))
+}
+
+/// A disk's end-of-run statistics: the backend's counters and each stage's snapshot and summary.
+pub(super) fn disk_stats(
+    path: PathBuf,
+    metrics: &BlockMetrics,
+    stages: &[(&'static str, Arc<dyn StageMetrics>)],
+) -> DiskStats {
+    let mut ds = DiskStats::from_metrics(path, metrics);
+    for (_, m) in stages {
+        ds.stages.insert(m.key().to_owned(), m.snapshot());
+        ds.stage_lines.push(m.summary());
+    }
+    ds
 }
 
 /// The backend's counters as metric samples (names in docs/metrics.md).

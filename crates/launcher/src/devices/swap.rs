@@ -13,7 +13,6 @@ use super::blk::{self, QUEUE_SIZE};
 use super::{Device, DeviceEntry, DeviceEnv, DeviceMetrics, DeviceReport};
 use crate::error::LaunchError;
 use crate::stages::{self, DiskCtx, Sample, StageMetrics};
-use crate::stats::DiskStats;
 use crate::swap::{spec::SERIAL, SwapService};
 
 pub static ENTRY: DeviceEntry = DeviceEntry {
@@ -174,18 +173,10 @@ impl Device for SwapDevice {
     }
 
     fn finish(self: Box<Self>) -> DeviceReport {
-        let error = self
-            .handle
-            .wait()
-            .err()
-            .map(|e| format!("{}: {e}", self.svc.path().display()));
+        let error = blk::backend_error(self.handle, self.svc.path());
         let report = self.svc.report();
         self.svc.shutdown();
-        let mut ds = DiskStats::from_metrics(self.svc.path().to_owned(), &self.metrics);
-        for (_, m) in &self.stages {
-            ds.stages.insert(m.key().to_owned(), m.snapshot());
-            ds.stage_lines.push(m.summary());
-        }
+        let ds = blk::disk_stats(self.svc.path().to_owned(), &self.metrics, &self.stages);
         DeviceReport {
             disk: Some(ds),
             swap: Some(report),
