@@ -158,18 +158,41 @@ pub enum ReplayError {
     /// Writing to the scratch image failed.
     #[error("cannot apply the recording to the scratch image: {0}")]
     Apply(#[source] std::io::Error),
+    /// A frame of the recording cannot be read (truncated, unknown kind, damaged length).
+    #[error("frame {frame} of the recording: {source}")]
+    Damaged {
+        /// Position of the frame in the file, from 1.
+        frame: u64,
+        /// What the reader found (it names the file).
+        #[source]
+        source: RecordingError,
+    },
     /// A write was recorded without its bytes.
     #[error(
-        "event {0} of the recording has no bytes (the tap queue was full); it cannot be replayed"
+        "recording {}: frame {frame} (event {seq}) has no bytes (the tap queue was full); it \
+         cannot be replayed",
+        recording.display()
     )]
-    NoBytes(u64),
+    NoBytes {
+        /// The recording.
+        recording: PathBuf,
+        /// Position of the frame in the file, from 1.
+        frame: u64,
+        /// The event's sequence number.
+        seq: u64,
+    },
     /// An event reaches beyond the base image (a damaged recording, or another image's).
     #[error(
-        "event {seq} of the recording covers bytes {offset}..{end} of a {size}-byte base image \
-         (a damaged recording, or one of another image)"
+        "recording {}: frame {frame} (event {seq}) covers bytes {offset}..{end} of a {size}-byte \
+         base image (a damaged recording, or one of another image)",
+        recording.display()
     )]
     BeyondImage {
-        /// The event.
+        /// The recording.
+        recording: PathBuf,
+        /// Position of the frame in the file, from 1.
+        frame: u64,
+        /// The event's sequence number.
         seq: u64,
         /// Its range.
         offset: u64,
@@ -183,18 +206,38 @@ pub enum ReplayError {
     Output(#[source] std::io::Error),
 }
 
-/// Refuses an event whose range `offset..offset + len` is not inside an image of `size`
-/// bytes: a recording is file input, and a damaged length must not make the replay write or
-/// loop for ever.
-fn within_image(seq: u64, offset: u64, len: u64, size: u64) -> Result<(), ReplayError> {
-    match offset.checked_add(len) {
-        Some(end) if end <= size => Ok(()),
-        end => Err(ReplayError::BeyondImage {
-            seq,
-            offset,
-            end: end.unwrap_or(u64::MAX),
-            size,
-        }),
+/// Where a replayed event comes from: the recording and the frame's position in it.
+struct Frame<'a> {
+    recording: &'a Path,
+    frame: u64,
+    seq: u64,
+}
+
+impl Frame<'_> {
+    /// Refuses an event whose range `offset..offset + len` is not inside an image of `size`
+    /// bytes: a recording is file input, and a damaged length must not make the replay write
+    /// or loop for ever.
+    fn within_image(&self, offset: u64, len: u64, size: u64) -> Result<(), ReplayError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= size => Ok(()),
+            end => Err(ReplayError::BeyondImage {
+                recording: self.recording.to_owned(),
+                frame: self.frame,
+                seq: self.seq,
+                offset,
+                end: end.unwrap_or(u64::MAX),
+                size,
+            }),
+        }
+    }
+
+    /// The error of a write recorded without its bytes.
+    fn no_bytes(&self) -> ReplayError {
+        ReplayError::NoBytes {
+            recording: self.recording.to_owned(),
+            frame: self.frame,
+            seq: self.seq,
+        }
     }
 }
 
@@ -373,6 +416,7 @@ fn consume(queue: &TapQueue, mut sinks: Vec<Box<dyn TapSink>>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use vmsight_blockdev::tap::{Recorder, TapEvent, TapKind};
 
     #[test]
     fn record_spec_parses_and_refuses_garbage() {
@@ -410,12 +454,13 @@ mod tests {
         assert_eq!(evs[99].seq, 100);
     }
 
-    /// A recording of one event over a fresh 8 MiB ext4 image, replayed.
-    fn replay_one(kind: vmsight_blockdev::tap::TapKind) -> Result<ReplayStats, ReplayError> {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let base = dir.path().join("base.img");
+    const BASE_SIZE: u64 = 8 << 20;
+
+    /// A fresh 8 MiB ext4 image in `dir`.
+    fn base_image(dir: &Path) -> PathBuf {
+        let base = dir.join("base.img");
         std::fs::File::create(&base)
-            .and_then(|f| f.set_len(8 << 20))
+            .and_then(|f| f.set_len(BASE_SIZE))
             .expect("image");
         let ok = std::process::Command::new("mkfs.ext4")
             .args(["-q", "-F"])
@@ -423,52 +468,134 @@ mod tests {
             .status()
             .expect("mkfs.ext4 must be installed");
         assert!(ok.success());
-        let rec = dir.path().join("r.rec");
-        let mut r = vmsight_blockdev::tap::Recorder::create(&rec).expect("recorder");
-        r.record(&vmsight_blockdev::tap::TapEvent {
-            seq: 1,
-            observed_ns: 0,
-            kind,
-        })
-        .expect("records");
-        drop(r);
-        replay(&base, &rec, "", false, &mut std::io::sink())
+        base
+    }
+
+    /// Records `kinds` (sequence numbers from 1) to `dir/r.rec`.
+    fn recording(dir: &Path, kinds: Vec<TapKind>) -> PathBuf {
+        let rec = dir.join("r.rec");
+        let mut r = Recorder::create(&rec).expect("recorder");
+        for (i, kind) in kinds.into_iter().enumerate() {
+            let ev = TapEvent {
+                seq: i as u64 + 1,
+                observed_ns: 0,
+                kind,
+            };
+            r.record(&ev).expect("records");
+        }
+        r.flush().expect("flushes");
+        rec
+    }
+
+    /// Replays a recording of `kinds` over a fresh base image; also returns the recording.
+    fn replay_kinds(kinds: Vec<TapKind>) -> (Result<ReplayStats, ReplayError>, PathBuf) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let base = base_image(dir.path());
+        let rec = recording(dir.path(), kinds);
+        let r = replay(&base, &rec, "", false, &mut std::io::sink());
+        (r, rec)
+    }
+
+    /// Events inside the base image: a write, a write-zeroes, a discard and a flush.
+    fn in_range_events() -> Vec<TapKind> {
+        vec![
+            TapKind::Write {
+                offset: 1 << 20,
+                len: 4096,
+                data: Some(vec![0x5a; 4096]),
+            },
+            TapKind::WriteZeroes {
+                offset: (1 << 20) + 4096,
+                len: 8192,
+            },
+            TapKind::Discard {
+                offset: BASE_SIZE - 4096,
+                len: 4096,
+            },
+            TapKind::Flush,
+        ]
     }
 
     #[test]
-    fn a_recorded_range_beyond_the_base_image_is_refused_not_replayed() {
-        use vmsight_blockdev::tap::TapKind;
-        let size = 8u64 << 20;
-        for kind in [
+    fn a_recorded_range_beyond_the_base_image_is_refused_naming_the_recording_and_frame() {
+        for bad in [
             TapKind::Discard {
                 offset: 4096,
                 len: u64::MAX - 100,
             },
             TapKind::WriteZeroes {
-                offset: size,
+                offset: BASE_SIZE,
                 len: 4096,
             },
+            TapKind::WriteZeroes {
+                offset: 4096,
+                len: BASE_SIZE,
+            },
             TapKind::Write {
-                offset: size - 512,
+                offset: BASE_SIZE - 512,
                 len: 1024,
                 data: Some(vec![7; 1024]),
             },
         ] {
-            let what = format!("{kind:?}");
-            match replay_one(kind) {
-                Err(e @ ReplayError::BeyondImage { .. }) => {
-                    assert!(e.to_string().contains("damaged recording"), "{e}")
+            let what = format!("{bad:?}");
+            // Two good events first: the damaged one is the third frame.
+            let mut kinds = in_range_events()[..2].to_vec();
+            kinds.push(bad);
+            match replay_kinds(kinds) {
+                (Err(e @ ReplayError::BeyondImage { frame: 3, .. }), rec) => {
+                    let msg = e.to_string();
+                    assert!(msg.contains(&rec.display().to_string()), "{msg}");
+                    assert!(msg.contains("frame 3 (event 3)"), "{msg}");
+                    assert!(msg.contains("damaged recording"), "{msg}");
                 }
-                other => panic!("{what}: {other:?}"),
+                (other, _) => panic!("{what}: {other:?}"),
             }
         }
-        // In range: replayed.
-        let s = replay_one(TapKind::Discard {
-            offset: size - 4096,
+    }
+
+    #[test]
+    fn a_recording_cut_inside_a_frame_is_refused_naming_the_recording_and_frame() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let base = base_image(dir.path());
+        let rec = recording(dir.path(), in_range_events());
+        let bytes = std::fs::read(&rec).expect("read");
+        // Cut inside the first write's data, then inside the second frame's header.
+        for cut in [8 + 33 + 100, 8 + 33 + 4096 + 10] {
+            std::fs::write(&rec, &bytes[..cut]).expect("cut");
+            match replay(&base, &rec, "", false, &mut std::io::sink()) {
+                Err(e @ ReplayError::Damaged { .. }) => {
+                    let msg = e.to_string();
+                    let frame = if cut < 8 + 33 + 4096 { 1 } else { 2 };
+                    assert!(msg.contains(&format!("frame {frame} of")), "{msg}");
+                    assert!(msg.contains(&rec.display().to_string()), "{msg}");
+                }
+                other => panic!("cut at {cut}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_write_recorded_without_bytes_is_refused_naming_the_recording() {
+        let (r, rec) = replay_kinds(vec![TapKind::Write {
+            offset: 0,
             len: 4096,
-        })
-        .expect("an in-range discard replays");
-        assert_eq!(s.tap_events, 1);
+            data: None,
+        }]);
+        match r {
+            Err(e @ ReplayError::NoBytes { frame: 1, .. }) => {
+                assert!(e.to_string().contains(&rec.display().to_string()), "{e}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_undamaged_recording_inside_the_image_replays_every_event() {
+        let events = in_range_events();
+        let n = events.len() as u64;
+        let (r, _) = replay_kinds(events);
+        let s = r.expect("an in-range recording replays");
+        assert_eq!(s.tap_events, n);
     }
 }
 
@@ -915,8 +1042,20 @@ pub fn replay(
     let mut stats = ReplayStats::default();
     let mut evs = Vec::new();
     let io = ReplayError::Apply;
-    while let Some(ev) = reader.next_event()? {
+    loop {
+        let frame = stats.tap_events + 1;
+        let Some(ev) = reader
+            .next_event()
+            .map_err(|source| ReplayError::Damaged { frame, source })?
+        else {
+            break;
+        };
         stats.tap_events += 1;
+        let at = Frame {
+            recording,
+            frame,
+            seq: ev.seq,
+        };
         let ns = ev.observed_ns;
         match &ev.kind {
             TapKind::Write {
@@ -924,17 +1063,17 @@ pub fn replay(
                 data: Some(d),
                 ..
             } => {
-                within_image(ev.seq, *offset, d.len() as u64, size)?;
+                at.within_image(*offset, d.len() as u64, size)?;
                 disk.write_all_at(d, *offset).map_err(io)?;
                 engine.write(*offset, d, ns, &mut evs);
             }
             TapKind::Write { .. } => {
                 // Recorded without bytes (the live queue was over its limit): the live run
                 // re-read them from the image; a replay cannot, so it says so.
-                return Err(ReplayError::NoBytes(ev.seq));
+                return Err(at.no_bytes());
             }
             TapKind::WriteZeroes { offset, len } => {
-                within_image(ev.seq, *offset, *len, size)?;
+                at.within_image(*offset, *len, size)?;
                 let mut done = 0;
                 while done < *len {
                     let n = (*len - done).min(ZERO_CHUNK);
@@ -945,7 +1084,7 @@ pub fn replay(
                 }
             }
             TapKind::Discard { offset, len } => {
-                within_image(ev.seq, *offset, *len, size)?;
+                at.within_image(*offset, *len, size)?;
                 engine.discard(*offset, *len, ns, &mut evs);
             }
             TapKind::Flush => engine.flush(ns, &mut evs),
