@@ -31,6 +31,7 @@
 mod device;
 mod error;
 pub mod file;
+pub mod fuzzing;
 pub mod insight;
 pub mod metrics;
 pub mod pipeline;

@@ -25,6 +25,7 @@ mod crc;
 mod error;
 mod event;
 mod ext4;
+pub mod fuzzing;
 mod index;
 pub mod infer;
 mod partition;

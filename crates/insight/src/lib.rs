@@ -20,6 +20,7 @@ pub mod blocks;
 pub mod classifier;
 pub mod config;
 pub mod engine;
+pub mod fuzzing;
 pub mod hint;
 pub mod log;
 pub mod lookup;

@@ -10,6 +10,7 @@ pub mod daemon;
 pub mod devices;
 pub mod disksource;
 pub mod error;
+pub mod fuzzing;
 pub mod guestio;
 pub mod hylics;
 pub mod idle;

@@ -1,0 +1,415 @@
+//! Fuzz entry points of the launcher's hostile inputs (see docs/fuzzing.md):
+//!
+//! - [`ring_records`]: the plugin's shared-memory channel. A plugin (or anything else that can
+//!   write the file) controls the header, the ring indices and every record, so the input is a
+//!   sequence of pushes through the real producer, scribbles anywhere in the file and
+//!   re-attaches that validate the header; then the real trace session drains the rings,
+//!   decodes the records into syscall events (`trace_records::convert`), pairs them in the
+//!   tracker and formats them (strace text and JSON).
+//! - [`write_recording`]: a `--record-writes` file, read back with the recording reader (every
+//!   frame it accepts must re-encode to the same bytes) and replayed with [`replay`] over a
+//!   small ext4 image (a damaged recording must be refused with an error, never replayed past
+//!   the image).
+
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use vmsight_blockdev::tap::{Recorder, RecordingReader, TapEvent, TapKind};
+use vmsight_introspect::syscall::{
+    JsonSink, JsonWriter, NameFilter, StraceWriter, SyscallObserver,
+};
+use vmsight_ring::{Channel, ChannelPlugin, Producer, Record};
+
+use crate::stream::{replay, ReplayError};
+use crate::trace::TraceSession;
+
+#[path = "../../../fuzz/common/input.rs"]
+mod input;
+use input::{Input, Output};
+
+/// Most operations of one ring input.
+const MAX_RING_OPS: usize = 256;
+/// Longest scribble.
+const MAX_SCRIBBLE: usize = 512;
+
+/// Outcome bits of [`ring_records`]: the session decoded syscall entries.
+pub const ENTRIES: u32 = 1;
+/// It decoded returns.
+pub const RETURNS: u32 = 2;
+/// It decoded argument data pieces.
+pub const DATA: u32 = 4;
+/// A re-attach refused a scribbled header.
+pub const ATTACH_REFUSED: u32 = 8;
+/// A re-attach accepted the header.
+pub const ATTACHED: u32 = 16;
+/// The host detected corrupt ring indices.
+pub const CORRUPT_INDICES: u32 = 32;
+
+/// One operation on the channel.
+#[derive(Debug, Clone)]
+pub enum RingOp {
+    /// The plugin pushes `record` on `vcpu`'s ring (an unknown vCPU is refused).
+    Push { vcpu: u8, record: Record },
+    /// Bytes written at `offset` of the channel file (modulo its size).
+    Scribble { offset: u32, bytes: Vec<u8> },
+    /// The plugin attaches again (the header is validated).
+    Attach,
+}
+
+/// A scratch directory on tmpfs when there is one (the channel lives there in a real run).
+fn scratch() -> Option<tempfile::TempDir> {
+    tempfile::tempdir_in("/dev/shm")
+        .or_else(|_| tempfile::tempdir())
+        .ok()
+}
+
+/// Runs one ring input; panics if a promise is broken. Returns the outcome bits reached.
+pub fn ring_records(data: &[u8]) -> u32 {
+    let mut inp = Input::new(data);
+    let geometry = inp.u8();
+    let vcpus = 1 + u32::from(geometry & 3);
+    let records = 2u32 << ((geometry >> 2) & 7);
+    let Some(dir) = scratch() else {
+        return 0;
+    };
+    let path = dir.path().join("plugin.shm");
+    let host = match Channel::create(&path, vcpus, records) {
+        Ok(h) => h,
+        Err(e) => panic!("a {vcpus} x {records} channel is valid: {e}"),
+    };
+    let plugin = match Channel::attach(&path) {
+        Ok(p) => p,
+        Err(e) => panic!("a fresh channel attaches: {e}"),
+    };
+    let Ok(file) = std::fs::OpenOptions::new().write(true).open(&path) else {
+        return 0;
+    };
+    let size = file.metadata().map_or(0, |m| m.len());
+    let mut producers: Vec<Option<Producer>> = (0..vcpus).map(|_| None).collect();
+    let mut seen = 0;
+    for _ in 0..MAX_RING_OPS {
+        if inp.is_empty() {
+            break;
+        }
+        match decode_ring_op(&mut inp) {
+            RingOp::Push { vcpu, record } => push(&plugin, &mut producers, vcpu, &record),
+            RingOp::Scribble { offset, bytes } => {
+                let at = u64::from(offset) % size.max(1);
+                let n = bytes.len().min((size - at) as usize);
+                let _ = file.write_all_at(&bytes[..n], at);
+            }
+            RingOp::Attach => seen |= reattach(&path, size),
+        }
+    }
+    drop(producers);
+    seen | drain(host)
+}
+
+/// Pushes through `vcpu`'s producer (claimed on first use; an unknown vCPU is refused).
+fn push(plugin: &ChannelPlugin, producers: &mut [Option<Producer>], vcpu: u8, rec: &Record) {
+    let v = u32::from(vcpu);
+    match producers.get_mut(usize::from(vcpu)) {
+        Some(slot) => {
+            if slot.is_none() {
+                *slot = plugin.producer(v).ok();
+            }
+            if let Some(p) = slot {
+                p.push(rec);
+            }
+        }
+        None => assert!(plugin.producer(v).is_err(), "vCPU {v} is out of range"),
+    }
+}
+
+/// Attaches again: the header is validated, and an accepted geometry fits the file.
+fn reattach(path: &Path, size: u64) -> u32 {
+    match Channel::attach(path) {
+        Ok(p) => {
+            let g = p.geometry();
+            assert!(g.total_size <= size, "attached geometry fits the file");
+            ATTACHED
+        }
+        Err(_) => ATTACH_REFUSED,
+    }
+}
+
+/// Drains the rings through the real trace session into strace and JSON writers.
+fn drain(host: vmsight_ring::ChannelHost) -> u32 {
+    let host = Arc::new(Mutex::new(host));
+    let observers: Vec<Box<dyn SyscallObserver>> = vec![
+        Box::new(StraceWriter::new(
+            Box::new(std::io::sink()),
+            NameFilter::all(),
+        )),
+        Box::new(JsonWriter::new(
+            JsonSink::new(Box::new(std::io::sink())),
+            NameFilter::all(),
+        )),
+    ];
+    let Ok(session) = TraceSession::start(host.clone(), observers) else {
+        return 0;
+    };
+    let sum = session.finish();
+    assert!(sum.entries + sum.returns <= sum.records, "{sum:?}");
+    assert!(sum.data_pieces <= sum.records, "{sum:?}");
+    let corrupt = host.lock().map_or(0, |h| h.corrupt_events());
+    [
+        (sum.entries, ENTRIES),
+        (sum.returns, RETURNS),
+        (sum.data_pieces, DATA),
+        (corrupt, CORRUPT_INDICES),
+    ]
+    .iter()
+    .filter(|(n, _)| *n > 0)
+    .fold(0, |acc, (_, bit)| acc | bit)
+}
+
+fn decode_ring_op(inp: &mut Input<'_>) -> RingOp {
+    match inp.u8() % 3 {
+        0 => RingOp::Push {
+            vcpu: inp.u8() % 5,
+            record: decode_record(inp),
+        },
+        1 => RingOp::Scribble {
+            offset: inp.u32(),
+            bytes: inp.chunk(MAX_SCRIBBLE).to_vec(),
+        },
+        _ => RingOp::Attach,
+    }
+}
+
+/// A record, field by field (little-endian); the kind (one of the eight smallest) and the
+/// vCPU take one byte each so most records are ones the decoder knows (scribbles reach the
+/// other values).
+fn decode_record(inp: &mut Input<'_>) -> Record {
+    let mut r = Record {
+        kind: u16::from(inp.u8() % 8),
+        flags: inp.u16(),
+        vcpu: u32::from(inp.u8()),
+        timestamp_ns: inp.u64(),
+        cr3: inp.u64(),
+        pc: inp.u64(),
+        payload: [0; 12],
+    };
+    for w in r.payload.iter_mut() {
+        *w = inp.u64();
+    }
+    r
+}
+
+fn encode_record(o: &mut Output, r: &Record) {
+    o.u8(r.kind as u8).u16(r.flags).u8(r.vcpu as u8);
+    o.u64(r.timestamp_ns).u64(r.cr3).u64(r.pc);
+    for w in r.payload {
+        o.u64(w);
+    }
+}
+
+/// Encodes a ring input: `vcpus` (1-4), `records` per ring (a power of two, 2-256) and
+/// `ops`.
+pub fn encode_ring(vcpus: u8, records: u32, ops: &[RingOp]) -> Vec<u8> {
+    let log = records.max(2).trailing_zeros().saturating_sub(1).min(7) as u8;
+    let mut o = Output::default();
+    o.u8((vcpus.clamp(1, 4) - 1) | (log << 2));
+    for op in ops {
+        match op {
+            RingOp::Push { vcpu, record } => {
+                o.u8(0).u8(*vcpu);
+                encode_record(&mut o, record);
+            }
+            RingOp::Scribble { offset, bytes } => {
+                o.u8(1).u32(*offset).chunk(bytes);
+            }
+            RingOp::Attach => {
+                o.u8(2);
+            }
+        }
+    }
+    o.bytes
+}
+
+// ---- write recordings ------------------------------------------------------------------------
+
+/// Outcome bits of [`write_recording`]: the reader accepted every frame.
+pub const READ_ALL: u32 = 1;
+/// The reader refused the file or a frame.
+pub const READ_REFUSED: u32 = 2;
+/// The replay succeeded.
+pub const REPLAYED: u32 = 4;
+/// The replay refused an event beyond the base image.
+pub const REFUSED_BEYOND: u32 = 8;
+/// The replay refused a damaged frame.
+pub const REFUSED_DAMAGED: u32 = 16;
+
+/// Size of the base image recordings are replayed over.
+pub const BASE_IMAGE_SIZE: u64 = 4 << 20;
+
+/// The base image shared by every case: a 4 MiB ext4 file system made with `mkfs.ext4` once
+/// and kept at one path in the temporary directory, reused by later runs (`None` if it cannot
+/// be made).
+fn base_image() -> Option<&'static Path> {
+    static BASE: OnceLock<Option<PathBuf>> = OnceLock::new();
+    BASE.get_or_init(|| {
+        // In the default temporary directory, not on tmpfs: `replay` copies the base into a
+        // scratch directory there, and its copy fails across file systems (EXDEV from
+        // copy_file_range in `runtime::sparse_copy`, reported in docs/fuzzing.md).
+        let tmp = std::env::temp_dir();
+        let img = tmp.join("vmsight-fuzz-replay-base.img");
+        if std::fs::metadata(&img).is_ok_and(|m| m.len() == BASE_IMAGE_SIZE) {
+            return Some(img);
+        }
+        // Made under another name and renamed: concurrent runs never see a half-made image.
+        let fresh = tempfile::NamedTempFile::new_in(&tmp).ok()?;
+        fresh.as_file().set_len(BASE_IMAGE_SIZE).ok()?;
+        let ok = std::process::Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-b", "1024", "-N", "64"])
+            .arg(fresh.path())
+            .status()
+            .ok()?
+            .success();
+        (ok && fresh.persist(&img).is_ok()).then_some(img)
+    })
+    .as_deref()
+}
+
+/// Runs one recording file through the reader and the replay; panics if a promise is broken.
+/// Returns the outcome bits reached.
+pub fn write_recording(data: &[u8]) -> u32 {
+    let Some(dir) = scratch() else {
+        return 0;
+    };
+    let rec = dir.path().join("fuzz.rec");
+    if std::fs::write(&rec, data).is_err() {
+        return 0;
+    }
+    let (events, complete) = read_back(&rec, data);
+    let mut seen = if complete { READ_ALL } else { READ_REFUSED };
+    let Some(base) = base_image() else {
+        return seen;
+    };
+    let result = replay(base, &rec, "/mnt", true, &mut std::io::sink());
+    seen |= check_replay(&result, &events, complete);
+    seen
+}
+
+/// Reads `rec` to its end or first error; every accepted frame must re-encode to the bytes it
+/// was read from. Returns the events and whether the whole file was accepted.
+fn read_back(rec: &Path, data: &[u8]) -> (Vec<TapEvent>, bool) {
+    let Ok(mut reader) = RecordingReader::open(rec) else {
+        return (Vec::new(), false);
+    };
+    let mut events = Vec::new();
+    let complete = loop {
+        match reader.next_event() {
+            Ok(Some(ev)) => events.push(ev),
+            Ok(None) => break true,
+            Err(_) => break false,
+        }
+        // Every frame is at least 33 bytes: this loop ends.
+        assert!(events.len() <= data.len() / 33, "more frames than bytes");
+    };
+    let again = encode_recording(&events);
+    let read = without_flush_ranges(data, &events);
+    assert!(
+        read.starts_with(&again),
+        "accepted frames re-encode to the bytes they came from"
+    );
+    if complete {
+        assert_eq!(
+            again.len(),
+            data.len(),
+            "a complete read consumed every byte"
+        );
+    }
+    (events, complete)
+}
+
+/// `data` with the offset and length fields of its flush frames zeroed: the reader ignores
+/// them and the recorder writes zeroes there.
+fn without_flush_ranges(data: &[u8], events: &[TapEvent]) -> Vec<u8> {
+    let mut out = data.to_vec();
+    let mut at = 8usize;
+    for ev in events {
+        if ev.kind == TapKind::Flush {
+            if let Some(fields) = out.get_mut(at + 17..at + 33) {
+                fields.fill(0);
+            }
+        }
+        at += 33 + ev.payload_bytes() as usize;
+    }
+    out
+}
+
+/// What the replay of `events` must have done.
+fn check_replay(
+    result: &Result<crate::stream::ReplayStats, ReplayError>,
+    events: &[TapEvent],
+    complete: bool,
+) -> u32 {
+    let first_bad = events.iter().position(|ev| !replayable(ev));
+    match result {
+        Ok(stats) => {
+            assert!(complete && first_bad.is_none(), "{events:?} replayed");
+            assert_eq!(stats.tap_events, events.len() as u64);
+            REPLAYED
+        }
+        Err(ReplayError::BeyondImage { frame, .. }) => {
+            assert_eq!(first_bad.map(|i| i as u64 + 1), Some(*frame));
+            REFUSED_BEYOND
+        }
+        Err(ReplayError::NoBytes { frame, .. }) => {
+            assert_eq!(first_bad.map(|i| i as u64 + 1), Some(*frame));
+            0
+        }
+        Err(ReplayError::Damaged { frame, .. }) => {
+            assert!(!complete && first_bad.is_none());
+            assert_eq!(*frame, events.len() as u64 + 1);
+            REFUSED_DAMAGED
+        }
+        Err(ReplayError::Recording(_)) => {
+            assert!(events.is_empty() && !complete);
+            REFUSED_DAMAGED
+        }
+        Err(e) => panic!("the replay failed on its own: {e}"),
+    }
+}
+
+/// Whether `ev` can be replayed over the base image.
+fn replayable(ev: &TapEvent) -> bool {
+    let inside = |offset: u64, len: u64| {
+        offset
+            .checked_add(len)
+            .is_some_and(|e| e <= BASE_IMAGE_SIZE)
+    };
+    match &ev.kind {
+        TapKind::Write {
+            offset,
+            data: Some(d),
+            ..
+        } => inside(*offset, d.len() as u64),
+        TapKind::Write { data: None, .. } => false,
+        TapKind::Discard { offset, len } | TapKind::WriteZeroes { offset, len } => {
+            inside(*offset, *len)
+        }
+        TapKind::Flush => true,
+    }
+}
+
+/// The bytes [`Recorder`] writes for `events`.
+pub fn encode_recording(events: &[TapEvent]) -> Vec<u8> {
+    let Some(dir) = scratch() else {
+        return Vec::new();
+    };
+    let path = dir.path().join("again.rec");
+    let recorded = Recorder::create(&path).and_then(|mut r| {
+        for ev in events {
+            r.record(ev)?;
+        }
+        r.flush()
+    });
+    match recorded {
+        Ok(()) => std::fs::read(&path).unwrap_or_default(),
+        Err(e) => panic!("re-recording failed: {e}"),
+    }
+}
