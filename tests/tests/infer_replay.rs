@@ -4,17 +4,20 @@
 //! while vmsight records the disk's completed writes (`--record-writes 1:FILE`). The recording
 //! made by this run is replayed into the engine: metadata events must appear when their jbd2
 //! transaction commits (a write to the journal area), checkpoints must add none, and the engine's
-//! view must equal a fresh crawl of the image after the run.
+//! view must equal a fresh crawl of the image after the run. As in `vmsight replay`, the engine
+//! reads a scratch copy of the image taken before the run, with each recorded write applied to
+//! it before the engine sees the write; it never reads the final image (which differs from the
+//! base copy in recorded blocks, and which the scratch copy must equal after the replay).
 #![allow(clippy::unwrap_used)] // Test code: a failed unwrap is a failed test.
 
 use std::collections::BTreeSet;
 use std::fs;
-use std::os::unix::fs::symlink;
+use std::os::unix::fs::{symlink, FileExt};
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 
-use vmsight_blockdev::tap::{read_recording, TapKind};
+use vmsight_blockdev::tap::{read_recording, TapEvent, TapKind};
 use vmsight_fsview::{
     Engine, EngineConfig, EventKind, FileKind, FileSource, FsEvent, FsRead, Index, MemSource,
     StaticView, Value,
@@ -92,48 +95,59 @@ fn walk_equal(engine: &dyn FsRead, fresh: &dyn FsRead) -> usize {
     n
 }
 
-/// Replays a recording into a fresh engine over the image after the run; returns the engine
-/// and every event with whether the tap write that revealed it went to the journal area.
-fn replay(
-    index: &Index,
-    img: &Path,
-    stream: &[vmsight_blockdev::tap::TapEvent],
-) -> (Engine, Arc<FileSource>, Vec<(FsEvent, bool)>) {
-    let jino = index.fs_info().journal_ino;
+/// The journal's byte ranges on the disk.
+fn journal_ranges(index: &Index) -> Vec<(u64, u64)> {
     let bs = u64::from(index.fs_info().block_size);
-    let journal: Vec<(u64, u64)> = index
-        .file_extents(jino)
+    index
+        .file_extents(index.fs_info().journal_ino)
         .iter()
         .map(|x| (x.disk_block * bs, (x.disk_block + u64::from(x.len)) * bs))
-        .collect();
+        .collect()
+}
+
+/// What one replayed recording gave: the engine and every event with whether the tap write
+/// that revealed it went to the journal area.
+struct Replayed {
+    engine: Engine,
+    events: Vec<(FsEvent, bool)>,
+}
+
+/// Replays a recording the way `vmsight replay` does (crates/launcher/src/stream.rs `replay`):
+/// the engine reads a scratch copy of the image as it was before the run (`base`), and each
+/// recorded write is applied to that copy before the engine sees it, so the engine only ever
+/// reads what the guest had written up to that point — never the final image. A write recorded
+/// without its bytes cannot be replayed (the real replay refuses it too).
+fn replay(index: &Index, base: &Path, scratch_path: &Path, stream: &[TapEvent]) -> Replayed {
+    fs::copy(base, scratch_path).unwrap();
+    let journal = journal_ranges(index);
     let in_journal = |off: u64| journal.iter().any(|&(s, e)| off >= s && off < e);
-    let after = Arc::new(FileSource::open(img).unwrap());
-    let mut engine = Engine::new(after.clone(), index.clone(), EngineConfig::default()).unwrap();
+    let scratch = Arc::new(FileSource::open(scratch_path).unwrap());
+    let disk = fs::OpenOptions::new()
+        .write(true)
+        .open(scratch_path)
+        .unwrap();
+    let mut engine = Engine::new(scratch, index.clone(), EngineConfig::default()).unwrap();
     assert!(engine.has_journal());
-    // Each event with whether the tap write that revealed it went to the journal area.
     let mut events: Vec<(FsEvent, bool)> = Vec::new();
     let mut out = Vec::new();
     for ev in stream {
         let mut journal_write = false;
         match &ev.kind {
-            TapKind::Write { offset, len, data } => {
+            TapKind::Write { offset, data, .. } => {
                 journal_write = in_journal(*offset);
-                let bytes = match data {
-                    Some(d) => d.clone(),
-                    None => {
-                        let mut b = vec![0u8; *len as usize];
-                        vmsight_fsview::BlockSource::read_at(after.as_ref(), *offset, &mut b)
-                            .unwrap();
-                        b
-                    }
-                };
-                engine.write(*offset, &bytes, ev.observed_ns, &mut out);
+                let bytes = data.as_ref().unwrap_or_else(|| {
+                    panic!("tap event {} was recorded without its bytes", ev.seq)
+                });
+                disk.write_all_at(bytes, *offset).unwrap();
+                engine.write(*offset, bytes, ev.observed_ns, &mut out);
             }
             TapKind::WriteZeroes { offset, len } => {
                 let mut pos = *offset;
                 while pos < offset + len {
                     let n = (offset + len - pos).min(1 << 20);
-                    engine.write(pos, &vec![0u8; n as usize], ev.observed_ns, &mut out);
+                    let zeros = vec![0u8; n as usize];
+                    disk.write_all_at(&zeros, pos).unwrap();
+                    engine.write(pos, &zeros, ev.observed_ns, &mut out);
                     pos += n;
                 }
             }
@@ -144,7 +158,95 @@ fn replay(
         }
         events.extend(out.drain(..).map(|e| (e, journal_write)));
     }
-    (engine, after, events)
+    Replayed { engine, events }
+}
+
+/// (offset, length) byte ranges on the disk.
+type Ranges = Vec<(u64, u64)>;
+
+/// Byte ranges of the recorded writes (write-zeroes included) and of the discards.
+fn written_and_discarded(stream: &[TapEvent]) -> (Ranges, Ranges) {
+    let (mut written, mut discarded) = (Vec::new(), Vec::new());
+    for ev in stream {
+        match &ev.kind {
+            TapKind::Write { offset, len, .. } | TapKind::WriteZeroes { offset, len } => {
+                written.push((*offset, *len))
+            }
+            TapKind::Discard { offset, len } => discarded.push((*offset, *len)),
+            TapKind::Flush => {}
+        }
+    }
+    (written, discarded)
+}
+
+/// The base image the replay starts from is not the final image: some block the recording
+/// writes holds other bytes in the base than after the run, so a replay that read the final
+/// image would see content the guest had not written yet. Returns how many 4 KiB blocks differ.
+fn assert_base_differs_where_recorded(base: &[u8], fin: &[u8], stream: &[TapEvent]) -> usize {
+    assert_eq!(base.len(), fin.len(), "the run changed the image size");
+    let (written, _) = written_and_discarded(stream);
+    let mut blocks: BTreeSet<u64> = BTreeSet::new();
+    for (off, len) in written {
+        blocks.extend((off / 4096)..(off + len).div_ceil(4096));
+    }
+    let differ = blocks
+        .iter()
+        .filter(|&&b| {
+            let r = (b * 4096) as usize..((b + 1) * 4096).min(fin.len() as u64) as usize;
+            base[r.clone()] != fin[r]
+        })
+        .count();
+    assert!(
+        differ > 0,
+        "the base copy equals the final image in every recorded block"
+    );
+    differ
+}
+
+/// After the replay the scratch copy holds exactly the final image, outside the discarded
+/// ranges (the real replay does not punch discards into its copy): the recording carried
+/// every write, and the engine read the guest's bytes, not the final image's.
+fn assert_scratch_is_final(scratch: &Path, fin: &[u8], stream: &[TapEvent]) {
+    let mut got = fs::read(scratch).unwrap();
+    let mut want = fin.to_vec();
+    let (_, discarded) = written_and_discarded(stream);
+    for (off, len) in discarded {
+        let r = off as usize..(off + len).min(want.len() as u64) as usize;
+        got[r.clone()].fill(0);
+        want[r].fill(0);
+    }
+    let first = got.iter().zip(&want).position(|(a, b)| a != b);
+    assert_eq!(
+        first, None,
+        "the replayed scratch copy differs from the final image (first byte shown)"
+    );
+}
+
+/// Copies the freshly made image to `base` before the guest runs (the scratch copy's source,
+/// as `vmsight replay BASE` takes it) and crawls that copy.
+fn base_copy_and_index(img: &Path, base: &Path) -> Index {
+    fs::copy(img, base).unwrap();
+    Index::crawl(&MemSource(fs::read(base).unwrap()), None).unwrap()
+}
+
+/// Replays `stream` over a scratch copy of `base` and checks that this differs from reading
+/// the final image `img`: the base differs from it in recorded blocks, and the scratch copy
+/// becomes it. Returns the engine, the final image (the oracle for the engine's view: a fresh
+/// crawl of what the guest left) and the events.
+fn replay_checked(
+    index: &Index,
+    base: &Path,
+    img: &Path,
+    dir: &Path,
+    stream: &[TapEvent],
+) -> (Engine, Arc<FileSource>, Vec<(FsEvent, bool)>) {
+    let fin = fs::read(img).unwrap();
+    let differ = assert_base_differs_where_recorded(&fs::read(base).unwrap(), &fin, stream);
+    let scratch_path = dir.join("scratch.img");
+    let r = replay(index, base, &scratch_path, stream);
+    assert_scratch_is_final(&scratch_path, &fin, stream);
+    eprintln!("{differ} recorded 4 KiB blocks differ between the base copy and the final image");
+    (r.engine, Arc::new(FileSource::open(img).unwrap()), r.events)
 }
 
 #[test]
@@ -169,8 +271,8 @@ fn recorded_guest_stream_yields_events_at_commit_time() {
         .status()
         .expect("mkfs.ext4 must be installed");
     assert!(st.success());
-    let before = fs::read(&img).unwrap();
-    let index = Index::crawl(&MemSource(before), None).unwrap();
+    let base = dir.path().join("extra-base.img");
+    let index = base_copy_and_index(&img, &base);
 
     let rec = dir.path().join("extra.rec");
     let spec = format!("1:{}", rec.display());
@@ -184,7 +286,7 @@ fn recorded_guest_stream_yields_events_at_commit_time() {
     // Replay the recording of this run.
     let stream = read_recording(&rec).unwrap();
     assert!(stream.len() > 20, "{} tap events", stream.len());
-    let (engine, after, events) = replay(&index, &img, &stream);
+    let (engine, after, events) = replay_checked(&index, &base, &img, dir.path(), &stream);
     let st = engine.stats();
     eprintln!("{} tap events, stats {st:?}", stream.len());
     for (e, j) in &events {
@@ -299,7 +401,8 @@ fn recorded_copy_rename_delete_of_a_tree() {
         .status()
         .expect("mkfs.ext4 must be installed");
     assert!(st.success());
-    let index = Index::crawl(&MemSource(fs::read(&img).unwrap()), None).unwrap();
+    let base = dir.path().join("big-base.img");
+    let index = base_copy_and_index(&img, &base);
     let rec = dir.path().join("big.rec");
     let spec = format!("1:{}", rec.display());
     let r = guest_sh(
@@ -311,7 +414,7 @@ fn recorded_copy_rename_delete_of_a_tree() {
     );
     assert_eq!(r.code, Some(0), "{r:?}");
     let stream = read_recording(&rec).unwrap();
-    let (engine, after, events) = replay(&index, &img, &stream);
+    let (engine, after, events) = replay_checked(&index, &base, &img, dir.path(), &stream);
     let st = engine.stats();
     eprintln!("{} tap events, stats {st:?}", stream.len());
     // The journal wrapped: more journal blocks were written than it has.
