@@ -1,19 +1,24 @@
 //! Storage insights and the iCache checked in real guests (issue 4, Sky §6.1, §7):
-//! * accuracy of the data/metadata classification against varmail's own count of the data
-//!   chunks it makes durable (Sky Table 5), on ext4, ext2, XFS and btrfs;
+//! * accuracy of the data/metadata classification per 4 KiB block written by varmail (Sky
+//!   Table 5), on ext4, ext2, XFS and btrfs: precision and recall against the file system's own
+//!   map of file data (FIEMAP of every file varmail created, kept alive by hard links; btrfs's
+//!   data block groups);
 //! * application hints (libvmsight, LD_PRELOAD shim) change exactly the tagged block requests,
-//!   with the file → block mapping taken from the file system itself (debugfs on the host);
+//!   with the file → block mapping taken from the file system itself (debugfs on the host),
+//!   also inside a request the guest merged from several files (its merge counter and its
+//!   issued requests, block:block_rq_issue);
 //! * data integrity through the cache for both policies and both write modes, with caches
 //!   from 1 MiB, including a file system with 1 KiB blocks (sub-4 KiB cache writes);
 //! * write-back crash consistency: `sync` + `fsfreeze` in the guest, SIGKILL of vmsight, then
 //!   `e2fsck -fn` and file contents on the host.
 //!
-//! Every oracle is independent of vmsight: varmail's count, debugfs's block lists, sha256 in
-//! the guest and on the host, e2fsck.
+//! Every oracle is independent of vmsight: FIEMAP and btrfs's chunk tree in the guest,
+//! debugfs's block lists and free-block bitmap, the guest's block-layer counters and
+//! tracepoints, sha256 in the guest and on the host, e2fsck.
 #![allow(clippy::unwrap_used)] // Test code: a failed unwrap is a failed test.
 
 use serde_json::Value;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -56,141 +61,445 @@ fn chunks(r: &Value) -> u64 {
 }
 
 // ---------------------------------------------------------------------------------------------
-// 1. Accuracy (Sky Table 5)
+// 1. Accuracy per 4 KiB block (Sky Table 5)
+//
+// Every 4 KiB block varmail's run writes to the disk is judged twice: by vmsight (the `content`
+// of the insight-log record covering it) and by the file system itself (does the block hold
+// file data?). Precision and recall are counted per block write, so a false positive and a
+// false negative never cancel.
 
-struct Accuracy {
-    /// varmail's own count of the 4 KiB data chunks it made durable.
-    truth: u64,
-    /// vmsight's count (`insights.write_chunks_data` of --stats-json).
-    measured: u64,
-    /// The same from the insight log: chunks of `data` write records of the disk, and of
-    /// `mixed` ones (part data, part metadata).
-    log_data: u64,
-    log_mixed: u64,
-    partial: u64,
+/// Keeps every file created in directory `argv[1]` alive: a hard link named by its inode
+/// number in `argv[2]`, made by polling every 20 ms until the file `argv[3]` exists. varmail's
+/// deletions then free no block, so no disk block changes role during the run (file data stays
+/// file data, metadata stays metadata), and the blocks the files hold at the end are exactly
+/// the data blocks of the whole run. A file created and deleted between two scans is missed;
+/// the test counts those.
+const KEEP_PY: &str = r#"import os, sys, time
+src, keep, stop = sys.argv[1:4]
+linked = set()
+def scan():
+    for e in os.scandir(src):
+        try:
+            if e.inode() not in linked:
+                os.link(e.path, os.path.join(keep, str(e.inode())))
+                linked.add(e.inode())
+        except FileNotFoundError:
+            pass
+scan()
+open(os.path.join(keep, ".ready"), "w").close()
+while not os.path.exists(stop):
+    scan()
+    time.sleep(0.02)
+scan()
+print("linked", len(linked))
+"#;
+
+/// Marks the start of the judged writes: one write to /dev/vdc (disk 2). mkfs writes blocks
+/// (zeroing, initial structures) that later hold file data; its writes reach the disk before
+/// this one is issued, so only disk-1 writes logged after it are judged.
+const MARK_START: &str = "dd if=/dev/zero of=/dev/vdc bs=4096 count=1 oflag=direct status=none";
+
+/// The write records of disk 1 after the start mark's write to disk 2.
+fn judged_writes(log: &[Value]) -> Vec<&Value> {
+    let writes = |disk: u64| {
+        log.iter()
+            .filter(move |r| r["op"] == "write" && r["disk"] == disk)
+    };
+    let start = writes(2)
+        .map(|r| r["ts_ns"].as_u64().unwrap())
+        .min()
+        .expect("no start mark on disk 2");
+    writes(1)
+        .filter(|r| r["ts_ns"].as_u64().unwrap() > start)
+        .collect()
 }
 
-impl Accuracy {
-    fn error_pct(&self) -> f64 {
-        self.measured.abs_diff(self.truth) as f64 * 100.0 / self.truth as f64
+/// The file system's own answer to "which disk blocks hold file data".
+enum Truth {
+    /// 4 KiB disk blocks (byte offset / 4096) of the kept files, from FIEMAP (`filefrag -v` in
+    /// the guest after the run), and the blocks whose role is unknown: free at the end (ext2/4:
+    /// debugfs), i.e. blocks of the few files varmail deleted before the keeper linked them.
+    Blocks {
+        data: HashSet<u64>,
+        unknown: HashSet<u64>,
+    },
+    /// Physical byte ranges of btrfs's DATA block groups (chunk tree, `btrfs inspect-internal
+    /// dump-tree -t chunk`): btrfs never puts metadata there, and varmail's file data goes
+    /// nowhere else except small files and tails inlined in metadata leaves (metadata blocks).
+    DataChunks(Vec<(u64, u64)>),
+}
+
+impl Truth {
+    /// Whether the 4 KiB at disk byte `off` hold file data (`None`: unknown).
+    fn is_data(&self, off: u64) -> Option<bool> {
+        match self {
+            Truth::Blocks { unknown, .. } if unknown.contains(&(off / 4096)) => None,
+            Truth::Blocks { data, .. } => {
+                Some(off.is_multiple_of(4096) && data.contains(&(off / 4096)))
+            }
+            Truth::DataChunks(r) => Some(r.iter().any(|&(s, e)| s <= off && off + 4096 <= e)),
+        }
     }
 }
 
-/// One VM per file system, so vmsight's global chunk counters belong to that file system
-/// alone (varmail only writes there; mkfs writes the block device, which is never data).
-fn varmail_accuracy(fs: &str) -> Accuracy {
+/// 4 KiB disk blocks of the file data extents in `filefrag -v` output (inline, delalloc and
+/// unknown-location extents hold no block of their own).
+fn fiemap_blocks(out: &str) -> HashSet<u64> {
+    let mut blocks = HashSet::new();
+    let mut bs = 0u64;
+    for l in out.lines() {
+        if let Some(rest) = l.strip_prefix("File size of ") {
+            // "File size of PATH is N (B blocks of BS bytes)" ("1 block of" for one)
+            let tail = rest.rsplit_once(" of ").unwrap().1;
+            bs = tail.split_whitespace().next().unwrap().parse().unwrap();
+            continue;
+        }
+        let f: Vec<&str> = l.split(':').map(str::trim).collect();
+        if f.len() < 5 || f[0].parse::<u64>().is_err() || f[2].is_empty() {
+            continue;
+        }
+        let flags = f.get(5).copied().unwrap_or("");
+        if ["inline", "delalloc", "unknown_loc"]
+            .iter()
+            .any(|x| flags.contains(x))
+        {
+            continue;
+        }
+        let start: u64 = f[2].split("..").next().unwrap().trim().parse().unwrap();
+        let len: u64 = f[3].parse().unwrap();
+        assert!(bs > 0, "extent before a file header: {l}");
+        let (first, end) = (start * bs, (start + len) * bs);
+        blocks.extend(first / 4096..end.div_ceil(4096));
+    }
+    blocks
+}
+
+/// btrfs chunks of `btrfs inspect-internal dump-tree -t chunk`: (type, physical start, end) of
+/// every stripe, sorted.
+fn btrfs_chunks(out: &str) -> Vec<(String, u64, u64)> {
+    let mut chunks = Vec::new();
+    let (mut len, mut kind) = (0u64, String::new());
+    for l in out.lines().map(str::trim) {
+        if let Some(rest) = l.strip_prefix("length ") {
+            len = rest.split_whitespace().next().unwrap().parse().unwrap();
+            kind = rest.rsplit_once("type ").unwrap().1.trim().to_string();
+        } else if let Some((_, off)) = l
+            .strip_prefix("stripe ")
+            .and_then(|s| s.split_once(" offset "))
+        {
+            let start: u64 = off.trim().parse().unwrap();
+            chunks.push((kind.clone(), start, start + len));
+        }
+    }
+    chunks.sort_unstable_by_key(|c| c.1);
+    chunks
+}
+
+/// The lines of `stdout` between `BEGIN <tag>` and `END <tag>`.
+fn section<'a>(stdout: &'a str, tag: &str) -> &'a str {
+    let begin = format!("BEGIN {tag}\n");
+    let start = stdout
+        .find(&begin)
+        .unwrap_or_else(|| panic!("no {begin:?}"))
+        + begin.len();
+    let len = stdout[start..]
+        .find(&format!("END {tag}\n"))
+        .unwrap_or_else(|| panic!("no END {tag}"));
+    &stdout[start..start + len]
+}
+
+/// 4 KiB disk blocks the write records cover.
+fn written_blocks(writes: &[&Value]) -> HashSet<u64> {
+    writes
+        .iter()
+        .flat_map(|r| {
+            let off = r["offset"].as_u64().unwrap();
+            (0..chunks(r)).map(move |k| (off + k * 4096) / 4096)
+        })
+        .collect()
+}
+
+/// The blocks among `blocks` that are free on the ext2/ext4 image `img` (debugfs `testb`).
+fn ext_free_blocks(img: &Path, blocks: &HashSet<u64>) -> HashSet<u64> {
+    let tmp = tempfile::tempdir().unwrap();
+    let cmds = tmp.path().join("testb.cmds");
+    let list: String = blocks.iter().map(|b| format!("testb {b}\n")).collect();
+    std::fs::write(&cmds, list).unwrap();
+    let o = Command::new("debugfs")
+        .arg("-f")
+        .arg(&cmds)
+        .arg(img)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "debugfs testb: {o:?}");
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter_map(|l| {
+            l.strip_prefix("Block ")?
+                .strip_suffix(" not in use")?
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
+/// Per-block confusion matrix of vmsight's data/metadata classification against the truth.
+#[derive(Debug, Default)]
+struct Confusion {
+    /// File data vmsight classified as data.
+    tp: u64,
+    /// Metadata vmsight classified as data.
+    fp: u64,
+    /// File data vmsight classified as metadata.
+    fn_: u64,
+    /// Metadata vmsight classified as metadata.
+    tn: u64,
+    /// Blocks of `mixed` records (counted above as data: vmsight says they are partly data).
+    mixed: u64,
+    /// Blocks whose role the truth does not know (not counted above).
+    unknown: u64,
+    /// The first misjudged blocks: (disk byte offset, truth says data, the log record).
+    wrong: Vec<(u64, bool, String)>,
+}
+
+impl Confusion {
+    fn precision(&self) -> f64 {
+        self.tp as f64 / (self.tp + self.fp).max(1) as f64
+    }
+    fn recall(&self) -> f64 {
+        self.tp as f64 / (self.tp + self.fn_).max(1) as f64
+    }
+    /// Share of the written blocks that hold file data: the precision of a classifier that
+    /// calls everything data.
+    fn data_share(&self) -> f64 {
+        (self.tp + self.fn_) as f64 / (self.tp + self.fp + self.fn_ + self.tn).max(1) as f64
+    }
+}
+
+/// Judges every 4 KiB block of every write record.
+fn confusion(writes: &[&Value], truth: &Truth) -> Confusion {
+    let mut c = Confusion::default();
+    for rec in writes {
+        let off = rec["offset"].as_u64().unwrap();
+        let content = rec["content"].as_str().unwrap();
+        let said_data = content != "metadata";
+        for block in (0..chunks(rec)).map(|k| off + k * 4096) {
+            c.mixed += u64::from(content == "mixed");
+            let Some(is_data) = truth.is_data(block) else {
+                c.unknown += 1;
+                continue;
+            };
+            *match (is_data, said_data) {
+                (true, true) => &mut c.tp,
+                (false, true) => &mut c.fp,
+                (true, false) => &mut c.fn_,
+                (false, false) => &mut c.tn,
+            } += 1;
+            if is_data != said_data && c.wrong.len() < 10 {
+                c.wrong.push((block, is_data, rec.to_string()));
+            }
+        }
+    }
+    c
+}
+
+/// The guest script: make `fs` on /dev/vdb, run varmail (its deleted files kept alive by hard
+/// links except on btrfs), then print the file system's block truth between BEGIN/END markers.
+fn varmail_script(fs: &str) -> String {
+    let module = if fs.starts_with("ext") { "ext4" } else { fs };
+    let force = if fs.starts_with("ext") { "-F" } else { "-f" };
+    let varmail = "varmail -d /mnt/v/vm -n 300 -o 20000 -s 11 -j";
+    let chunk_tree = "btrfs inspect-internal dump-tree -t chunk /dev/vdb";
+    if fs == "btrfs" {
+        return format!(
+            "set -e; modprobe btrfs
+mkfs.btrfs -q -f /dev/vdb > /dev/null
+echo BEGIN chunks-before; {chunk_tree}; echo END chunks-before
+mkdir -p /mnt/v; mount /dev/vdb /mnt/v
+{MARK_START}
+{varmail}
+umount /mnt/v
+echo BEGIN chunks; {chunk_tree}; echo END chunks"
+        );
+    }
+    format!(
+        "set -e; modprobe {module}
+mkfs.{fs} -q {force} /dev/vdb > /dev/null; mkdir -p /mnt/v; mount /dev/vdb /mnt/v
+mkdir /mnt/v/vm /mnt/v/keep
+cat > /tmp/keep.py <<'PY'
+{KEEP_PY}PY
+python3 /tmp/keep.py /mnt/v/vm /mnt/v/keep /tmp/stop & K=$!
+while [ ! -e /mnt/v/keep/.ready ]; do sleep 0.1; done
+rm /mnt/v/keep/.ready
+{MARK_START}
+{varmail}
+touch /tmp/stop; wait $K; sync
+echo BEGIN fiemap; filefrag -v /mnt/v/keep/*; echo END fiemap
+umount /mnt/v"
+    )
+}
+
+/// btrfs's data block groups at the end, checked to be those of the start (no block group was
+/// freed and reused as another type during the run).
+fn btrfs_truth(stdout: &str) -> Truth {
+    let before = btrfs_chunks(section(stdout, "chunks-before"));
+    let after = btrfs_chunks(section(stdout, "chunks"));
+    for c in &before {
+        assert!(after.contains(c), "btrfs: chunk {c:?} changed: {after:?}");
+    }
+    let data: Vec<(u64, u64)> = after
+        .iter()
+        .filter(|c| c.0.starts_with("DATA") && !c.0.contains("METADATA"))
+        .map(|c| (c.1, c.2))
+        .collect();
+    assert!(!data.is_empty(), "btrfs: no DATA chunk: {after:?}");
+    Truth::DataChunks(data)
+}
+
+/// The blocks of the files the keeper kept (FIEMAP), after checking it kept at least 99% of
+/// the files varmail created (the 80% preallocated and one per iteration); on ext2/4 the
+/// written blocks free at the end are unknown.
+fn kept_files_truth(
+    fs: &str,
+    stdout: &str,
+    summary: &Value,
+    img: &Path,
+    writes: &[&Value],
+) -> Truth {
+    let created =
+        summary["nfiles"].as_u64().unwrap() * 8 / 10 + summary["created"].as_u64().unwrap();
+    let linked: u64 = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("linked ")?.parse().ok())
+        .unwrap_or_else(|| panic!("{fs}: the keeper did not finish: {stdout}"));
+    println!("{fs}: kept {linked} of the {created} files varmail created");
+    assert!(
+        linked * 100 >= created * 99,
+        "{fs}: only {linked} of {created} files kept: the truth would miss their blocks"
+    );
+    let data = fiemap_blocks(section(stdout, "fiemap"));
+    let unknown = if fs.starts_with("ext") {
+        ext_free_blocks(img, &written_blocks(writes))
+    } else {
+        HashSet::new()
+    };
+    Truth::Blocks { data, unknown }
+}
+
+/// One VM per file system: runs varmail with insights on and returns the per-block confusion
+/// matrix (printed with varmail's own count for reference).
+fn varmail_accuracy(fs: &str) -> Confusion {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("d.img");
     image(&img, 1024, None);
+    let mark = dir.path().join("mark.img");
+    image(&mark, 16, None);
     let log = dir.path().join("ins.jsonl");
-    let st = dir.path().join("stats.json");
-    let force = if fs.starts_with("ext") { "-F" } else { "-f" };
-    let script = format!(
-        "set -e; modprobe {m} 2>/dev/null || true
-mkfs.{fs} -q {force} /dev/vdb > /dev/null; mkdir -p /mnt/v; mount /dev/vdb /mnt/v
-varmail -d /mnt/v/vm -n 300 -o 20000 -s 11
-umount /mnt/v",
-        m = if fs == "ext2" { "ext2" } else { fs }
-    );
     let r = guest_sh(
         &[
             "--disk",
             img.to_str().unwrap(),
+            "--disk",
+            mark.to_str().unwrap(),
             "--insights",
             log.to_str().unwrap(),
             "--insight-target",
             "@cmd",
-            "--stats-json",
-            st.to_str().unwrap(),
         ],
-        &script,
+        &varmail_script(fs),
     );
     assert_eq!(r.code, Some(0), "{fs}: {r:?}");
-    let field = |name: &str| -> u64 {
-        r.stdout
-            .lines()
-            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
-            .unwrap_or_else(|| panic!("{fs}: no {name} in varmail's output: {r:?}"))
+    let summary: Value = r
+        .stdout
+        .lines()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| panic!("{fs}: no varmail summary: {r:?}"));
+    let n = |k: &str| summary[k].as_u64().unwrap();
+    let log = insight_log(&log);
+    let records = judged_writes(&log);
+    let truth = if fs == "btrfs" {
+        btrfs_truth(&r.stdout)
+    } else {
+        kept_files_truth(fs, &r.stdout, &summary, &img, &records)
     };
-    let truth = field("data_chunks ");
-    let partial = field("partial_chunks ");
-    assert!(truth > 5000, "{fs}: varmail wrote too little: {truth}");
-    let measured = stats(&st)["insights"]["write_chunks_data"]
-        .as_u64()
-        .unwrap();
-    let (mut log_data, mut log_mixed) = (0, 0);
-    for rec in insight_log(&log) {
-        if rec["op"] == "write" && rec["disk"] == 1 {
-            match rec["content"].as_str() {
-                Some("data") => log_data += chunks(&rec),
-                Some("mixed") => log_mixed += chunks(&rec),
-                _ => {}
-            }
-        }
-    }
-    let a = Accuracy {
-        truth,
-        measured,
-        log_data,
-        log_mixed,
-        partial,
-    };
+    let c = confusion(&records, &truth);
     println!(
-        "accuracy {fs}: varmail data_chunks {truth} (partial {partial}), vmsight data chunks \
-         {measured} (log: {log_data} in data requests, {log_mixed} in mixed ones), \
-         misclassification {:.3}%",
-        a.error_pct()
+        "accuracy {fs}: per 4 KiB block written: {c:?}, precision {:.4}, recall {:.4}, data \
+         share {:.4} (varmail counted {} data chunks)",
+        c.precision(),
+        c.recall(),
+        c.data_share(),
+        n("data_chunks")
     );
-    a
+    c
 }
 
-fn assert_accurate(fs: &str) {
-    let a = varmail_accuracy(fs);
-    // The log and the counters are two views of the same classification.
+/// Precision and recall per block are at least the bounds, and the bounds mean something: the
+/// truth has enough data and metadata blocks that calling everything data (precision = data
+/// share) or nothing data (recall 0) fails.
+fn assert_accurate(fs: &str, min_precision: f64, min_recall: f64) {
+    let c = varmail_accuracy(fs);
     assert!(
-        a.log_data <= a.measured && a.measured <= a.log_data + a.log_mixed,
-        "{fs}: counters {} vs log {} data + {} mixed chunks",
-        a.measured,
-        a.log_data,
-        a.log_mixed
+        c.tp + c.fn_ > 5000,
+        "{fs}: too few data blocks written: {c:?}"
+    );
+    // Blocks of files varmail deleted before the keeper linked them (ext2/4: free at the end).
+    assert!(
+        c.unknown * 100 <= c.tp + c.fn_,
+        "{fs}: the role of too many blocks is unknown: {c:?}"
     );
     assert!(
-        a.error_pct() < 1.0,
-        "{fs}: misclassification {:.3}% (varmail {} data chunks, {} of them partial; vmsight {})",
-        a.error_pct(),
-        a.truth,
-        a.partial,
-        a.measured
+        c.data_share() < min_precision,
+        "{fs}: the precision bound {min_precision} would pass with everything called data \
+         (data share {:.4}): {c:?}",
+        c.data_share()
     );
-}
-
-#[test]
-fn accuracy_ext4_varmail_under_one_percent() {
-    assert_accurate("ext4");
-}
-
-#[test]
-fn accuracy_ext2_varmail_under_one_percent() {
-    assert_accurate("ext2");
-}
-
-#[test]
-fn accuracy_xfs_varmail_under_one_percent() {
-    assert_accurate("xfs");
-}
-
-/// btrfs is reported as measured (Sky: 3.9%): copy-on-write, checksums and inline extents make
-/// it write less file data as data blocks than varmail counts. Asserted: vmsight never finds
-/// more data than varmail wrote (a metadata block taken for data would be a false match).
-#[test]
-fn accuracy_btrfs_varmail_reported() {
-    let a = varmail_accuracy("btrfs");
     assert!(
-        a.measured <= a.truth,
-        "btrfs: vmsight found {} data chunks, varmail wrote {}",
-        a.measured,
-        a.truth
+        c.precision() >= min_precision,
+        "{fs}: precision {:.4} < {min_precision}: {c:?}",
+        c.precision()
     );
+    assert!(
+        c.recall() >= min_recall,
+        "{fs}: recall {:.4} < {min_recall}: {c:?}",
+        c.recall()
+    );
+}
+
+// Bounds from the runs of 2026-11-24 (varmail -n 300 -o 20000 -s 11, 1 GiB disk; judged block
+// writes = true positives / false positives / false negatives / true negatives, unknown;
+// precision, recall; share of data among the judged blocks):
+//   ext4   9463 / 3 / 0 / 26 604, 0 unknown;   0.9997, 1.0000; 0.262
+//   ext2   9451 / 0 / 0 /  6 523, 15 unknown;  1.0000, 1.0000; 0.592
+//   XFS    9466 / 0 / 0 /  8 668;              1.0000, 1.0000; 0.522
+//   btrfs  9238 / 0 / 0 / 102 280;             1.0000, 1.0000; 0.083
+// Earlier runs: ext4 up to 7 false positives, ext2 up to 24 (before the free-block check), XFS
+// 3 false negatives (mkfs's writes, before the start mark existed). The false positives are
+// blocks of a file the keeper missed (deleted before it was linked, its blocks then reused as
+// metadata: ext4's were f000245's, which vmsight rightly called data); XFS has no free-block
+// check, so its precision bound leaves room for up to 1% missed files.
+
+#[test]
+fn accuracy_ext4_varmail_per_block_precision_and_recall() {
+    assert_accurate("ext4", 0.995, 0.995);
+}
+
+#[test]
+fn accuracy_ext2_varmail_per_block_precision_and_recall() {
+    assert_accurate("ext2", 0.995, 0.995);
+}
+
+#[test]
+fn accuracy_xfs_varmail_per_block_precision_and_recall() {
+    assert_accurate("xfs", 0.99, 0.995);
+}
+
+/// btrfs (Sky: 3.9% misclassified): copy-on-write, checksums and inline extents (small files
+/// and tails live in metadata leaves, so btrfs writes fewer data blocks than varmail counts).
+/// The truth is btrfs's own split of the disk into data and metadata block groups.
+#[test]
+fn accuracy_btrfs_varmail_per_block_precision_and_recall() {
+    assert_accurate("btrfs", 0.995, 0.995);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -208,28 +517,146 @@ fn file_blocks(img: &Path, path: &str) -> Vec<u64> {
     blocks
 }
 
-/// Writes a tagged and an untagged file with libvmsight and with the shim, then checks every
-/// block write of the disk against the files' blocks. With `separate`, a `sync` between the two
-/// files of each pair keeps the guest from merging their writeback into one request.
-fn hints_tag_exactly(separate: bool) {
+/// A hints run: the guest script (the disk is /dev/vdb, mounted on /mnt) and the files it
+/// writes (paths in the file system) with the class each must carry (`None`: no hint).
+struct HintRun {
+    script: String,
+    files: Vec<(String, Option<u64>)>,
+}
+
+/// Two files per mechanism, one tagged, one not, in separate directories, with a `sync`
+/// between the two files of each pair. The libvmsight pair uses the same tool; class 300 is
+/// outside 0..=255, so libvmsight issues that call without a hint. The shim pair is written by
+/// one shell whose two redirections only one glob matches.
+fn separate_files() -> HintRun {
+    let script = format!(
+        "set -e; mount /dev/vdb /mnt; mkdir /mnt/t /mnt/p
+hintwrite write /mnt/t/lib 3 300000 65536
+sync
+hintwrite write /mnt/p/lib 300 300000 65536
+export VMSIGHT_HINTS='/mnt/t/*=6'
+{PRELOAD} sh -c 'dd if=/dev/urandom of=/mnt/t/shim bs=65536 count=5 status=none; sync; \
+dd if=/dev/urandom bs=65536 count=5 status=none > /mnt/p/shim'
+sync; umount /mnt; echo done"
+    );
+    let files = [
+        ("/t/lib", Some(3)),
+        ("/p/lib", None),
+        ("/t/shim", Some(6)),
+        ("/p/shim", None),
+    ];
+    HintRun {
+        script,
+        files: files.iter().map(|(f, c)| (f.to_string(), *c)).collect(),
+    }
+}
+
+/// Small files, alternately tagged (shim, class 6) and untagged, written by `dd` into one
+/// directory with no sync in between: ext4 allocates them next to each other at writeback
+/// (delayed allocation, locality-group preallocation) and the guest's block layer merges their
+/// writes into shared requests. The guest's own oracles are printed: the write-merge counter of
+/// /sys/block/vdb/stat (field 6) before and after, the device number, and every request issued
+/// (tracepoint block:block_rq_issue).
+fn merged_files() -> HintRun {
+    let pairs = 6;
+    let script = format!(
+        "set -e; mount /dev/vdb /mnt; mkdir /mnt/m
+T=/sys/kernel/tracing; mountpoint -q $T || mount -t tracefs nodev $T
+echo 1 > $T/events/block/block_rq_issue/enable
+echo \"STAT0 $(cat /sys/block/vdb/stat)\"
+export VMSIGHT_HINTS='/mnt/m/t*=6'
+{PRELOAD} sh -c 'i=0; while [ $i -lt {pairs} ]; do \
+dd if=/dev/urandom of=/mnt/m/t$i bs=20480 count=1 status=none; \
+dd if=/dev/urandom of=/mnt/m/p$i bs=20480 count=1 status=none; i=$((i+1)); done'
+sync
+echo \"STAT1 $(cat /sys/block/vdb/stat)\"
+echo 0 > $T/events/block/block_rq_issue/enable
+echo \"DEV $(cat /sys/block/vdb/dev)\"
+echo BEGIN rq; grep block_rq_issue: $T/trace; echo END rq
+umount /mnt; echo done"
+    );
+    let files = (0..pairs)
+        .flat_map(|i| [(format!("/m/t{i}"), Some(6)), (format!("/m/p{i}"), None)])
+        .collect();
+    HintRun { script, files }
+}
+
+/// Write requests the guest issued to the device `dev` ("MAJOR,MINOR"), as (byte offset, byte
+/// length), from block:block_rq_issue lines ("... block_rq_issue: 254,16 W 20480 () 2048 + 40
+/// [comm]").
+fn issued_writes(trace: &str, dev: &str) -> Vec<(u64, u64)> {
+    trace
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l
+                .split("block_rq_issue: ")
+                .nth(1)?
+                .split_whitespace()
+                .collect();
+            let plus = f.iter().position(|x| *x == "+")?;
+            let (sector, n): (u64, u64) = (f[plus - 1].parse().ok()?, f[plus + 1].parse().ok()?);
+            (f[0] == dev && f[1].contains('W') && n > 0).then_some((sector * 512, n * 512))
+        })
+        .collect()
+}
+
+/// The write-merge counter (field 6) of a `/sys/block/X/stat` line printed as `TAG FIELDS`.
+fn write_merges(stdout: &str, tag: &str) -> u64 {
+    let line = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix(tag))
+        .unwrap_or_else(|| panic!("no {tag} line: {stdout}"));
+    line.split_whitespace().nth(5).unwrap().parse().unwrap()
+}
+
+/// The guest merged writes of different files into one request: its write-merge counter went
+/// up, and at least one request it issued covers the blocks (debugfs) of a tagged and an
+/// untagged file. Returns the disk blocks of those requests that belong to the files.
+fn assert_guest_merged_files(
+    stdout: &str,
+    owner: &HashMap<u64, usize>,
+    files: &[(String, Option<u64>)],
+) -> Vec<u64> {
+    let merges = write_merges(stdout, "STAT1 ") - write_merges(stdout, "STAT0 ");
+    let dev = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("DEV "))
+        .unwrap()
+        .replace(':', ",");
+    let issued = issued_writes(section(stdout, "rq"), &dev);
+    let mut blocks = Vec::new();
+    for (off, len) in &issued {
+        let mine: Vec<u64> = (0..len / 4096)
+            .map(|k| off + k * 4096)
+            .filter(|b| owner.contains_key(b))
+            .collect();
+        let tagged: HashSet<bool> = mine.iter().map(|b| files[owner[b]].1.is_some()).collect();
+        if tagged.len() == 2 {
+            println!("guest request {off}+{len} covers tagged and untagged files");
+            blocks.extend(mine);
+        }
+    }
+    println!(
+        "guest: {merges} write merges, {} write requests, {} blocks in cross-file requests",
+        issued.len(),
+        blocks.len()
+    );
+    assert!(merges > 0, "the guest merged no write: {stdout}");
+    assert!(
+        !blocks.is_empty(),
+        "no request of the guest covers a tagged and an untagged file: {issued:?}"
+    );
+    blocks
+}
+
+/// Writes the files of `run`, then checks every block write of the disk against the files'
+/// blocks (debugfs): a request of several files has each file's class on exactly its blocks.
+/// With `merged`, the guest must first have merged tagged and untagged files into a request.
+fn hints_tag_exactly(run: HintRun, merged: bool) {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("h.img");
     image(&img, 512, Some(4096));
     let log = dir.path().join("ins.jsonl");
-    // Two files per mechanism: one tagged, one not. The libvmsight pair uses the same tool;
-    // class 300 is outside 0..=255, so libvmsight issues that call without a hint. The shim
-    // pair is written by one shell whose two redirections only one glob matches.
-    let script = format!(
-        "set -e; mount /dev/vdb /mnt; mkdir /mnt/t /mnt/p
-hintwrite write /mnt/t/lib 3 300000 65536
-{sep}
-hintwrite write /mnt/p/lib 300 300000 65536
-export VMSIGHT_HINTS='/mnt/t/*=6'
-{PRELOAD} sh -c 'dd if=/dev/urandom of=/mnt/t/shim bs=65536 count=5 status=none; {sep} \
-dd if=/dev/urandom bs=65536 count=5 status=none > /mnt/p/shim'
-sync; umount /mnt; echo done",
-        sep = if separate { "sync;" } else { "" }
-    );
     let r = guest_sh(
         &[
             "--disk",
@@ -237,34 +664,42 @@ sync; umount /mnt; echo done",
             "--insights",
             log.to_str().unwrap(),
         ],
-        &script,
+        &run.script,
     );
     assert_eq!(r.code, Some(0), "{r:?}");
     assert!(r.stdout.contains("done"), "{r:?}");
+    let files = &run.files;
 
     // Which file every 4 KiB disk block belongs to, and the class it must carry.
-    let files: [(&str, Option<u64>); 4] = [
-        ("/t/lib", Some(3)),
-        ("/p/lib", None),
-        ("/t/shim", Some(6)),
-        ("/p/shim", None),
-    ];
     let mut owner: HashMap<u64, usize> = HashMap::new();
     for (i, (f, _)) in files.iter().enumerate() {
         for b in file_blocks(&img, f) {
             owner.insert(b, i);
         }
     }
+    let cross = if merged {
+        assert_guest_merged_files(&r.stdout, &owner, files)
+    } else {
+        Vec::new()
+    };
     let records: Vec<Value> = insight_log(&log)
         .into_iter()
         .filter(|r| r["op"] == "write" && r["disk"] == 1)
         .collect();
     let mut seen: Vec<u64> = vec![0; files.len()];
+    // The class vmsight logged for each file block.
+    let mut logged: HashMap<u64, Option<u64>> = HashMap::new();
     for rec in &records {
         let off = rec["offset"].as_u64().unwrap();
         let app = rec["app_class"].as_u64();
         let mut owners: Vec<usize> = (0..chunks(rec))
-            .filter_map(|k| owner.get(&(off + k * 4096)).copied())
+            .filter_map(|k| {
+                let b = off + k * 4096;
+                owner.get(&b).inspect(|_| {
+                    logged.insert(b, app);
+                })
+            })
+            .copied()
             .collect();
         owners.sort_unstable();
         owners.dedup();
@@ -279,13 +714,13 @@ sync; umount /mnt; echo done",
         let want: Vec<Option<u64>> = owners.iter().map(|&i| files[i].1).collect();
         assert!(
             want.iter().all(|w| *w == want[0]),
-            "one request covers tagged and untagged files: {rec}"
+            "one record covers tagged and untagged files: {rec}"
         );
         assert_eq!(
             app,
             want[0],
             "request of {:?} has app_class {app:?}: {rec}",
-            owners.iter().map(|&i| files[i].0).collect::<Vec<_>>()
+            owners.iter().map(|&i| &files[i].0).collect::<Vec<_>>()
         );
         if want[0].is_some() {
             assert_eq!(rec["content"], "data", "{rec}");
@@ -299,19 +734,29 @@ sync; umount /mnt; echo done",
     for (i, (f, _)) in files.iter().enumerate() {
         assert!(seen[i] > 0, "no block write of {f} in the insight log");
     }
+    // Every block of the guest's cross-file requests is in the log with its own file's class.
+    for b in &cross {
+        let want = files[owner[b]].1;
+        assert_eq!(
+            logged.get(b),
+            Some(&want),
+            "block {b} of {} in a merged request",
+            files[owner[b]].0
+        );
+    }
 }
 
 #[test]
 fn hints_change_exactly_the_tagged_requests() {
-    hints_tag_exactly(true);
+    hints_tag_exactly(separate_files(), false);
 }
 
-/// Neighbouring files written back together become one block request; its blocks of the
-/// untagged file must not get the tagged file's class. Fails today: the classifier gives the
-/// whole request the first matched chunk's hint (/tmp/insight-bugs/01.md).
+/// Neighbouring files written back together become one block request (checked with the
+/// guest's merge counter and its issued requests); its blocks of the untagged files must not
+/// get the tagged files' class, and the other way round.
 #[test]
 fn hints_merged_request_tags_only_the_tagged_blocks() {
-    hints_tag_exactly(false);
+    hints_tag_exactly(merged_files(), true);
 }
 
 // ---------------------------------------------------------------------------------------------
