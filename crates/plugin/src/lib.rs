@@ -388,8 +388,11 @@ struct PendingRead {
     entry_ts: u64,
     cr3: u64,
     pc: u64,
+    /// The buffer, or for a vectored read the iovec array.
     buf: u64,
+    /// The buffer's length, or for a vectored read the iovec count.
     len: u64,
+    vectored: bool,
     hdr: SumsHeader,
 }
 
@@ -442,6 +445,10 @@ struct Hot {
     pieces: Vec<Record>,
     /// Scratch for one 4 KiB chunk being checksummed.
     chunk: Box<[u8]>,
+    /// The buffer of the call being checksummed, as segments (one for a plain buffer).
+    segs: Vec<logic::Segment>,
+    /// Scratch for a vectored call's raw iovec array.
+    iovraw: Vec<u8>,
 
     /// CR3 base as last written (known from the CR3-write callbacks while tracking), valid
     /// while `cr3_gen` equals the applied filter generation (tracking was on throughout).
@@ -751,6 +758,8 @@ fn vcpu_init(vcpu: c_uint) {
                     strbuf: Vec::with_capacity(MAX_STRING),
                     pieces: Vec::with_capacity(64),
                     chunk: vec![0u8; CHUNK as usize].into_boxed_slice(),
+                    segs: Vec::with_capacity(8),
+                    iovraw: Vec::new(),
                     cur_cr3: u64::MAX,
                     cr3_gen: u64::MAX,
                     kgs: 0,
@@ -1415,11 +1424,11 @@ impl Ctx<'_> {
         r
     }
 
-    /// Buffer checksums for a monitored read/write entry: a write's SUMS records and partial
-    /// head/tail DATA pieces are appended to `pieces` (pushed with the entry); a read is
-    /// remembered until its return.
+    /// Buffer checksums for a monitored read/write entry (plain or vectored): a write's SUMS
+    /// records and partial head/tail DATA pieces are appended to `pieces` (pushed with the
+    /// entry); a read is remembered until its return.
     fn entry_sums(&mut self, t: &TaskInfo, ts: u64, cr3: u64, pc: u64, nr: u32, args: &[u64; 6]) {
-        let Some((read, positional)) = sum_kind(nr) else {
+        let Some(k) = sum_kind(nr) else {
             return;
         };
         let Some(fl) = self.lay.files else { return };
@@ -1431,27 +1440,29 @@ impl Ctx<'_> {
         let Some(fi) = fi.filter(|f| f.regular) else {
             return;
         };
-        let append = fi.flags & O_APPEND != 0;
-        // Linux appends even for pwrite64 on an O_APPEND file.
-        let (pos, src) = if !read && append {
+        let append = !k.read && write_appends(k, args, fi.flags);
+        let (pos, src) = if append {
             (fi.i_size, vmsight_ring::sums::POS_ISIZE)
-        } else if positional {
+        } else if k.pos == PosArg::Arg3 || (k.pos == PosArg::Arg3OrFilePos && args[3] != u64::MAX) {
             (args[3], vmsight_ring::sums::POS_ARG)
         } else {
             (fi.pos, vmsight_ring::sums::POS_FPOS)
         };
+        let Some(len) = self.load_segments(args[1], args[2], k.vectored) else {
+            return; // an unreadable iovec array: the call fails with EFAULT
+        };
         let hdr = SumsHeader {
             fd: args[0] as u32,
             pos_source: src,
-            read,
-            append,
+            read: k.read,
+            append: fi.flags & O_APPEND != 0 || append,
             pos,
-            len: args[2],
+            len,
             inode: fi.inode,
             i_size: fi.i_size,
             ..SumsHeader::default()
         };
-        if read {
+        if k.read {
             reads_add(PendingRead {
                 task: t.task,
                 entry_ts: ts,
@@ -1459,12 +1470,36 @@ impl Ctx<'_> {
                 pc,
                 buf: args[1],
                 len: args[2],
+                vectored: k.vectored,
                 hdr,
             });
         } else {
             self.buffer_sums(ts, cr3, args[1], hdr, 0);
             self.partial_bytes(ts, cr3, args[1], hdr);
         }
+    }
+
+    /// Describes the call's buffer in `hot.segs`: one segment for a plain buffer, the iovec
+    /// array's entries for a vectored call. Returns the total length, `None` when the array
+    /// cannot be read or is refused by the kernel.
+    fn load_segments(&mut self, buf: u64, len: u64, vectored: bool) -> Option<u64> {
+        let h = &mut *self.hot;
+        if !vectored {
+            h.segs.clear();
+            h.segs.push(logic::Segment {
+                start: 0,
+                addr: buf,
+                len,
+            });
+            return Some(len);
+        }
+        if !h.membuf.read_iovecs(buf, len, &mut h.iovraw) {
+            if len <= MAX_IOV {
+                self.count(Counter::MemReadErrors, 1);
+            }
+            return None;
+        }
+        iov_segments(&h.iovraw, &mut h.segs)
     }
 
     /// Checksums the whole 4 KiB file-aligned chunks of the buffer at `buf` described by
@@ -1481,16 +1516,13 @@ impl Ctx<'_> {
             let take = (n - i).min(vals.len() as u64) as usize;
             let mut valid = 0u8;
             for (k, v) in vals.iter_mut().enumerate().take(take) {
-                let addr = buf
-                    .wrapping_add(plan.first_buf)
-                    .wrapping_add((i + k as u64) * CHUNK);
+                let off = plan.first_buf + (i + k as u64) * CHUNK;
                 let h = &mut *self.hot;
-                match h.membuf.read_guest(addr, &mut h.chunk[..]) {
-                    Ok(got) if got == h.chunk.len() => {
-                        *v = vmsight_ring::fnv1a64(&h.chunk[..]);
-                        valid |= 1 << k;
-                    }
-                    _ => end_flags |= flags::FAULT,
+                if h.membuf.read_segments(&h.segs, off, &mut h.chunk[..]) == h.chunk.len() {
+                    *v = vmsight_ring::fnv1a64(&h.chunk[..]);
+                    valid |= 1 << k;
+                } else {
+                    end_flags |= flags::FAULT;
                 }
             }
             if end_flags & flags::FAULT != 0 && valid.count_ones() as usize != take {
@@ -1521,20 +1553,18 @@ impl Ctx<'_> {
             if len == 0 || len >= CHUNK {
                 continue;
             }
-            let addr = buf.wrapping_add(off);
+            // The guest address of the piece's first byte (for a vectored call, in its iovec).
+            let mut addr = buf.wrapping_add(off);
+            for_each_run(&self.hot.segs, off, 1, |a, _, _| addr = a);
             let h = &mut *self.hot;
             h.strbuf.clear();
             h.strbuf.resize(len as usize, 0);
-            let f = match h.membuf.read_guest(addr, &mut h.strbuf[..]) {
-                Ok(n) if n == len as usize => 0,
-                Ok(n) => {
-                    h.strbuf.truncate(n);
-                    flags::FAULT
-                }
-                Err(_) => {
-                    h.strbuf.clear();
-                    flags::FAULT
-                }
+            let n = h.membuf.read_segments(&h.segs, off, &mut h.strbuf[..]);
+            let f = if n == len as usize {
+                0
+            } else {
+                h.strbuf.truncate(n);
+                flags::FAULT
             };
             if f != 0 {
                 self.count(Counter::MemReadErrors, 1);
@@ -1550,8 +1580,11 @@ impl Ctx<'_> {
         if rip != pr.pc.wrapping_add(2) || got <= 0 {
             return; // an error, EOF, a restart or a signal handler: nothing was read
         }
+        let Some(len) = self.load_segments(pr.buf, pr.len, pr.vectored) else {
+            return;
+        };
         let mut hdr = pr.hdr;
-        hdr.len = (got as u64).min(pr.len);
+        hdr.len = (got as u64).min(len);
         self.hot.pieces.clear();
         self.buffer_sums(pr.entry_ts, pr.cr3, pr.buf, hdr, flags::LATE);
         let n = self.hot.pieces.len();

@@ -501,6 +501,12 @@ pub mod nr {
     pub const WRITE: u32 = 1;
     pub const PREAD64: u32 = 17;
     pub const PWRITE64: u32 = 18;
+    pub const READV: u32 = 19;
+    pub const WRITEV: u32 = 20;
+    pub const PREADV: u32 = 295;
+    pub const PWRITEV: u32 = 296;
+    pub const PREADV2: u32 = 327;
+    pub const PWRITEV2: u32 = 328;
     pub const CLONE: u32 = 56;
     pub const FORK: u32 = 57;
     pub const VFORK: u32 = 58;
@@ -540,16 +546,132 @@ pub const S_IFMT: u16 = 0o170000;
 /// Regular file.
 pub const S_IFREG: u16 = 0o100000;
 
-/// Buffer checksums the plugin computes for syscall `nr`: `Some(true)` read, `Some(false)`
-/// write, with whether the file position is the 4th argument (`pread64`/`pwrite64`).
-pub fn sum_kind(nr: u32) -> Option<(bool, bool)> {
+/// Where a checksummed call's file position comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PosArg {
+    /// The file's position (`read`, `write`, `readv`, `writev`).
+    FilePos,
+    /// The 4th argument (`pread64`, `pwrite64`, `preadv`, `pwritev`).
+    Arg3,
+    /// The 4th argument, or the file's position when it is -1 (`preadv2`, `pwritev2`).
+    Arg3OrFilePos,
+}
+
+/// How a checksummed I/O call describes its buffer and file position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SumKind {
+    /// A read (checksummed at its return), else a write (at its entry).
+    pub read: bool,
+    /// The 2nd argument is an array of `struct iovec`, the 3rd its length; else a buffer
+    /// and its length.
+    pub vectored: bool,
+    pub pos: PosArg,
+    /// The 6th argument holds `RWF_*` flags (`preadv2`, `pwritev2`).
+    pub rwf_flags: bool,
+}
+
+/// Buffer checksums the plugin computes for syscall `nr` (Sky §3.4), plain and vectored.
+pub fn sum_kind(nr: u32) -> Option<SumKind> {
+    let k = |read, vectored, pos, rwf_flags| {
+        Some(SumKind {
+            read,
+            vectored,
+            pos,
+            rwf_flags,
+        })
+    };
     match nr {
-        nr::READ => Some((true, false)),
-        nr::PREAD64 => Some((true, true)),
-        nr::WRITE => Some((false, false)),
-        nr::PWRITE64 => Some((false, true)),
+        nr::READ => k(true, false, PosArg::FilePos, false),
+        nr::WRITE => k(false, false, PosArg::FilePos, false),
+        nr::PREAD64 => k(true, false, PosArg::Arg3, false),
+        nr::PWRITE64 => k(false, false, PosArg::Arg3, false),
+        nr::READV => k(true, true, PosArg::FilePos, false),
+        nr::WRITEV => k(false, true, PosArg::FilePos, false),
+        nr::PREADV => k(true, true, PosArg::Arg3, false),
+        nr::PWRITEV => k(false, true, PosArg::Arg3, false),
+        nr::PREADV2 => k(true, true, PosArg::Arg3OrFilePos, true),
+        nr::PWRITEV2 => k(false, true, PosArg::Arg3OrFilePos, true),
         _ => None,
     }
+}
+
+/// `RWF_APPEND` / `RWF_NOAPPEND` of `preadv2`/`pwritev2` (Linux 4.16 / 6.0).
+pub const RWF_APPEND: u64 = 0x10;
+pub const RWF_NOAPPEND: u64 = 0x20;
+
+/// Whether a write of kind `k` with arguments `args` to a file with `f_flags` appends at
+/// `i_size`: `O_APPEND` does even for a positional write, `RWF_APPEND` asks for it per call
+/// and `RWF_NOAPPEND` cancels `O_APPEND` (mm/filemap.c, `kiocb_set_rw_flags`).
+pub fn write_appends(k: SumKind, args: &[u64; 6], f_flags: u32) -> bool {
+    let rwf = if k.rwf_flags { args[5] } else { 0 };
+    if rwf & RWF_APPEND != 0 {
+        return true;
+    }
+    f_flags & O_APPEND != 0 && rwf & RWF_NOAPPEND == 0
+}
+
+/// Most `struct iovec` entries of one call (the kernel's `UIO_MAXIOV`; more is `EINVAL`).
+pub const MAX_IOV: u64 = 1024;
+
+/// One piece of a (possibly vectored) buffer: its first byte's offset in the whole buffer,
+/// its guest address and its length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Segment {
+    pub start: u64,
+    pub addr: u64,
+    pub len: u64,
+}
+
+/// Builds the segment list of an iovec array from its raw little-endian bytes (16 per entry:
+/// base, length), skipping empty entries. Returns the total length (saturating), or `None`
+/// for a length the kernel refuses (`EINVAL`: one above `isize::MAX`).
+pub fn iov_segments(raw: &[u8], out: &mut Vec<Segment>) -> Option<u64> {
+    out.clear();
+    let mut total = 0u64;
+    for e in raw.chunks_exact(16) {
+        let word = |i: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&e[i..i + 8]);
+            u64::from_le_bytes(b)
+        };
+        let (addr, len) = (word(0), word(8));
+        if len > i64::MAX as u64 {
+            return None;
+        }
+        if len == 0 {
+            continue;
+        }
+        out.push(Segment {
+            start: total,
+            addr,
+            len,
+        });
+        total = total.saturating_add(len);
+    }
+    Some(total)
+}
+
+/// Splits the byte range `[off, off + len)` of a segmented buffer into guest address runs,
+/// calling `f(addr, dst_offset, n)` for each in order; stops at the buffer's end. Returns
+/// the bytes covered.
+pub fn for_each_run(
+    segs: &[Segment],
+    off: u64,
+    len: u64,
+    mut f: impl FnMut(u64, usize, usize),
+) -> u64 {
+    let mut i = segs.partition_point(|s| s.start.saturating_add(s.len) <= off);
+    let mut done = 0u64;
+    while done < len {
+        let Some(s) = segs.get(i) else { break };
+        let at = off + done;
+        let inner = at.saturating_sub(s.start);
+        let n = (s.len - inner).min(len - done);
+        f(s.addr.wrapping_add(inner), done as usize, n as usize);
+        done += n;
+        i += 1;
+    }
+    done
 }
 
 /// How a buffer of `len` bytes written at file position `pos` splits into 4 KiB

@@ -438,11 +438,110 @@ fn chunk_plans_split_buffers_at_file_offset_boundaries() {
     assert_eq!((p.tail_start, p.tail_len), (8092, 1908));
     assert_eq!(chunk_plan(0, 0).whole, 0);
     assert_eq!(chunk_plan(u64::MAX - 10, 100).whole, 0);
-    assert_eq!(sum_kind(1), Some((false, false)));
-    assert_eq!(sum_kind(17), Some((true, true)));
-    assert_eq!(sum_kind(2), None);
+    let k = |nr| sum_kind(nr).map(|k| (k.read, k.vectored, k.pos, k.rwf_flags));
+    assert_eq!(k(1), Some((false, false, PosArg::FilePos, false)));
+    assert_eq!(k(17), Some((true, false, PosArg::Arg3, false)));
+    assert_eq!(k(19), Some((true, true, PosArg::FilePos, false)));
+    assert_eq!(k(296), Some((false, true, PosArg::Arg3, false)));
+    assert_eq!(k(327), Some((true, true, PosArg::Arg3OrFilePos, true)));
+    assert_eq!(k(328), Some((false, true, PosArg::Arg3OrFilePos, true)));
+    assert_eq!(k(2), None);
     let o = Options::parse(["shm=/a", "sums=off", "sumcap=8"]).expect("sums options");
     assert!(!o.sums);
     assert_eq!(o.sum_cap, 8192);
     assert!(Options::parse(["shm=/a", "sumcap=4096"]).is_err());
+}
+
+#[test]
+fn writes_append_per_o_append_and_rwf_flags() {
+    let pwritev2 = sum_kind(328).unwrap();
+    let pwrite = sum_kind(18).unwrap();
+    let args = |rwf| [3, 0, 1, 0, 0, rwf];
+    // O_APPEND appends even for a positional write; RWF_NOAPPEND cancels it per call.
+    assert!(write_appends(pwrite, &args(0), O_APPEND));
+    assert!(write_appends(pwritev2, &args(0), O_APPEND));
+    assert!(!write_appends(pwritev2, &args(RWF_NOAPPEND), O_APPEND));
+    // RWF_APPEND appends without O_APPEND; the flags argument of pwrite64 means nothing.
+    assert!(write_appends(pwritev2, &args(RWF_APPEND), 0));
+    assert!(!write_appends(pwrite, &args(RWF_APPEND), 0));
+    assert!(!write_appends(pwritev2, &args(0), 0));
+}
+
+fn iov_raw(entries: &[(u64, u64)]) -> Vec<u8> {
+    entries
+        .iter()
+        .flat_map(|(a, l)| a.to_le_bytes().into_iter().chain(l.to_le_bytes()))
+        .collect()
+}
+
+#[test]
+fn iovec_arrays_become_segments_without_empty_entries() {
+    let mut segs = Vec::new();
+    let raw = iov_raw(&[(0x1000, 100), (0x9000, 0), (0x5000, 4000), (0x7000, 1)]);
+    assert_eq!(iov_segments(&raw, &mut segs), Some(4101));
+    let got: Vec<_> = segs.iter().map(|s| (s.start, s.addr, s.len)).collect();
+    assert_eq!(
+        got,
+        [(0, 0x1000, 100), (100, 0x5000, 4000), (4100, 0x7000, 1)]
+    );
+    // A length above isize::MAX is refused by the kernel (EINVAL): no sums.
+    assert_eq!(iov_segments(&iov_raw(&[(1, u64::MAX)]), &mut segs), None);
+    assert_eq!(iov_segments(&[], &mut segs), Some(0));
+    assert!(segs.is_empty());
+}
+
+#[test]
+fn byte_ranges_of_a_vectored_buffer_split_at_segment_ends() {
+    let mut segs = Vec::new();
+    iov_segments(
+        &iov_raw(&[(0x1000, 100), (0x5000, 4000), (0x7000, 10)]),
+        &mut segs,
+    );
+    let runs = |off, len| {
+        let mut v = Vec::new();
+        let n = for_each_run(&segs, off, len, |a, at, n| v.push((a, at, n)));
+        (n, v)
+    };
+    // A 4 KiB chunk spanning all three segments.
+    assert_eq!(
+        runs(0, 4096),
+        (4096, vec![(0x1000, 0, 100), (0x5000, 100, 3996)])
+    );
+    assert_eq!(
+        runs(50, 4060),
+        (
+            4060,
+            vec![(0x1000 + 50, 0, 50), (0x5000, 50, 4000), (0x7000, 4050, 10)]
+        )
+    );
+    // Past the end: only what exists.
+    assert_eq!(runs(4105, 100), (5, vec![(0x7000 + 5, 0, 5)]));
+    assert_eq!(runs(5000, 10), (0, vec![]));
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 256, ..Default::default() })]
+    /// Any byte range of any segmented buffer is covered exactly once, in order, by the runs,
+    /// and each run lies inside its segment.
+    #[test]
+    fn runs_cover_a_range_exactly_once(
+        lens in proptest::collection::vec(0u64..5000, 0..20),
+        off in 0u64..40_000,
+        len in 0u64..10_000,
+    ) {
+        let entries: Vec<(u64, u64)> = lens.iter().enumerate()
+            .map(|(i, &l)| ((i as u64 + 1) << 20, l)).collect();
+        let mut segs = Vec::new();
+        let total = iov_segments(&iov_raw(&entries), &mut segs).unwrap();
+        let mut next = 0usize;
+        let n = for_each_run(&segs, off, len, |a, at, k| {
+            assert_eq!(at, next);
+            let s = segs.iter().find(|s| a >= s.addr && a < s.addr + s.len).unwrap();
+            assert!(a + k as u64 <= s.addr + s.len);
+            assert_eq!(s.start + (a - s.addr), off + at as u64);
+            next += k;
+        });
+        assert_eq!(n, len.min(total.saturating_sub(off)));
+        assert_eq!(next as u64, n);
+    }
 }
