@@ -8,11 +8,74 @@
 //! under each tool, as the issue states it.
 #![allow(clippy::unwrap_used)] // Test code: a failed unwrap is a failed test.
 
-use vmsight_tests::trace_compare::{diff, parse_strace, parse_vmsight_json};
+use vmsight_tests::trace_compare::{diff, parse_strace, parse_vmsight_json, Runs};
 use vmsight_tests::*;
 
-/// Syscalls compared: file and process calls whose fd/path arguments and returns are stable.
-const FILTER: &str = "openat,read,write,close,execve,clone,clone3,fork,vfork,wait4,exit_group,exit,pipe2,dup2,rt_sigreturn,kill,unlinkat,newfstatat,getdents64,chdir,rename,mkdir";
+/// Syscalls compared: file, memory, socket and process calls, with their fds, paths, flags,
+/// modes, counts and offsets (tests/src/trace_compare.rs `compared`) and returns.
+const FILTER: &str = "openat,read,write,close,execve,clone,clone3,fork,vfork,wait4,exit_group,exit,pipe2,dup2,rt_sigreturn,kill,unlinkat,newfstatat,getdents64,chdir,rename,mkdir,\
+mmap,fstat,lseek,pread64,pwrite64,fcntl,ioctl,readv,writev,preadv,pwritev,preadv2,pwritev2,\
+sendfile,splice,copy_file_range,socket,socketpair,bind,listen,connect,accept,accept4,sendto,\
+recvfrom,sendmsg,recvmsg,shutdown,setsockopt,getsockopt";
+
+/// A Python program (run as `python3 /tmp/io.py`) that makes the calls no coreutils tool
+/// makes: vectored and positional I/O, copies without a user buffer, fcntl and ioctl, and
+/// Unix sockets (stream, datagram, listening).
+const PY_IO: &str = r#"cat > /tmp/io.py <<'PYEOF'
+import array, fcntl, os, socket, termios
+d = "/tmp/pyio"
+os.makedirs(d, exist_ok=True)
+src = os.open(d + "/src", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o640)
+os.writev(src, [b"a" * 5000, b"b" * 3192, b"c" * 100])
+os.pwritev(src, [b"d" * 4096, b"e" * 10], 16384)
+os.pwritev(src, [b"f" * 300], -1, os.RWF_APPEND)
+os.lseek(src, 0, os.SEEK_SET)
+os.readv(src, [bytearray(1000), bytearray(9000)])
+os.preadv(src, [bytearray(4096)], 8192)
+os.preadv(src, [bytearray(77)], -1, 0)
+os.fstat(src)
+fl = fcntl.fcntl(src, fcntl.F_GETFL)
+fcntl.fcntl(src, fcntl.F_SETFL, fl | os.O_APPEND)
+fcntl.fcntl(src, fcntl.F_SETFD, fcntl.FD_CLOEXEC)
+os.close(fcntl.fcntl(src, fcntl.F_DUPFD_CLOEXEC, 20))
+dst = os.open(d + "/dst", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+os.copy_file_range(src, dst, 6000, 0, 0)
+os.sendfile(dst, src, 100, 2000)
+r, w = os.pipe()
+os.splice(src, w, 3000, offset_src=50)
+fcntl.ioctl(r, termios.FIONREAD, array.array("i", [0]))
+os.splice(r, dst, 3000)
+os.close(r)
+os.close(w)
+os.pread(dst, 100, 10)
+os.pwrite(dst, b"x" * 10, 20)
+try:
+    os.open(d + "/missing", os.O_RDONLY)
+except FileNotFoundError:
+    pass
+a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+a.sendmsg([b"hello", b"world"])
+b.recvmsg(64)
+a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65536)
+a.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+a.shutdown(socket.SHUT_WR)
+x, y = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+x.send(b"dgram")
+y.recvfrom(64)
+srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+srv.bind(d + "/sock")
+srv.listen(4)
+cli = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+cli.connect(d + "/sock")
+conn, _ = srv.accept()
+cli.sendall(b"ping")
+conn.recv(16)
+for s in (a, b, x, y, srv, cli, conn):
+    s.close()
+os.close(src)
+os.close(dst)
+PYEOF
+rm -rf /tmp/pyio"#;
 
 struct Workload {
     name: &'static str,
@@ -69,6 +132,12 @@ const WORKLOADS: &[Workload] = &[
         filter: FILTER,
     },
     Workload {
+        name: "python-io",
+        prep: PY_IO,
+        script: "python3 /tmp/io.py",
+        filter: FILTER,
+    },
+    Workload {
         name: "forktree",
         prep: "true",
         script: "forktree 0 3 > /tmp/tree.out",
@@ -84,7 +153,7 @@ fn run_all_under_both(vcpus: u32) -> Vec<(String, String)> {
     let mut script = String::from("set -e; cp /bin/dash /tmp/wl\n");
     for w in WORKLOADS {
         script.push_str(&format!(
-            "{prep}\necho '=== {name}' >&2\nstrace -f -qq -o /tmp/{name}.strace -e trace={filter} /tmp/wl -c '{s}'\n",
+            "{prep}\necho '=== {name}' >&2\nstrace -f -qq -X raw -o /tmp/{name}.strace -e trace={filter} /tmp/wl -c '{s}'\n",
             prep = w.prep,
             name = w.name,
             filter = w.filter,
@@ -200,8 +269,8 @@ fn split_by_root(json: &str) -> Vec<String> {
 fn check_all(vcpus: u32) {
     let mut failures = Vec::new();
     for (w, (strace, json)) in WORKLOADS.iter().zip(run_all_under_both(vcpus)) {
-        let mut expected = parse_strace(&strace);
-        let got = parse_vmsight_json(&json);
+        let mut expected = parse_strace(&strace, Runs::Same);
+        let got = parse_vmsight_json(&json, Runs::Same);
         // strace reports the execve of /tmp/wl that vmsight cannot: at that moment the
         // process is still strace's child named "strace", not yet `wl`.
         if let Some(main) = expected.get_mut("0") {
@@ -260,7 +329,7 @@ fn separate_runs_of_deterministic_workloads_agree_with_strace() {
         let strace = guest_sh(
             &[],
             &format!(
-                "cp /bin/dash /tmp/wl && strace -f -qq -o /tmp/s -e trace={FILTER} /tmp/wl -c '{script}' && cat /tmp/s"
+                "cp /bin/dash /tmp/wl && strace -f -qq -X raw -o /tmp/s -e trace={FILTER} /tmp/wl -c '{script}' && cat /tmp/s"
             ),
         );
         assert_eq!(strace.code, Some(0), "{name}: {}", strace.stderr);
@@ -280,13 +349,13 @@ fn separate_runs_of_deterministic_workloads_agree_with_strace() {
             &format!("cp /bin/dash /tmp/wl && /tmp/wl -c '{script}'"),
         );
         assert_eq!(traced.code, Some(0), "{name}: {}", traced.stderr);
-        let mut expected = parse_strace(&strace.stdout);
+        let mut expected = parse_strace(&strace.stdout, Runs::Separate);
         if let Some(main) = expected.get_mut("0") {
             if main.first().is_some_and(|c| c.name == "execve") {
                 main.remove(0);
             }
         }
-        let mut got = parse_vmsight_json(&std::fs::read_to_string(&json).unwrap());
+        let mut got = parse_vmsight_json(&std::fs::read_to_string(&json).unwrap(), Runs::Separate);
         mask_sigreturn(&mut expected);
         mask_sigreturn(&mut got);
         let d = diff(&expected, &got);
