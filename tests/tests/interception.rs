@@ -456,3 +456,70 @@ fn unmonitored_processes_cause_no_syscall_callbacks() {
         "{v}"
     );
 }
+
+/// A monitored process killed by a signal never calls `exit_group`, so the plugin never sees
+/// it leave. When its PID comes back on an unrelated process (forced here with the guest's
+/// `ns_last_pid`), that process is not traced: the plugin tells the two apart by their
+/// `signal_struct` and drops the stale entry.
+#[test]
+fn a_killed_monitored_process_does_not_make_its_pid_successor_monitored() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("t.json");
+    let stats = dir.path().join("s.json");
+    // The victim (comm `victim`) is a child of the monitored `wl`; the successor is started
+    // by the unmonitored top shell, under the same comm (so no cached verdict could help).
+    let script = "set -e; cp /bin/dash /tmp/wl; cp /bin/cat /tmp/victim
+/tmp/wl -c '/tmp/victim /dev/zero > /dev/null & echo $! > /tmp/pid; wait' &
+while [ ! -s /tmp/pid ]; do sleep 0.1; done
+P=$(cat /tmp/pid); sleep 1; kill -9 $P; wait || true
+echo $((P - 1)) > /proc/sys/kernel/ns_last_pid
+sh -c 'echo $$ > /tmp/succ; exec /tmp/victim /etc/hostname' > /dev/null
+echo victim $P successor $(cat /tmp/succ)";
+    let r = guest_sh(
+        &[
+            "--trace",
+            "wl",
+            "--trace-json",
+            json.to_str().unwrap(),
+            "--trace-out",
+            "/dev/null",
+            "--stats-json",
+            stats.to_str().unwrap(),
+        ],
+        script,
+    );
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let line = r.stdout.lines().find(|l| l.starts_with("victim ")).unwrap();
+    let w: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(w[1], w[3], "the guest did not reuse the PID: {line}");
+    let pid: u64 = w[1].parse().unwrap();
+    let calls: Vec<serde_json::Value> = std::fs::read_to_string(&json)
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["type"] == "syscall" && v["pid"].as_u64() == Some(pid))
+        .collect();
+    let reads = calls.iter().filter(|v| v["name"] == "read").count();
+    assert!(reads > 0, "the victim's reads of /dev/zero were traced");
+    let successor: Vec<_> = calls
+        .iter()
+        .filter(|v| {
+            v["decoded"].as_array().is_some_and(|a| {
+                a.iter()
+                    .any(|x| matches!(x.as_str(), Some("\"/etc/hostname\"" | "\"/tmp/succ\"")))
+            })
+        })
+        .collect();
+    assert!(
+        successor.is_empty(),
+        "the successor was traced: {successor:?}"
+    );
+    let s: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
+    let stale: u64 = s["vcpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["stale_tgids"].as_u64().unwrap())
+        .sum();
+    assert!(stale >= 1, "the stale entry was dropped: {}", s["vcpus"]);
+}

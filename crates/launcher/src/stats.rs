@@ -22,6 +22,11 @@ pub struct VcpuStats {
     pub callbacks: u64,
     pub records: u64,
     pub dropped: u64,
+    /// Monitored TGIDs dropped because another process reused them (the monitored one was
+    /// killed without `exit_group`).
+    pub stale_tgids: u64,
+    /// 32-bit system calls (`int 0x80`, `sysenter`) of monitored tasks: counted, not traced.
+    pub compat_syscalls: u64,
 }
 
 /// One disk's backend counters.
@@ -182,6 +187,8 @@ impl RunStats {
                         callbacks: v.callbacks,
                         records: v.records_written,
                         dropped: v.records_dropped,
+                        stale_tgids: v.stale_tgids,
+                        compat_syscalls: v.compat_syscalls,
                     })
                     .collect()
             })

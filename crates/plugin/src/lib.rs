@@ -29,7 +29,7 @@ pub mod qemu;
 mod redirect;
 
 use std::cell::{Cell, UnsafeCell};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::ffi::{c_uint, c_void};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
@@ -150,12 +150,15 @@ struct Monitor {
     task_epoch: AtomicU64,
 }
 
+/// A cached classification's key: (TGID, `task->signal`, comm).
+type VerdictKey = (u32, u64, [u8; COMM_LEN]);
+
 struct MonInner {
     filters: MonitorFilters,
     /// Processes currently monitored (filter TGIDs, matched comms, descendants).
-    set: BTreeSet<u32>,
-    /// Verdicts by (TGID, comm).
-    verdicts: HashMap<(u32, [u8; COMM_LEN]), bool>,
+    set: MonitoredSet,
+    /// Verdicts by (TGID, process identity, comm).
+    verdicts: HashMap<VerdictKey, bool>,
 }
 
 struct State {
@@ -270,7 +273,7 @@ impl State {
         }
         f.tgids.retain(|&t| t != 0);
         let tracking = self.monitoring() && !f.is_empty();
-        inner.set = f.tgids.iter().copied().collect();
+        inner.set = MonitoredSet::from_tgids(f.tgids.iter().copied());
         inner.verdicts.clear();
         inner.filters = f;
         self.monitor.tracking.store(tracking, Ordering::SeqCst);
@@ -302,7 +305,7 @@ impl State {
     }
 
     fn report_set(&self, inner: &MonInner) {
-        let list: Vec<u32> = inner.set.iter().copied().collect();
+        let list: Vec<u32> = inner.set.tgids().collect();
         self.channel.report_monitored(&list);
     }
 
@@ -437,9 +440,9 @@ struct Hot {
     producer: Producer,
     regbuf: guest::ByteBuf,
     membuf: guest::ByteBuf,
-    /// (TGID, comm) of the last classification on this vCPU: a different task in the same
+    /// (TGID, process identity, comm) of the last classification on this vCPU: a different task in the same
     /// address space (a renamed thread, a CLONE_VM child) is re-classified.
-    last: (u32, [u8; COMM_LEN]),
+    last: VerdictKey,
     /// Scratch for string/buffer arguments and the DATA records built from them.
     strbuf: Vec<u8>,
     pieces: Vec<Record>,
@@ -563,10 +566,12 @@ impl KernelMem<'_> {
         if !self.read(task.wrapping_add(l.comm), &mut comm) {
             return None;
         }
+        let signal = self.u64_at(task.wrapping_add(l.signal))?;
         Some(TaskFields {
             pid: pid as u32,
             tgid: tgid as u32,
             real_parent,
+            signal,
             comm,
         })
     }
@@ -643,7 +648,7 @@ fn install(id: PluginId, args: &[String], info: &InstallInfo) -> Result<(), Plug
         monitor: Monitor {
             inner: Mutex::new(MonInner {
                 filters: MonitorFilters::none(),
-                set: BTreeSet::new(),
+                set: MonitoredSet::default(),
                 verdicts: HashMap::new(),
             }),
             gen: AtomicU64::new(0),
@@ -754,7 +759,7 @@ fn vcpu_init(vcpu: c_uint) {
                     producer,
                     regbuf,
                     membuf,
-                    last: (0, [0; COMM_LEN]),
+                    last: (0, 0, [0; COMM_LEN]),
                     strbuf: Vec::with_capacity(MAX_STRING),
                     pieces: Vec::with_capacity(64),
                     chunk: vec![0u8; CHUNK as usize].into_boxed_slice(),
@@ -1099,8 +1104,13 @@ impl Ctx<'_> {
         self.count(Counter::Classifications, 1);
         let st = self.st;
         let gen0 = st.monitor.gen.load(Ordering::SeqCst);
-        let key = (t.f.tgid, t.f.comm);
+        let key = (t.f.tgid, t.f.signal, t.f.comm);
         let mut inner = st.lock();
+        if inner.set.drop_stale(&t.f) {
+            // The TGID's monitored process died unseen (a signal): this one reuses its PID.
+            self.count(Counter::StaleTgids, 1);
+            st.report_set(&inner);
+        }
         let monitored = match inner.verdicts.get(&key) {
             Some(&m) => m,
             None => {
@@ -1111,7 +1121,7 @@ impl Ctx<'_> {
                 };
                 let c = {
                     let inner = &*inner;
-                    let is_mon = |tgid: u32| inner.set.contains(&tgid);
+                    let is_mon = |t: &TaskFields| inner.set.contains(t);
                     logic::classify(&inner.filters, is_mon, &t.f, &mut mem)
                 };
                 let m = c.verdict.monitored();
@@ -1134,7 +1144,7 @@ impl Ctx<'_> {
                 }
                 if m && !inner.filters.monitor_all
                     && inner.set.len() < MAX_MONITORED_SET
-                    && inner.set.insert(t.f.tgid)
+                    && inner.set.insert(&t.f)
                 {
                     st.report_set(&inner);
                 }
@@ -1194,7 +1204,7 @@ impl Ctx<'_> {
     /// Monitored? Uses the vCPU state, re-classifying when it is unknown or the task is not
     /// the one last classified here.
     fn decide(&mut self, state: u64, t: &TaskInfo, cr3: u64) -> bool {
-        if state == ST_UNKNOWN || (t.f.tgid, t.f.comm) != self.hot.last {
+        if state == ST_UNKNOWN || (t.f.tgid, t.f.signal, t.f.comm) != self.hot.last {
             self.classify(t, cr3)
         } else {
             state == ST_MONITORED
@@ -1790,7 +1800,7 @@ fn syscall_entry(vcpu: c_uint, translated_pc: u64) -> Option<u64> {
         }
         Lifecycle::ExitGroup => {
             let mut inner = c.st.lock();
-            if inner.set.remove(&t.f.tgid) {
+            if inner.set.remove(t.f.tgid) {
                 c.st.report_set(&inner);
             }
             c.st.invalidate(&mut inner, vcpu);

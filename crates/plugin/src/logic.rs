@@ -206,6 +206,10 @@ pub struct KernelLayout {
     pub comm: u64,
     /// `task_struct.real_parent` offset (pointer).
     pub real_parent: u64,
+    /// `task_struct.signal` offset (pointer): one `signal_struct` per process, shared by its
+    /// threads and kept across execve, so it tells a process from a later one that reuses
+    /// its PID.
+    pub signal: u64,
     /// `task_struct.mm` offset (pointer).
     pub mm: u64,
     /// `mm_struct.pgd` offset (pointer, direct-map address).
@@ -404,6 +408,7 @@ impl KernelLayout {
             tgid: m("task_struct", "tgid", 4)?,
             comm: m("task_struct", "comm", COMM_LEN as u64)?,
             real_parent: m("task_struct", "real_parent", 8)?,
+            signal: m("task_struct", "signal", 8)?,
             mm: m("task_struct", "mm", 8)?,
             mm_pgd: m("mm_struct", "pgd", 8)?,
             page_offset_base: symbol(p, "page_offset_base")?,
@@ -776,8 +781,70 @@ pub struct TaskFields {
     pub tgid: u32,
     /// `task->real_parent`.
     pub real_parent: u64,
+    /// `task->signal`: the process's identity while it lives (see [`MonitoredSet`]).
+    pub signal: u64,
     /// `task->comm`.
     pub comm: [u8; COMM_LEN],
+}
+
+/// The processes the plugin monitors: TGID → the process's `signal_struct` (0: not seen yet,
+/// a TGID vmsight asked for, bound at first sight).
+///
+/// A process that dies without `exit_group` (killed by a signal) is never seen leaving; when
+/// its TGID comes back on another process (PID reuse), the identity differs, the stale entry
+/// is dropped and the newcomer is classified on its own (comm and ancestors).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MonitoredSet(std::collections::BTreeMap<u32, u64>);
+
+impl MonitoredSet {
+    /// A set of TGIDs vmsight gave, bound to the first process seen with each.
+    pub fn from_tgids(tgids: impl IntoIterator<Item = u32>) -> Self {
+        Self(tgids.into_iter().map(|t| (t, 0)).collect())
+    }
+
+    /// Whether `t`'s process is monitored.
+    pub fn contains(&self, t: &TaskFields) -> bool {
+        self.0
+            .get(&t.tgid)
+            .is_some_and(|&id| id == 0 || id == t.signal)
+    }
+
+    /// Records `t`'s process as monitored, binding an unbound TGID; true when the TGID list
+    /// changed.
+    pub fn insert(&mut self, t: &TaskFields) -> bool {
+        self.0.insert(t.tgid, t.signal).is_none()
+    }
+
+    /// Drops the entry of `t`'s TGID when it belongs to another process (which died unseen);
+    /// true when one was dropped.
+    pub fn drop_stale(&mut self, t: &TaskFields) -> bool {
+        let stale = self
+            .0
+            .get(&t.tgid)
+            .is_some_and(|&id| id != 0 && id != t.signal);
+        if stale {
+            self.0.remove(&t.tgid);
+        }
+        stale
+    }
+
+    /// Forgets a process that called `exit_group`; true when it was there.
+    pub fn remove(&mut self, tgid: u32) -> bool {
+        self.0.remove(&tgid).is_some()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The monitored TGIDs, ascending.
+    pub fn tgids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.0.keys().copied()
+    }
 }
 
 /// Access to guest tasks (the plugin reads guest memory; tests use a map).
@@ -820,13 +887,14 @@ pub struct Classification {
     pub read_error: bool,
 }
 
-/// Decides whether the task `me` is monitored: if `monitor_all`, or its TGID or an
-/// ancestor's TGID is monitored (`is_monitored`: the filter TGIDs plus processes the plugin
-/// already monitors), or its or an ancestor's comm matches a filter. Walks `real_parent` at
+/// Decides whether the task `me` is monitored: if `monitor_all`, or its process or an
+/// ancestor's is monitored (`is_monitored`: the filter TGIDs plus processes the plugin
+/// already monitors, [`MonitoredSet::contains`]), or its or an ancestor's comm matches a
+/// filter. Walks `real_parent` at
 /// most [`MAX_ANCESTOR_HOPS`] times, stopping at pid 1 (init), pid 0 or a self-parent.
 pub fn classify<M: TaskMemory>(
     f: &MonitorFilters,
-    is_monitored: impl Fn(u32) -> bool,
+    is_monitored: impl Fn(&TaskFields) -> bool,
     me: &TaskFields,
     mem: &mut M,
 ) -> Classification {
@@ -838,7 +906,7 @@ pub fn classify<M: TaskMemory>(
     if f.monitor_all {
         return done(Verdict::All, 0, false);
     }
-    if is_monitored(me.tgid) {
+    if is_monitored(me) {
         return done(Verdict::Tgid, 0, false);
     }
     if f.comm_matches(&me.comm) {
@@ -857,7 +925,7 @@ pub fn classify<M: TaskMemory>(
         if t.pid == 0 {
             break; // the idle task (parent of init and kthreadd) is nobody's monitored parent
         }
-        if is_monitored(t.tgid) || f.comm_matches(&t.comm) {
+        if is_monitored(&t) || f.comm_matches(&t.comm) {
             return done(Verdict::Ancestor(hops), hops, false);
         }
         if t.pid <= 1 || t.real_parent == cur {

@@ -71,7 +71,7 @@ const PROFILE: &str = r#"{
     "task_struct": {"size": 9728, "members": {
       "pid": {"offset": 2416, "size": 4}, "tgid": {"offset": 2420, "size": 4},
       "comm": {"offset": 2976, "size": 16}, "real_parent": {"offset": 2432, "size": 8},
-      "mm": {"offset": 2272, "size": 8}}},
+      "signal": {"offset": 3064, "size": 8}, "mm": {"offset": 2272, "size": 8}}},
     "mm_struct": {"size": 1096, "members": {"pgd": {"offset": 72, "size": 8}}}
   },
   "config": {}
@@ -318,11 +318,13 @@ fn comm(s: &str) -> [u8; COMM_LEN] {
     MonitorFilters::comm(s).expect("valid comm")
 }
 
+/// A task whose process identity (`signal`) is derived from its TGID.
 fn task(pid: u32, tgid: u32, parent: u64, name: &str) -> TaskFields {
     TaskFields {
         pid,
         tgid,
         real_parent: parent,
+        signal: 0xffff_0000_0000 + u64::from(tgid),
         comm: comm(name),
     }
 }
@@ -349,7 +351,7 @@ fn classification() {
     let none = MonitorFilters::none();
     let run = |f: &MonitorFilters, set: &[u32], me: &TaskFields| {
         let mut tr = tree();
-        let c = classify(f, |x| set.contains(&x), me, &mut tr);
+        let c = classify(f, |t| set.contains(&t.tgid), me, &mut tr);
         (c, tr.1)
     };
     // Nothing monitored: walks to init and stops.
@@ -393,7 +395,7 @@ fn classification_is_bounded_and_survives_bad_memory() {
     let mut tr = tree();
     tr.0.remove(&0x1200);
     let ls = tr.0[&0x1500];
-    let c = classify(&none, |x| x == 100, &ls, &mut tr);
+    let c = classify(&none, |t| t.tgid == 100, &ls, &mut tr);
     assert_eq!(c.verdict, Verdict::No);
     assert!(c.read_error);
     assert_eq!(c.hops, 2);
@@ -403,7 +405,7 @@ fn classification_is_bounded_and_survives_bad_memory() {
     m.insert(0xb, task(11, 11, 0xa, "b"));
     let me = task(12, 12, 0xa, "c");
     let mut tr = Tree(m, 0);
-    let c = classify(&none, |_| false, &me, &mut tr);
+    let c = classify(&none, |_: &TaskFields| false, &me, &mut tr);
     assert_eq!(c.verdict, Verdict::No);
     assert_eq!(c.hops, MAX_ANCESTOR_HOPS);
     assert_eq!(tr.1, MAX_ANCESTOR_HOPS);
@@ -411,7 +413,7 @@ fn classification_is_bounded_and_survives_bad_memory() {
     let mut m = HashMap::new();
     m.insert(0xa, task(10, 10, 0xa, "a"));
     let me = task(12, 12, 0xa, "c");
-    let c = classify(&none, |_| false, &me, &mut Tree(m, 0));
+    let c = classify(&none, |_: &TaskFields| false, &me, &mut Tree(m, 0));
     assert_eq!(c.hops, 1);
 }
 
@@ -544,4 +546,39 @@ proptest::proptest! {
         assert_eq!(n, len.min(total.saturating_sub(off)));
         assert_eq!(next as u64, n);
     }
+}
+
+#[test]
+fn a_reused_pid_is_not_the_monitored_process_that_died_unseen() {
+    let none = MonitorFilters::none();
+    let old = task(400, 400, 0x1300, "sh");
+    let mut set = MonitoredSet::default();
+    assert!(set.insert(&old));
+    assert!(set.contains(&old));
+    // Its threads share the identity.
+    assert!(set.contains(&task(401, 400, 0x1300, "worker")));
+    // The process was killed (no exit_group); PID 400 comes back on a process with another
+    // signal_struct, under an unmonitored parent: not monitored, and the entry is dropped.
+    let reused = TaskFields {
+        signal: 0xdead_0000,
+        real_parent: 0x1100,
+        ..old
+    };
+    assert!(!set.contains(&reused));
+    let mut tr = tree();
+    let c = classify(&none, |t| set.contains(t), &reused, &mut tr);
+    assert_eq!(c.verdict, Verdict::No);
+    assert!(set.drop_stale(&reused));
+    assert!(set.is_empty());
+    assert!(!set.drop_stale(&reused), "only once");
+    // A TGID vmsight asked for binds to the first process seen with it, and only that one.
+    let mut set = MonitoredSet::from_tgids([400]);
+    assert!(set.contains(&reused) && !set.drop_stale(&reused));
+    assert!(
+        !set.insert(&reused),
+        "binding does not change the TGID list"
+    );
+    assert!(!set.contains(&old));
+    assert_eq!(set.tgids().collect::<Vec<_>>(), [400]);
+    assert!(set.remove(400) && !set.remove(400));
 }
