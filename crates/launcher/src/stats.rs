@@ -25,7 +25,8 @@ pub struct VcpuStats {
     /// Monitored TGIDs dropped because another process reused them (the monitored one was
     /// killed without `exit_group`).
     pub stale_tgids: u64,
-    /// 32-bit system calls (`int 0x80`, `sysenter`) of monitored tasks: counted, not traced.
+    /// 32-bit system calls (`int 0x80`, `sysenter`) executed in user mode (any task): counted,
+    /// not traced.
     pub compat_syscalls: u64,
 }
 
@@ -270,6 +271,17 @@ impl fmt::Display for RunStats {
                     )?;
                 }
                 writeln!(f, "    total: syscalls={}", self.total_syscalls())?;
+                let compat: u64 = self.vcpus.iter().map(|v| v.compat_syscalls).sum();
+                if compat > 0 {
+                    writeln!(
+                        f,
+                        "    32-bit system calls (int 0x80, sysenter): {compat}, not traced"
+                    )?;
+                }
+                let stale: u64 = self.vcpus.iter().map(|v| v.stale_tgids).sum();
+                if stale > 0 {
+                    writeln!(f, "    monitored PIDs reused after an unseen exit: {stale}")?;
+                }
             }
         }
         writeln!(

@@ -100,6 +100,8 @@ const SB_STATE: usize = 16;
 const SB_TRACK: usize = 24;
 /// 1 while a kernel-triggered redirection waits for a vCPU (`redirect::arm_all`).
 const SB_ARM: usize = 32;
+/// 32-bit system calls (`int 0x80`, `sysenter`) executed in user mode, counted inline.
+const SB_COMPAT: usize = 40;
 const SB_ELEMENT: usize = 128;
 
 /// Monitoring states (scoreboard `SB_STATE`).
@@ -241,6 +243,8 @@ impl State {
         let Some(v) = self.vcpu(vcpu) else { return };
         v.sink
             .set_max(Counter::Syscalls, self.sb_get(SB_SYSCALLS, vcpu));
+        v.sink
+            .set_max(Counter::CompatSyscalls, self.sb_get(SB_COMPAT, vcpu));
         self.channel.heartbeat();
     }
 
@@ -936,6 +940,10 @@ fn instrument_tb(st: &State, tb: Tb<'_>) -> u64 {
             if is_syscall_insn(bytes) {
                 instrument_syscall(st, &insn, vaddr, monitoring);
                 count += 1;
+            } else if is_compat_syscall_insn(bytes) {
+                // Not traced (the i386 ABI has other numbers and registers): counted, so a
+                // trace can say what it did not see.
+                insn.add_inline(st.entry(SB_COMPAT), 1);
             }
         } else if let Some(k) = decode_kernel_insn(bytes).filter(|_| monitoring) {
             instrument_kernel(st, &insn, vaddr, k);

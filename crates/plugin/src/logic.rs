@@ -436,13 +436,26 @@ pub fn is_syscall_insn(bytes: &[u8]) -> bool {
     let Some((prefixes, op)) = bytes.split_last_chunk::<2>() else {
         return false;
     };
-    *op == [0x0f, 0x05]
-        && prefixes.iter().all(|b| {
-            matches!(
-                b,
-                0x26 | 0x2e | 0x36 | 0x3e | 0x64 | 0x65 | 0x66 | 0x67 | 0xf0 | 0xf2 | 0xf3
-            ) || (0x40..=0x4f).contains(b)
-        })
+    *op == [0x0f, 0x05] && prefixes.iter().all(|&b| is_prefix(b))
+}
+
+/// True if `bytes` (one whole decoded instruction) enters the kernel through a 32-bit
+/// system call gate: `int 0x80` (`cd 80`) or `sysenter` (`0f 34`), with legacy or REX
+/// prefixes only. A 64-bit Debian userland never uses them (glibc's x86-64 ABI is `syscall`);
+/// 32-bit (i386) programs and hand-written code do.
+pub fn is_compat_syscall_insn(bytes: &[u8]) -> bool {
+    let Some((prefixes, op)) = bytes.split_last_chunk::<2>() else {
+        return false;
+    };
+    (*op == [0xcd, 0x80] || *op == [0x0f, 0x34]) && prefixes.iter().all(|&b| is_prefix(b))
+}
+
+/// A legacy (segment, operand/address size, lock, rep) or REX prefix byte.
+fn is_prefix(b: u8) -> bool {
+    matches!(
+        b,
+        0x26 | 0x2e | 0x36 | 0x3e | 0x64 | 0x65 | 0x66 | 0x67 | 0xf0 | 0xf2 | 0xf3
+    ) || (0x40..=0x4f).contains(&b)
 }
 
 /// Kernel instructions the plugin instruments.

@@ -215,6 +215,13 @@ fn syscall_decoding() {
     assert!(!is_syscall_insn(&[]));
     assert!(!is_syscall_insn(&[0x90, 0x0f, 0x05])); // not a prefix
     assert!(!is_syscall_insn(&[0x0f, 0x05, 0x90]));
+    assert!(is_compat_syscall_insn(&[0xcd, 0x80]));
+    assert!(is_compat_syscall_insn(&[0x0f, 0x34]));
+    assert!(is_compat_syscall_insn(&[0x66, 0xcd, 0x80]));
+    assert!(!is_compat_syscall_insn(&[0xcd, 0x81])); // another interrupt
+    assert!(!is_compat_syscall_insn(&[0x0f, 0x05]));
+    assert!(!is_compat_syscall_insn(&[0x90, 0xcd, 0x80]));
+    assert!(!is_compat_syscall_insn(&[0xcd]));
 }
 
 #[test]

@@ -182,8 +182,8 @@ pub enum Counter {
     /// Monitored TGIDs found on another process (the monitored one died without
     /// `exit_group`, e.g. killed by a signal, and its PID was reused): dropped from the set.
     StaleTgids = 21,
-    /// 32-bit system calls (`int 0x80`, `sysenter`) executed by monitored tasks: counted, not
-    /// traced.
+    /// 32-bit system calls (`int 0x80`, `sysenter`) executed in user mode by any task
+    /// (counted inline, published with `Syscalls`): not traced.
     CompatSyscalls = 22,
 }
 
