@@ -562,3 +562,71 @@ fn int_0x80_calls_are_counted_as_compat_syscalls() {
         "{text}"
     );
 }
+
+/// Processes that live a few milliseconds (a dash that exits at once; one that changes
+/// directory and execs `true`) still get their exe and cwd: the plugin reads them in the
+/// guest at the process's first syscall and at a successful chdir and execve, while the task
+/// surely lives. The oracle is the guest's own record: each process writes its PID, and the
+/// shell knows what it ran and where.
+#[test]
+fn short_lived_processes_get_exe_and_cwd_at_each_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("t.json");
+    let script = "set -e; cp /bin/dash /tmp/probe; cp /bin/true /tmp/probe2; cd /usr/share/doc
+for i in $(seq 20); do /tmp/probe -c 'echo $$ >> /tmp/quick'; done
+for i in $(seq 10); do /tmp/probe -c 'echo $$ >> /tmp/execs; cd /tmp; exec /tmp/probe2'; done
+echo quick $(cat /tmp/quick); echo execs $(cat /tmp/execs)";
+    let r = guest_sh(
+        &[
+            "--trace",
+            "probe",
+            "--trace-json",
+            json.to_str().unwrap(),
+            "--trace-out",
+            "/dev/null",
+        ],
+        script,
+    );
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let pids = |tag: &str| -> Vec<i64> {
+        let line = r.stdout.lines().find(|l| l.starts_with(tag)).unwrap();
+        line.split_whitespace()
+            .skip(1)
+            .map(|p| p.parse().unwrap())
+            .collect()
+    };
+    let (quick, execs) = (pids("quick "), pids("execs "));
+    assert_eq!((quick.len(), execs.len()), (20, 10), "{}", r.stdout);
+    let records: Vec<serde_json::Value> = std::fs::read_to_string(&json)
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["type"] == "process")
+        .collect();
+    let of = |pid: i64| -> Vec<String> {
+        records
+            .iter()
+            .filter(|v| v["pid"].as_i64() == Some(pid))
+            .map(|v| format!("{} {} {}", v["comm"], v["exe"], v["cwd"]))
+            .collect()
+    };
+    let probe = r#""probe" "/tmp/probe""#;
+    for pid in quick {
+        assert_eq!(
+            of(pid),
+            [format!(r#"{probe} "/usr/share/doc""#)],
+            "pid {pid}"
+        );
+    }
+    for pid in execs {
+        assert_eq!(
+            of(pid),
+            [
+                format!(r#"{probe} "/usr/share/doc""#),
+                format!(r#"{probe} "/tmp""#),
+                r#""probe2" "/tmp/probe2" "/tmp""#.to_string(),
+            ],
+            "pid {pid}: first syscall, chdir, execve"
+        );
+    }
+}

@@ -154,6 +154,8 @@ struct Monitor {
 
 /// A cached classification's key: (TGID, `task->signal`, comm).
 type VerdictKey = (u32, u64, [u8; COMM_LEN]);
+/// Most processes remembered as described (the set is cleared when full).
+const MAX_DESCRIBED: usize = 4096;
 
 struct MonInner {
     filters: MonitorFilters,
@@ -161,6 +163,8 @@ struct MonInner {
     set: MonitoredSet,
     /// Verdicts by (TGID, process identity, comm).
     verdicts: HashMap<VerdictKey, bool>,
+    /// Processes whose exe and cwd were sent ([`Ctx::describe_if_new`]).
+    described: std::collections::HashSet<VerdictKey>,
 }
 
 struct State {
@@ -355,6 +359,9 @@ struct Retry {
     /// (argument index, guest address), `n` of them used.
     args: [(u8, u64); 4],
     n: usize,
+    /// A call that may change the task's exe or cwd ([`changes_details`]): read them again at
+    /// a successful return.
+    describe: bool,
 }
 
 /// Pending late re-reads, keyed by task: a call (execve especially) may block and return on
@@ -447,6 +454,8 @@ struct Hot {
     /// (TGID, process identity, comm) of the last classification on this vCPU: a different task in the same
     /// address space (a renamed thread, a CLONE_VM child) is re-classified.
     last: VerdictKey,
+    /// The last process this vCPU checked for [`Ctx::describe_if_new`].
+    described: VerdictKey,
     /// Scratch for string/buffer arguments and the DATA records built from them.
     strbuf: Vec<u8>,
     pieces: Vec<Record>,
@@ -513,6 +522,12 @@ struct KernelMem<'a> {
     buf: &'a mut guest::ByteBuf,
     lay: &'a KernelLayout,
     errors: u64,
+}
+
+impl KernelRead for KernelMem<'_> {
+    fn read(&mut self, addr: u64, out: &mut [u8]) -> bool {
+        KernelMem::read(self, addr, out)
+    }
 }
 
 impl KernelMem<'_> {
@@ -654,6 +669,7 @@ fn install(id: PluginId, args: &[String], info: &InstallInfo) -> Result<(), Plug
                 filters: MonitorFilters::none(),
                 set: MonitoredSet::default(),
                 verdicts: HashMap::new(),
+                described: Default::default(),
             }),
             gen: AtomicU64::new(0),
             applied: AtomicU64::new(0),
@@ -764,6 +780,7 @@ fn vcpu_init(vcpu: c_uint) {
                     regbuf,
                     membuf,
                     last: (0, 0, [0; COMM_LEN]),
+                    described: (0, 0, [0; COMM_LEN]),
                     strbuf: Vec::with_capacity(MAX_STRING),
                     pieces: Vec::with_capacity(64),
                     chunk: vec![0u8; CHUNK as usize].into_boxed_slice(),
@@ -1356,6 +1373,7 @@ impl Ctx<'_> {
             nr,
             args: [(0, 0); 4],
             n: 0,
+            describe: changes_details(nr) && self.lay.paths.is_some(),
         };
         for a in string_args(nr) {
             let addr = args[usize::from(a)];
@@ -1390,7 +1408,63 @@ impl Ctx<'_> {
                 self.emit_pieces(ts, cr3, addr, a, f);
             }
         }
-        (retry.n > 0).then_some(retry)
+        (retry.n > 0 || retry.describe).then_some(retry)
+    }
+
+    /// Appends DATA pieces with the task's executable and working directory (and with
+    /// `comm`, its name), read from guest kernel memory now, while the task surely lives.
+    fn emit_details(&mut self, task: u64, ts: u64, cr3: u64, extra: u16, comm: bool) {
+        let Some(pl) = self.lay.paths else { return };
+        for (arg, exe) in [(data::EXE_ARG, true), (data::CWD_ARG, false)] {
+            let mut out = std::mem::take(&mut self.hot.strbuf);
+            let mut m = self.kmem();
+            let ok = if exe {
+                task_exe(&pl, &mut m, task, &mut out)
+            } else {
+                task_cwd(&pl, &mut m, task, &mut out)
+            }
+            .is_some();
+            let errors = m.errors;
+            self.hot.strbuf = out;
+            if errors > 0 {
+                self.count(Counter::KernelReadErrors, errors);
+            }
+            if ok {
+                self.emit_pieces(ts, cr3, task, arg, extra);
+            }
+        }
+        if comm {
+            let mut name = [0u8; COMM_LEN];
+            let at = task.wrapping_add(self.lay.comm);
+            if self.kmem().read(at, &mut name) {
+                let n = name.iter().position(|&b| b == 0).unwrap_or(COMM_LEN);
+                self.hot.strbuf.clear();
+                self.hot.strbuf.extend_from_slice(&name[..n]);
+                self.emit_pieces(ts, cr3, task, data::COMM_ARG, extra);
+            }
+        }
+    }
+
+    /// At a monitored syscall entry: the first time this vCPU sees a process (TGID, identity,
+    /// comm) that no vCPU described yet, its exe and cwd ride with the entry. Not at an
+    /// execve or chdir: their successful return carries the new ones (as LATE pieces of the
+    /// same entry, which must not meet the old ones there).
+    fn describe_if_new(&mut self, t: &TaskInfo, ts: u64, cr3: u64, nr: u32) {
+        let key = (t.f.tgid, t.f.signal, t.f.comm);
+        if key == self.hot.described || self.lay.paths.is_none() || changes_details(nr) {
+            return;
+        }
+        self.hot.described = key;
+        let new = {
+            let mut inner = self.st.lock();
+            if inner.described.len() >= MAX_DESCRIBED {
+                inner.described.clear(); // described again later: a bound, not an error
+            }
+            inner.described.insert(key)
+        };
+        if new {
+            self.emit_details(t.task, ts, cr3, 0, false);
+        }
     }
 
     /// Reads `current->files->fdt->fd[fd]` and the file's position, flags and inode size.
@@ -1645,6 +1719,11 @@ impl Ctx<'_> {
             }
             self.emit_pieces(rt.entry_ts, rt.cr3, src, a, f | flags::LATE);
         }
+        let chdir_done =
+            matches!(rt.nr, nr::CHDIR | nr::FCHDIR) && rip == rt.pc.wrapping_add(2) && rax == 0;
+        if rt.describe && (exec_done || chdir_done) {
+            self.emit_details(rt.task, rt.entry_ts, rt.cr3, flags::LATE, exec_done);
+        }
         let n = self.hot.pieces.len();
         let p = &mut self.hot.producer;
         if p.free(n as u64) >= n as u64 {
@@ -1778,6 +1857,7 @@ fn syscall_entry(vcpu: c_uint, translated_pc: u64) -> Option<u64> {
         if c.st.opts.sums {
             c.entry_sums(&t, ts, cr3, pc, nr, &args);
         }
+        c.describe_if_new(&t, ts, cr3, nr);
     } else {
         c.hot.pieces.clear();
     }

@@ -221,6 +221,8 @@ pub struct KernelLayout {
     pub files: Option<FileLayout>,
     /// The block submission path, when the profile has it (FoxyIdle's block tags need it).
     pub block: Option<BlockLayout>,
+    /// Executable and working directory paths, when the profile has them.
+    pub paths: Option<PathLayout>,
 }
 
 /// Where the plugin hooks the guest kernel for FoxyIdle, and the offsets it reads there:
@@ -391,6 +393,168 @@ impl FileLayout {
     }
 }
 
+/// Where a task's executable and working directory are, and the offsets `d_path` walks:
+/// `task->mm->exe_file->f_path` and `task->fs->pwd`, then `dentry->d_parent` up to the mount's
+/// root and `mount->mnt_parent`/`mnt_mountpoint` across mounts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PathLayout {
+    pub task_mm: u64,
+    pub mm_exe_file: u64,
+    pub file_path: u64,
+    pub task_fs: u64,
+    pub fs_pwd: u64,
+    pub path_mnt: u64,
+    pub path_dentry: u64,
+    pub dentry_parent: u64,
+    pub dentry_name: u64,
+    pub qstr_len: u64,
+    pub qstr_name: u64,
+    pub vfsmount_root: u64,
+    /// `mount.mnt`: the `struct vfsmount` embedded in a `struct mount`.
+    pub mount_mnt: u64,
+    pub mount_parent: u64,
+    pub mount_mountpoint: u64,
+}
+
+impl PathLayout {
+    /// The offsets, when the profile has all of them.
+    fn from_profile(p: &KernelProfile) -> Option<PathLayout> {
+        let m = |strukt, member, size| member_offset(p, strukt, member, size).ok();
+        // Embedded structs: any size, a plausible offset.
+        let e = |strukt, member| {
+            p.member(strukt, member)
+                .ok()
+                .map(|m| m.offset)
+                .filter(|&o| o <= MAX_MEMBER_OFFSET)
+        };
+        Some(PathLayout {
+            task_mm: m("task_struct", "mm", 8)?,
+            mm_exe_file: m("mm_struct", "exe_file", 8)?,
+            file_path: m("file", "f_path", 16)?,
+            task_fs: m("task_struct", "fs", 8)?,
+            fs_pwd: m("fs_struct", "pwd", 16)?,
+            path_mnt: m("path", "mnt", 8)?,
+            path_dentry: m("path", "dentry", 8)?,
+            dentry_parent: m("dentry", "d_parent", 8)?,
+            dentry_name: e("dentry", "d_name")?,
+            qstr_len: m("qstr", "len", 4)?,
+            qstr_name: m("qstr", "name", 8)?,
+            vfsmount_root: m("vfsmount", "mnt_root", 8)?,
+            mount_mnt: e("mount", "mnt")?,
+            mount_parent: m("mount", "mnt_parent", 8)?,
+            mount_mountpoint: m("mount", "mnt_mountpoint", 8)?,
+        })
+    }
+}
+
+/// Reads guest kernel memory (the plugin's vCPU reads; tests use a map).
+pub trait KernelRead {
+    /// Fills `out` from `addr`; false if any of it could not be read.
+    fn read(&mut self, addr: u64, out: &mut [u8]) -> bool;
+
+    fn u64_at(&mut self, addr: u64) -> Option<u64> {
+        let mut b = [0u8; 8];
+        self.read(addr, &mut b).then(|| u64::from_le_bytes(b))
+    }
+}
+
+/// Longest path [`d_path`] renders (the kernel's `PATH_MAX`).
+pub const PATH_MAX: usize = 4096;
+/// Most components and mount crossings [`d_path`] walks.
+pub const MAX_PATH_STEPS: usize = 256;
+/// Longest name of one component (`NAME_MAX`).
+const NAME_MAX: usize = 255;
+
+/// Renders the `struct path` at `path` like the kernel's `d_path` into `out` (cleared): the
+/// dentry names up to the mount's root, crossing to the parent mount at each mount root,
+/// until the root of the mount tree. `None` when a read fails or the walk is implausible
+/// (too deep, too long, a name longer than `NAME_MAX`): guest memory is untrusted.
+pub fn d_path<M: KernelRead>(
+    l: &PathLayout,
+    m: &mut M,
+    path: u64,
+    out: &mut Vec<u8>,
+) -> Option<()> {
+    let mut vfsmnt = m.u64_at(path.wrapping_add(l.path_mnt))?;
+    let mut dentry = m.u64_at(path.wrapping_add(l.path_dentry))?;
+    let mut mount = vfsmnt.checked_sub(l.mount_mnt)?;
+    // Components are collected leaf first, then reversed.
+    let mut parts: Vec<(usize, usize)> = Vec::new();
+    let mut names: Vec<u8> = Vec::new();
+    for _ in 0..MAX_PATH_STEPS {
+        let root = m.u64_at(vfsmnt.wrapping_add(l.vfsmount_root))?;
+        if dentry == root {
+            let parent = m.u64_at(mount.wrapping_add(l.mount_parent))?;
+            if parent == mount {
+                return Some(join_reversed(&parts, &names, out));
+            }
+            dentry = m.u64_at(mount.wrapping_add(l.mount_mountpoint))?;
+            mount = parent;
+            vfsmnt = mount.wrapping_add(l.mount_mnt);
+            continue;
+        }
+        let parent = m.u64_at(dentry.wrapping_add(l.dentry_parent))?;
+        if parent == dentry {
+            return Some(join_reversed(&parts, &names, out)); // a disconnected tree
+        }
+        let q = dentry.wrapping_add(l.dentry_name);
+        let mut b4 = [0u8; 4];
+        if !m.read(q.wrapping_add(l.qstr_len), &mut b4) {
+            return None;
+        }
+        let len = u32::from_le_bytes(b4) as usize;
+        if len == 0 || len > NAME_MAX || names.len() + parts.len() + len + 1 > PATH_MAX {
+            return None;
+        }
+        let name = m.u64_at(q.wrapping_add(l.qstr_name))?;
+        let at = names.len();
+        names.resize(at + len, 0);
+        if !m.read(name, &mut names[at..]) {
+            return None;
+        }
+        parts.push((at, len));
+        dentry = parent;
+    }
+    None
+}
+
+fn join_reversed(parts: &[(usize, usize)], names: &[u8], out: &mut Vec<u8>) {
+    out.clear();
+    for &(at, len) in parts.iter().rev() {
+        out.push(b'/');
+        out.extend_from_slice(&names[at..at + len]);
+    }
+    if out.is_empty() {
+        out.push(b'/');
+    }
+}
+
+/// A task's executable path (`task->mm->exe_file`), `None` for a kernel thread, an exiting
+/// task or a failed read.
+pub fn task_exe<M: KernelRead>(
+    l: &PathLayout,
+    m: &mut M,
+    task: u64,
+    out: &mut Vec<u8>,
+) -> Option<()> {
+    let mm = m.u64_at(task.wrapping_add(l.task_mm)).filter(|&p| p != 0)?;
+    let file = m
+        .u64_at(mm.wrapping_add(l.mm_exe_file))
+        .filter(|&p| p != 0)?;
+    d_path(l, m, file.wrapping_add(l.file_path), out)
+}
+
+/// A task's working directory (`task->fs->pwd`), `None` for an exiting task or a failed read.
+pub fn task_cwd<M: KernelRead>(
+    l: &PathLayout,
+    m: &mut M,
+    task: u64,
+    out: &mut Vec<u8>,
+) -> Option<()> {
+    let fs = m.u64_at(task.wrapping_add(l.task_fs)).filter(|&p| p != 0)?;
+    d_path(l, m, fs.wrapping_add(l.fs_pwd), out)
+}
+
 impl KernelLayout {
     /// Extracts the layout from a kernel profile.
     pub fn from_profile(p: &KernelProfile) -> Result<Self, LayoutError> {
@@ -414,6 +578,7 @@ impl KernelLayout {
             page_offset_base: symbol(p, "page_offset_base")?,
             files: FileLayout::from_profile(p),
             block: BlockLayout::from_profile(p),
+            paths: PathLayout::from_profile(p),
         })
     }
 
@@ -530,11 +695,19 @@ pub mod nr {
     pub const VFORK: u32 = 58;
     pub const EXECVE: u32 = 59;
     pub const EXIT: u32 = 60;
+    pub const CHDIR: u32 = 80;
+    pub const FCHDIR: u32 = 81;
     pub const PRCTL: u32 = 157;
     pub const EXIT_GROUP: u32 = 231;
     pub const OPENAT: u32 = 257;
     pub const EXECVEAT: u32 = 322;
     pub const CLONE3: u32 = 435;
+}
+
+/// Calls after which a task's executable or working directory may differ: the plugin reads
+/// them again at a successful return.
+pub fn changes_details(nr: u32) -> bool {
+    matches!(nr, nr::EXECVE | nr::EXECVEAT | nr::CHDIR | nr::FCHDIR)
 }
 
 /// `clone` flag: the new task is a thread of the caller's process.

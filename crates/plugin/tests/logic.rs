@@ -589,3 +589,139 @@ fn a_reused_pid_is_not_the_monitored_process_that_died_unseen() {
     assert_eq!(set.tgids().collect::<Vec<_>>(), [400]);
     assert!(set.remove(400) && !set.remove(400));
 }
+
+/// Guest kernel memory as a few u64 words and byte strings.
+#[derive(Default)]
+struct Mem(std::collections::BTreeMap<u64, Vec<u8>>);
+
+impl Mem {
+    fn word(&mut self, at: u64, v: u64) {
+        self.0.insert(at, v.to_le_bytes().to_vec());
+    }
+    fn bytes(&mut self, at: u64, b: &[u8]) {
+        self.0.insert(at, b.to_vec());
+    }
+}
+
+impl KernelRead for Mem {
+    fn read(&mut self, addr: u64, out: &mut [u8]) -> bool {
+        let Some((&start, b)) = self.0.range(..=addr).next_back() else {
+            return false;
+        };
+        let off = (addr - start) as usize;
+        if off + out.len() > b.len() {
+            return false;
+        }
+        out.copy_from_slice(&b[off..off + out.len()]);
+        true
+    }
+}
+
+const PL: PathLayout = PathLayout {
+    task_mm: 0x100,
+    mm_exe_file: 0x50,
+    file_path: 0x10,
+    task_fs: 0x108,
+    fs_pwd: 0x28,
+    path_mnt: 0,
+    path_dentry: 8,
+    dentry_parent: 0x18,
+    dentry_name: 0x20,
+    qstr_len: 4,
+    qstr_name: 8,
+    vfsmount_root: 0,
+    mount_mnt: 0x20,
+    mount_parent: 0x10,
+    mount_mountpoint: 0x18,
+};
+
+/// A dentry named `name` under `parent` (itself when `name` is empty: a root).
+fn dentry(m: &mut Mem, at: u64, parent: u64, name: &str) {
+    m.word(
+        at + PL.dentry_parent,
+        if name.is_empty() { at } else { parent },
+    );
+    let q = at + PL.dentry_name;
+    m.bytes(q + PL.qstr_len, &(name.len() as u32).to_le_bytes());
+    m.word(q + PL.qstr_name, at + 0x1000);
+    m.bytes(at + 0x1000, name.as_bytes());
+}
+
+/// A mount at `at` (its vfsmount at `at + mount_mnt`) with root dentry `root`, mounted on
+/// `mountpoint` of `parent` (itself for the root of the tree).
+fn mount(m: &mut Mem, at: u64, root: u64, parent: u64, mountpoint: u64) {
+    m.word(at + PL.mount_mnt + PL.vfsmount_root, root);
+    m.word(at + PL.mount_parent, parent);
+    m.word(at + PL.mount_mountpoint, mountpoint);
+}
+
+/// `/` (mount A) with `/usr/bin/sh`; mount B on `/mnt` with `/data/dir`; a task whose exe is
+/// `/usr/bin/sh` and whose cwd is `/mnt/data/dir`.
+fn filesystem() -> Mem {
+    let mut m = Mem::default();
+    let (a, b) = (0xa000_0000, 0xb000_0000);
+    dentry(&mut m, 0x10_000, 0, ""); // A's root
+    dentry(&mut m, 0x11_000, 0x10_000, "usr");
+    dentry(&mut m, 0x12_000, 0x11_000, "bin");
+    dentry(&mut m, 0x13_000, 0x12_000, "sh");
+    dentry(&mut m, 0x14_000, 0x10_000, "mnt");
+    dentry(&mut m, 0x20_000, 0, ""); // B's root
+    dentry(&mut m, 0x21_000, 0x20_000, "data");
+    dentry(&mut m, 0x22_000, 0x21_000, "dir");
+    mount(&mut m, a, 0x10_000, a, 0);
+    mount(&mut m, b, 0x20_000, a, 0x14_000);
+    let (task, mm, file, fs) = (0x5000_0000, 0x6000_0000, 0x7000_0000, 0x8000_0000);
+    m.word(task + PL.task_mm, mm);
+    m.word(mm + PL.mm_exe_file, file);
+    m.word(file + PL.file_path + PL.path_mnt, a + PL.mount_mnt);
+    m.word(file + PL.file_path + PL.path_dentry, 0x13_000);
+    m.word(task + PL.task_fs, fs);
+    m.word(fs + PL.fs_pwd + PL.path_mnt, b + PL.mount_mnt);
+    m.word(fs + PL.fs_pwd + PL.path_dentry, 0x22_000);
+    m
+}
+
+#[test]
+fn exe_and_cwd_are_rendered_like_d_path_across_mounts() {
+    let mut m = filesystem();
+    let mut out = Vec::new();
+    task_exe(&PL, &mut m, 0x5000_0000, &mut out).unwrap();
+    assert_eq!(out, b"/usr/bin/sh");
+    task_cwd(&PL, &mut m, 0x5000_0000, &mut out).unwrap();
+    assert_eq!(out, b"/mnt/data/dir");
+    // The root of the tree is "/".
+    m.word(
+        0x8000_0000 + PL.fs_pwd + PL.path_mnt,
+        0xa000_0000 + PL.mount_mnt,
+    );
+    m.word(0x8000_0000 + PL.fs_pwd + PL.path_dentry, 0x10_000);
+    task_cwd(&PL, &mut m, 0x5000_0000, &mut out).unwrap();
+    assert_eq!(out, b"/");
+    // An exiting task has no mm (no exe).
+    m.word(0x5000_0000 + PL.task_mm, 0);
+    assert!(task_exe(&PL, &mut m, 0x5000_0000, &mut out).is_none());
+}
+
+#[test]
+fn hostile_dentry_chains_are_refused_not_followed_forever() {
+    let mut out = Vec::new();
+    // A cycle of dentries that never reaches the mount root.
+    let mut m = filesystem();
+    dentry(&mut m, 0x11_000, 0x13_000, "usr");
+    assert!(task_exe(&PL, &mut m, 0x5000_0000, &mut out).is_none());
+    // A name longer than NAME_MAX, and one whose bytes cannot be read.
+    let mut m = filesystem();
+    m.bytes(
+        0x12_000 + PL.dentry_name + PL.qstr_len,
+        &4000u32.to_le_bytes(),
+    );
+    assert!(task_exe(&PL, &mut m, 0x5000_0000, &mut out).is_none());
+    let mut m = filesystem();
+    m.word(0x12_000 + PL.dentry_name + PL.qstr_name, 0xdead_0000);
+    assert!(task_exe(&PL, &mut m, 0x5000_0000, &mut out).is_none());
+    // A mount cycle that never reaches a self-parented root.
+    let mut m = filesystem();
+    mount(&mut m, 0xa000_0000, 0x10_000, 0xb000_0000, 0x20_000);
+    mount(&mut m, 0xb000_0000, 0x20_000, 0xa000_0000, 0x10_000);
+    assert!(task_cwd(&PL, &mut m, 0x5000_0000, &mut out).is_none());
+}
