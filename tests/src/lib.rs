@@ -101,6 +101,18 @@ pub fn debugfs(image: &Path, cmd: &str) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
+/// Disk byte offsets of the data blocks of `path` on the ext4 `image` (4 KiB blocks), in file
+/// order (block k holds file bytes k*4096..), from debugfs: an oracle independent of vmsight.
+pub fn file_blocks(image: &Path, path: &str) -> Vec<u64> {
+    let out = debugfs(image, &format!("blocks {path}"));
+    let blocks: Vec<u64> = out
+        .split_whitespace()
+        .map(|b| b.parse::<u64>().expect("debugfs block number") * 4096)
+        .collect();
+    assert!(!blocks.is_empty(), "debugfs lists no blocks of {path}");
+    blocks
+}
+
 /// Whether `e2fsck -fn` finds the image clean.
 pub fn fsck_clean(image: &Path) -> (bool, String) {
     let o = Command::new("e2fsck")

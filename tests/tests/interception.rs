@@ -8,11 +8,74 @@
 //! under each tool, as the issue states it.
 #![allow(clippy::unwrap_used)] // Test code: a failed unwrap is a failed test.
 
-use vmsight_tests::trace_compare::{diff, parse_strace, parse_vmsight_json};
+use vmsight_tests::trace_compare::{diff, parse_strace, parse_vmsight_json, Runs};
 use vmsight_tests::*;
 
-/// Syscalls compared: file and process calls whose fd/path arguments and returns are stable.
-const FILTER: &str = "openat,read,write,close,execve,clone,clone3,fork,vfork,wait4,exit_group,exit,pipe2,dup2,rt_sigreturn,kill,unlinkat,newfstatat,getdents64,chdir,rename,mkdir";
+/// Syscalls compared: file, memory, socket and process calls, with their fds, paths, flags,
+/// modes, counts and offsets (tests/src/trace_compare.rs `compared`) and returns.
+const FILTER: &str = "openat,read,write,close,execve,clone,clone3,fork,vfork,wait4,exit_group,exit,pipe2,dup2,rt_sigreturn,kill,unlinkat,newfstatat,getdents64,chdir,rename,mkdir,\
+mmap,fstat,lseek,pread64,pwrite64,fcntl,ioctl,readv,writev,preadv,pwritev,preadv2,pwritev2,\
+sendfile,splice,copy_file_range,socket,socketpair,bind,listen,connect,accept,accept4,sendto,\
+recvfrom,sendmsg,recvmsg,shutdown,setsockopt,getsockopt";
+
+/// A Python program (run as `python3 /tmp/io.py`) that makes the calls no coreutils tool
+/// makes: vectored and positional I/O, copies without a user buffer, fcntl and ioctl, and
+/// Unix sockets (stream, datagram, listening).
+const PY_IO: &str = r#"cat > /tmp/io.py <<'PYEOF'
+import array, fcntl, os, socket, termios
+d = "/tmp/pyio"
+os.makedirs(d, exist_ok=True)
+src = os.open(d + "/src", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o640)
+os.writev(src, [b"a" * 5000, b"b" * 3192, b"c" * 100])
+os.pwritev(src, [b"d" * 4096, b"e" * 10], 16384)
+os.pwritev(src, [b"f" * 300], -1, os.RWF_APPEND)
+os.lseek(src, 0, os.SEEK_SET)
+os.readv(src, [bytearray(1000), bytearray(9000)])
+os.preadv(src, [bytearray(4096)], 8192)
+os.preadv(src, [bytearray(77)], -1, 0)
+os.fstat(src)
+fl = fcntl.fcntl(src, fcntl.F_GETFL)
+fcntl.fcntl(src, fcntl.F_SETFL, fl | os.O_APPEND)
+fcntl.fcntl(src, fcntl.F_SETFD, fcntl.FD_CLOEXEC)
+os.close(fcntl.fcntl(src, fcntl.F_DUPFD_CLOEXEC, 20))
+dst = os.open(d + "/dst", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+os.copy_file_range(src, dst, 6000, 0, 0)
+os.sendfile(dst, src, 100, 2000)
+r, w = os.pipe()
+os.splice(src, w, 3000, offset_src=50)
+fcntl.ioctl(r, termios.FIONREAD, array.array("i", [0]))
+os.splice(r, dst, 3000)
+os.close(r)
+os.close(w)
+os.pread(dst, 100, 10)
+os.pwrite(dst, b"x" * 10, 20)
+try:
+    os.open(d + "/missing", os.O_RDONLY)
+except FileNotFoundError:
+    pass
+a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+a.sendmsg([b"hello", b"world"])
+b.recvmsg(64)
+a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65536)
+a.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+a.shutdown(socket.SHUT_WR)
+x, y = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+x.send(b"dgram")
+y.recvfrom(64)
+srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+srv.bind(d + "/sock")
+srv.listen(4)
+cli = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+cli.connect(d + "/sock")
+conn, _ = srv.accept()
+cli.sendall(b"ping")
+conn.recv(16)
+for s in (a, b, x, y, srv, cli, conn):
+    s.close()
+os.close(src)
+os.close(dst)
+PYEOF
+rm -rf /tmp/pyio"#;
 
 struct Workload {
     name: &'static str,
@@ -69,6 +132,12 @@ const WORKLOADS: &[Workload] = &[
         filter: FILTER,
     },
     Workload {
+        name: "python-io",
+        prep: PY_IO,
+        script: "python3 /tmp/io.py",
+        filter: FILTER,
+    },
+    Workload {
         name: "forktree",
         prep: "true",
         script: "forktree 0 3 > /tmp/tree.out",
@@ -84,7 +153,7 @@ fn run_all_under_both(vcpus: u32) -> Vec<(String, String)> {
     let mut script = String::from("set -e; cp /bin/dash /tmp/wl\n");
     for w in WORKLOADS {
         script.push_str(&format!(
-            "{prep}\necho '=== {name}' >&2\nstrace -f -qq -o /tmp/{name}.strace -e trace={filter} /tmp/wl -c '{s}'\n",
+            "{prep}\necho '=== {name}' >&2\nstrace -f -qq -X raw -o /tmp/{name}.strace -e trace={filter} /tmp/wl -c '{s}'\n",
             prep = w.prep,
             name = w.name,
             filter = w.filter,
@@ -200,8 +269,8 @@ fn split_by_root(json: &str) -> Vec<String> {
 fn check_all(vcpus: u32) {
     let mut failures = Vec::new();
     for (w, (strace, json)) in WORKLOADS.iter().zip(run_all_under_both(vcpus)) {
-        let mut expected = parse_strace(&strace);
-        let got = parse_vmsight_json(&json);
+        let mut expected = parse_strace(&strace, Runs::Same);
+        let got = parse_vmsight_json(&json, Runs::Same);
         // strace reports the execve of /tmp/wl that vmsight cannot: at that moment the
         // process is still strace's child named "strace", not yet `wl`.
         if let Some(main) = expected.get_mut("0") {
@@ -260,7 +329,7 @@ fn separate_runs_of_deterministic_workloads_agree_with_strace() {
         let strace = guest_sh(
             &[],
             &format!(
-                "cp /bin/dash /tmp/wl && strace -f -qq -o /tmp/s -e trace={FILTER} /tmp/wl -c '{script}' && cat /tmp/s"
+                "cp /bin/dash /tmp/wl && strace -f -qq -X raw -o /tmp/s -e trace={FILTER} /tmp/wl -c '{script}' && cat /tmp/s"
             ),
         );
         assert_eq!(strace.code, Some(0), "{name}: {}", strace.stderr);
@@ -280,13 +349,13 @@ fn separate_runs_of_deterministic_workloads_agree_with_strace() {
             &format!("cp /bin/dash /tmp/wl && /tmp/wl -c '{script}'"),
         );
         assert_eq!(traced.code, Some(0), "{name}: {}", traced.stderr);
-        let mut expected = parse_strace(&strace.stdout);
+        let mut expected = parse_strace(&strace.stdout, Runs::Separate);
         if let Some(main) = expected.get_mut("0") {
             if main.first().is_some_and(|c| c.name == "execve") {
                 main.remove(0);
             }
         }
-        let mut got = parse_vmsight_json(&std::fs::read_to_string(&json).unwrap());
+        let mut got = parse_vmsight_json(&std::fs::read_to_string(&json).unwrap(), Runs::Separate);
         mask_sigreturn(&mut expected);
         mask_sigreturn(&mut got);
         let d = diff(&expected, &got);
@@ -386,4 +455,178 @@ fn unmonitored_processes_cause_no_syscall_callbacks() {
         v["trace"]["tracker"]["completed"].as_u64().unwrap_or(0) >= 20_000,
         "{v}"
     );
+}
+
+/// A monitored process killed by a signal never calls `exit_group`, so the plugin never sees
+/// it leave. When its PID comes back on an unrelated process (forced here with the guest's
+/// `ns_last_pid`), that process is not traced: the plugin tells the two apart by their
+/// `signal_struct` and drops the stale entry.
+#[test]
+fn a_killed_monitored_process_does_not_make_its_pid_successor_monitored() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("t.json");
+    let stats = dir.path().join("s.json");
+    // The victim (comm `victim`) is a child of the monitored `wl`; the successor is started
+    // by the unmonitored top shell, under the same comm (so no cached verdict could help).
+    let script = "set -e; cp /bin/dash /tmp/wl; cp /bin/cat /tmp/victim
+/tmp/wl -c '/tmp/victim /dev/zero > /dev/null & echo $! > /tmp/pid; wait' &
+while [ ! -s /tmp/pid ]; do sleep 0.1; done
+P=$(cat /tmp/pid); sleep 1; kill -9 $P; wait || true
+echo $((P - 1)) > /proc/sys/kernel/ns_last_pid
+sh -c 'echo $$ > /tmp/succ; exec /tmp/victim /etc/hostname' > /dev/null
+echo victim $P successor $(cat /tmp/succ)";
+    let r = guest_sh(
+        &[
+            "--trace",
+            "wl",
+            "--trace-json",
+            json.to_str().unwrap(),
+            "--trace-out",
+            "/dev/null",
+            "--stats-json",
+            stats.to_str().unwrap(),
+        ],
+        script,
+    );
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let line = r.stdout.lines().find(|l| l.starts_with("victim ")).unwrap();
+    let w: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(w[1], w[3], "the guest did not reuse the PID: {line}");
+    let pid: u64 = w[1].parse().unwrap();
+    let calls: Vec<serde_json::Value> = std::fs::read_to_string(&json)
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["type"] == "syscall" && v["pid"].as_u64() == Some(pid))
+        .collect();
+    let reads = calls.iter().filter(|v| v["name"] == "read").count();
+    assert!(reads > 0, "the victim's reads of /dev/zero were traced");
+    let successor: Vec<_> = calls
+        .iter()
+        .filter(|v| {
+            v["decoded"].as_array().is_some_and(|a| {
+                a.iter()
+                    .any(|x| matches!(x.as_str(), Some("\"/etc/hostname\"" | "\"/tmp/succ\"")))
+            })
+        })
+        .collect();
+    assert!(
+        successor.is_empty(),
+        "the successor was traced: {successor:?}"
+    );
+    let s: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
+    let stale: u64 = s["vcpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["stale_tgids"].as_u64().unwrap())
+        .sum();
+    assert!(stale >= 1, "the stale entry was dropped: {}", s["vcpus"]);
+}
+
+/// A 64-bit program making 32-bit system calls (`int 0x80`): they are not traced (vmsight
+/// follows the x86-64 `syscall` ABI), but every one is counted, so the blind spot shows.
+/// The guest program checks that each call returned its PID (the kernel served them).
+#[test]
+fn int_0x80_calls_are_counted_as_compat_syscalls() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("t.json");
+    let stats = dir.path().join("s.json");
+    let r = guest_sh(
+        &[
+            "--trace",
+            "int80",
+            "--trace-json",
+            json.to_str().unwrap(),
+            "--trace-out",
+            "/dev/null",
+            "--stats-json",
+            stats.to_str().unwrap(),
+        ],
+        "int80 1000",
+    );
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(r.stdout.contains("int80 1000 "), "{}", r.stdout);
+    let s: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
+    let compat: u64 = s["vcpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["compat_syscalls"].as_u64().unwrap())
+        .sum();
+    assert_eq!(compat, 1000, "{}", s["vcpus"]);
+    // The program's 64-bit calls are traced as usual (its write of the result line).
+    let text = std::fs::read_to_string(&json).unwrap();
+    assert!(
+        text.lines().any(|l| l.contains("\"name\":\"write\"")),
+        "{text}"
+    );
+}
+
+/// Processes that live a few milliseconds (a dash that exits at once; one that changes
+/// directory and execs `true`) still get their exe and cwd: the plugin reads them in the
+/// guest at the process's first syscall and at a successful chdir and execve, while the task
+/// surely lives. The oracle is the guest's own record: each process writes its PID, and the
+/// shell knows what it ran and where.
+#[test]
+fn short_lived_processes_get_exe_and_cwd_at_each_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("t.json");
+    let script = "set -e; cp /bin/dash /tmp/probe; cp /bin/true /tmp/probe2; cd /usr/share/doc
+for i in $(seq 20); do /tmp/probe -c 'echo $$ >> /tmp/quick'; done
+for i in $(seq 10); do /tmp/probe -c 'echo $$ >> /tmp/execs; cd /tmp; exec /tmp/probe2'; done
+echo quick $(cat /tmp/quick); echo execs $(cat /tmp/execs)";
+    let r = guest_sh(
+        &[
+            "--trace",
+            "probe",
+            "--trace-json",
+            json.to_str().unwrap(),
+            "--trace-out",
+            "/dev/null",
+        ],
+        script,
+    );
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let pids = |tag: &str| -> Vec<i64> {
+        let line = r.stdout.lines().find(|l| l.starts_with(tag)).unwrap();
+        line.split_whitespace()
+            .skip(1)
+            .map(|p| p.parse().unwrap())
+            .collect()
+    };
+    let (quick, execs) = (pids("quick "), pids("execs "));
+    assert_eq!((quick.len(), execs.len()), (20, 10), "{}", r.stdout);
+    let records: Vec<serde_json::Value> = std::fs::read_to_string(&json)
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["type"] == "process")
+        .collect();
+    let of = |pid: i64| -> Vec<String> {
+        records
+            .iter()
+            .filter(|v| v["pid"].as_i64() == Some(pid))
+            .map(|v| format!("{} {} {}", v["comm"], v["exe"], v["cwd"]))
+            .collect()
+    };
+    let probe = r#""probe" "/tmp/probe""#;
+    for pid in quick {
+        assert_eq!(
+            of(pid),
+            [format!(r#"{probe} "/usr/share/doc""#)],
+            "pid {pid}"
+        );
+    }
+    for pid in execs {
+        assert_eq!(
+            of(pid),
+            [
+                format!(r#"{probe} "/usr/share/doc""#),
+                format!(r#"{probe} "/tmp""#),
+                r#""probe2" "/tmp/probe2" "/tmp""#.to_string(),
+            ],
+            "pid {pid}: first syscall, chdir, execve"
+        );
+    }
 }

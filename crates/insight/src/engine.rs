@@ -153,6 +153,21 @@ struct Proc {
 const RECENT_READS: usize = 4096;
 
 /// Argument `i`'s bytes, unless reading them faulted before any byte was read.
+/// For a read or write syscall: (the file position is an argument, it writes). `read`,
+/// `write`, `pread64`, `pwrite64`, `readv`, `writev`, `preadv`, `pwritev`, and `preadv2`/
+/// `pwritev2`, whose offset -1 means the file's position.
+pub(crate) fn io_call(nr: u64, a: &[u64; 6]) -> Option<(bool, bool)> {
+    match nr {
+        0 | 19 => Some((false, false)),
+        1 | 20 => Some((false, true)),
+        17 | 295 => Some((true, false)),
+        18 | 296 => Some((true, true)),
+        327 => Some((a[3] != u64::MAX, false)),
+        328 => Some((a[3] != u64::MAX, true)),
+        _ => None,
+    }
+}
+
 fn path_arg(e: &EntryEvent, i: u8) -> Option<&ArgData> {
     e.arg_data(i).filter(|d| !d.fault || !d.bytes.is_empty())
 }
@@ -688,8 +703,9 @@ impl Engine {
             33 if ok => self.fd_copy(pid, a[0], a[1], false),
             292 if ok => self.fd_copy(pid, a[0], a[1], a[2] & O_CLOEXEC != 0),
             72 if ok => self.on_fcntl(pid, a, ret),
-            // read, write, pread64, pwrite64, readv, writev, lseek
-            0 | 1 | 17 | 18 | 19 | 20 | 8 if ok => self.on_io(e, ret.unwrap_or(0) as u64),
+            nr if ok && (nr == 8 || io_call(nr, &a).is_some()) => {
+                self.on_io(e, ret.unwrap_or(0) as u64)
+            }
             77 if ok => self.on_ftruncate(pid, a[0], a[1]),
             76 if ok => {
                 if let Some(d) = path_arg(e, 0) {
@@ -794,14 +810,13 @@ impl Engine {
         }
     }
 
-    /// A successful read, write, pread64, pwrite64, readv, writev or lseek that returned `n`:
-    /// the fd's offset and inode, the file's size, and read classification.
+    /// A successful read or write (plain, positional or vectored: [`io_call`]) or lseek that
+    /// returned `n`: the fd's offset and inode, the file's size, and read classification.
     fn on_io(&mut self, e: &EntryEvent, n: u64) {
         let pid = e.tgid;
         let a = e.args;
         let io = e.io.as_ref();
-        let positional = matches!(e.nr, 17 | 18);
-        let write = matches!(e.nr, 1 | 18 | 20);
+        let (positional, write) = io_call(e.nr, &a).unwrap_or((false, false));
         let mut grow = None;
         if let Some(f) = self
             .procs

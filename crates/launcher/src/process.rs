@@ -2,6 +2,10 @@
 //! directory, read from guest kernel memory (the kernel profile says where), never from inside
 //! the guest. A record is written when a task is first seen and again after a successful
 //! execve/execveat/chdir/fchdir changed what it reports.
+//!
+//! The reads happen as the records leave the rings ([`SyscallObserver::on_drained`]), not when
+//! the ordered calls arrive 20 ms later: a short-lived process (a few ms under TCG) has
+//! usually exited by then, taking its `mm` (exe) and `fs` (cwd) with it.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -11,7 +15,10 @@ use std::sync::Arc;
 use serde::Serialize;
 use vmsight_introspect::kernel::{KernelView, TaskInfo};
 use vmsight_introspect::memory::GuestRam;
-use vmsight_introspect::syscall::{nr, Completed, EntryEvent, JsonSink, Outcome, SyscallObserver};
+use vmsight_introspect::syscall::event::{COMM_ARG, CWD_ARG, EXE_ARG};
+use vmsight_introspect::syscall::{
+    nr, Completed, Drained, EntryEvent, JsonSink, Outcome, SyscallObserver,
+};
 use vmsight_introspect::KernelProfile;
 
 /// One `"type": "process"` line of `--trace-json`.
@@ -21,7 +28,8 @@ pub struct ProcessRecord {
     pub kind: &'static str,
     pub pid: i32,
     pub tid: i32,
-    pub ppid: i32,
+    /// `None` when only the plugin's reading is left (the task was gone when vmsight looked).
+    pub ppid: Option<i32>,
     pub comm: String,
     pub exe: Option<String>,
     pub cwd: Option<String>,
@@ -35,7 +43,7 @@ impl ProcessRecord {
             kind: "process",
             pid: i.tgid,
             tid: i.pid,
-            ppid: i.ppid,
+            ppid: Some(i.ppid),
             comm: i.comm.clone(),
             exe: i.exe.clone(),
             cwd: i.cwd.clone(),
@@ -52,6 +60,13 @@ pub struct ProcessObserver {
     /// Set when opening guest memory failed, so it is not retried on every event.
     broken: bool,
     last: HashMap<u64, ProcessRecord>,
+    /// Details read as the records left the rings, by (task, TID), for the ordered events to
+    /// use. The TID keeps a task pointer reused by the next process apart: the drained
+    /// records run ahead of the ordered ones.
+    early: HashMap<(u64, u32), TaskInfo>,
+    /// Tasks whose drained entry was a call that changes their details (execve, chdir..):
+    /// read again at their drained return.
+    changing: HashMap<(u64, u32), u64>,
     json: Option<JsonSink>,
     text: Option<Box<dyn Write + Send>>,
     pub read_errors: u64,
@@ -70,6 +85,8 @@ impl ProcessObserver {
             view: None,
             broken: false,
             last: HashMap::new(),
+            early: HashMap::new(),
+            changing: HashMap::new(),
             json,
             text,
             read_errors: 0,
@@ -96,18 +113,58 @@ impl ProcessObserver {
         self.view.as_ref()
     }
 
-    fn refresh(&mut self, task: u64, ts_ns: u64) {
-        let Some(view) = self.view() else { return };
-        let info = match view.task_info(task) {
-            Ok(i) => i,
+    /// Reads `task` now; a failure (the task is gone) is counted.
+    fn read(&mut self, task: u64) -> Option<TaskInfo> {
+        match self.view()?.task_info(task) {
+            Ok(i) => Some(i),
             Err(e) => {
-                // The task may have exited before the trace thread got to it.
                 tracing::debug!("cannot read task {task:#x}: {e}");
                 self.read_errors += 1;
-                return;
+                None
             }
+        }
+    }
+
+    /// Reads `task` as its record leaves the ring, for [`Self::refresh`].
+    fn read_early(&mut self, task: u64, tid: u32) {
+        if self.early.len() >= MAX_EARLY {
+            self.early.clear(); // tasks that never reached an ordered event (a bound)
+        }
+        if let Some(i) = self.read(task) {
+            self.early.insert((task, tid), i);
+        }
+    }
+
+    /// Writes the record of `e`'s task if it changed: from the early read when there is one,
+    /// else read now; what the plugin read in the guest at the event (`plugin`) wins, and
+    /// alone makes a record when the task is gone.
+    fn refresh(&mut self, e: &EntryEvent, ts_ns: u64, plugin: &PluginDetails) {
+        let task = e.task;
+        let info = self
+            .early
+            .remove(&(task, e.tid))
+            .or_else(|| self.read(task))
+            // Read too late: the task pointer belongs to another task now (a reused slab).
+            .filter(|i| (i.tgid, i.pid) == (e.tgid as i32, e.tid as i32));
+        let mut rec = match info {
+            Some(i) => ProcessRecord::from_info(&i, ts_ns),
+            None if plugin.any() => ProcessRecord {
+                kind: "process",
+                pid: e.tgid as i32,
+                tid: e.tid as i32,
+                ppid: self.last.get(&task).and_then(|r| r.ppid),
+                comm: e.comm.clone(),
+                exe: self.last.get(&task).and_then(|r| r.exe.clone()),
+                cwd: self.last.get(&task).and_then(|r| r.cwd.clone()),
+                ts_ns,
+            },
+            None => return,
         };
-        let rec = ProcessRecord::from_info(&info, ts_ns);
+        if plugin.any() {
+            // The read above may be of a later moment (an exec since): the event's own name.
+            rec.comm = e.comm.clone();
+            plugin.apply(&mut rec);
+        }
         let changed = self.last.get(&task).is_none_or(|old| {
             (old.pid, old.tid, old.ppid, &old.comm, &old.exe, &old.cwd)
                 != (rec.pid, rec.tid, rec.ppid, &rec.comm, &rec.exe, &rec.cwd)
@@ -124,7 +181,7 @@ impl ProcessObserver {
                 "# {} {} process ppid={} comm={} exe={} cwd={}",
                 rec.pid,
                 rec.tid,
-                rec.ppid,
+                rec.ppid.map_or_else(|| "?".to_string(), |p| p.to_string()),
                 rec.comm,
                 rec.exe.as_deref().unwrap_or("?"),
                 rec.cwd.as_deref().unwrap_or("?")
@@ -134,24 +191,96 @@ impl ProcessObserver {
     }
 }
 
+/// What the plugin read in the guest while the task was in the call (DATA pieces of the
+/// entry: at the first syscall of a process, and at a successful execve/chdir's return).
+#[derive(Debug, Default)]
+struct PluginDetails {
+    exe: Option<String>,
+    cwd: Option<String>,
+    comm: Option<String>,
+}
+
+impl PluginDetails {
+    fn of(e: &EntryEvent) -> Self {
+        let text = |a| {
+            e.arg_data(a)
+                .filter(|d| !d.fault && !d.truncated && !d.bytes.is_empty())
+                .map(|d| String::from_utf8_lossy(&d.bytes).into_owned())
+        };
+        PluginDetails {
+            exe: text(EXE_ARG),
+            cwd: text(CWD_ARG),
+            comm: text(COMM_ARG),
+        }
+    }
+
+    fn any(&self) -> bool {
+        self.exe.is_some() || self.cwd.is_some() || self.comm.is_some()
+    }
+
+    fn apply(&self, rec: &mut ProcessRecord) {
+        if let Some(x) = &self.exe {
+            rec.exe = Some(x.clone());
+        }
+        if let Some(x) = &self.cwd {
+            rec.cwd = Some(x.clone());
+        }
+        if let Some(x) = &self.comm {
+            rec.comm = x.clone();
+        }
+    }
+}
+
+/// Most early reads kept at once.
+const MAX_EARLY: usize = 4096;
+
+/// Calls after which a task's exe or cwd may differ.
+fn changes_details(nr: u64) -> bool {
+    matches!(nr, nr::EXECVE | nr::EXECVEAT | nr::CHDIR | nr::FCHDIR)
+}
+
 impl SyscallObserver for ProcessObserver {
+    fn on_drained(&mut self, ev: &Drained) {
+        match *ev {
+            Drained::Entry { task, tid, nr, .. } => {
+                let seen = self.last.get(&task).is_some_and(|r| r.tid == tid as i32);
+                if !seen && !self.early.contains_key(&(task, tid)) {
+                    self.read_early(task, tid);
+                }
+                if changes_details(nr) {
+                    self.changing.insert((task, tid), nr);
+                }
+            }
+            Drained::Return { task, tid, .. } => {
+                if self.changing.remove(&(task, tid)).is_some() {
+                    self.read_early(task, tid);
+                }
+            }
+        }
+    }
+
     fn on_entry(&mut self, e: &EntryEvent) {
-        if !self.last.contains_key(&e.task) {
-            self.refresh(e.task, e.ts_ns);
+        let plugin = PluginDetails::of(e);
+        let seen = self
+            .last
+            .get(&e.task)
+            .is_some_and(|r| r.tid == e.tid as i32);
+        if !seen || plugin.any() {
+            self.refresh(e, e.ts_ns, &plugin);
         }
         if matches!(e.nr, nr::EXIT | nr::EXIT_GROUP) {
             // The task pointer may be reused by a new task once this one is gone.
             self.last.remove(&e.task);
+            self.early.remove(&(e.task, e.tid));
+            self.changing.remove(&(e.task, e.tid));
         }
     }
 
     fn on_complete(&mut self, c: &Completed) {
-        let changes = matches!(
-            c.entry.nr,
-            nr::EXECVE | nr::EXECVEAT | nr::CHDIR | nr::FCHDIR
-        );
-        if changes && c.outcome == Outcome::Returned(0) {
-            self.refresh(c.entry.task, c.exit_ts_ns.unwrap_or(c.entry.ts_ns));
+        if changes_details(c.entry.nr) && c.outcome == Outcome::Returned(0) {
+            let plugin = PluginDetails::of(&c.entry);
+            let ts = c.exit_ts_ns.unwrap_or(c.entry.ts_ns);
+            self.refresh(&c.entry, ts, &plugin);
         }
     }
 

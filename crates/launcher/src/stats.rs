@@ -22,6 +22,12 @@ pub struct VcpuStats {
     pub callbacks: u64,
     pub records: u64,
     pub dropped: u64,
+    /// Monitored TGIDs dropped because another process reused them (the monitored one was
+    /// killed without `exit_group`).
+    pub stale_tgids: u64,
+    /// 32-bit system calls (`int 0x80`, `sysenter`) executed in user mode (any task): counted,
+    /// not traced.
+    pub compat_syscalls: u64,
 }
 
 /// One disk's backend counters.
@@ -182,6 +188,8 @@ impl RunStats {
                         callbacks: v.callbacks,
                         records: v.records_written,
                         dropped: v.records_dropped,
+                        stale_tgids: v.stale_tgids,
+                        compat_syscalls: v.compat_syscalls,
                     })
                     .collect()
             })
@@ -263,6 +271,17 @@ impl fmt::Display for RunStats {
                     )?;
                 }
                 writeln!(f, "    total: syscalls={}", self.total_syscalls())?;
+                let compat: u64 = self.vcpus.iter().map(|v| v.compat_syscalls).sum();
+                if compat > 0 {
+                    writeln!(
+                        f,
+                        "    32-bit system calls (int 0x80, sysenter): {compat}, not traced"
+                    )?;
+                }
+                let stale: u64 = self.vcpus.iter().map(|v| v.stale_tgids).sum();
+                if stale > 0 {
+                    writeln!(f, "    monitored PIDs reused after an unseen exit: {stale}")?;
+                }
             }
         }
         writeln!(

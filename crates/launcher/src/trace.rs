@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 use vmsight_introspect::syscall::{
-    ArgData, Completed, EntryEvent, NameFilter, ReturnEvent, SumsPiece, SyscallObserver, Tracker,
-    TrackerStats,
+    ArgData, Completed, Drained, EntryEvent, NameFilter, ReturnEvent, SumsPiece, SyscallObserver,
+    Tracker, TrackerStats,
 };
 use vmsight_ring::{ChannelHost, Record};
 
@@ -295,13 +295,31 @@ impl Merger {
         match ev {
             RawEvent::Entry(e) => {
                 self.sum.entries += 1;
+                self.drained(&Drained::Entry {
+                    task: e.task,
+                    tid: e.tid,
+                    ts_ns: e.ts_ns,
+                    nr: e.nr,
+                });
                 self.open[vcpu] = Some(e);
             }
             RawEvent::Return(r) => {
                 self.sum.returns += 1;
+                self.drained(&Drained::Return {
+                    task: r.task,
+                    tid: r.tid,
+                    ts_ns: r.ts_ns,
+                });
                 self.queue.push(RawEvent::Return(r));
             }
             RawEvent::Data { .. } | RawEvent::LateData { .. } | RawEvent::Sums { .. } => {}
+        }
+    }
+
+    /// Tells every observer about a record just taken from a ring.
+    fn drained(&mut self, ev: &Drained) {
+        for o in &mut self.observers {
+            o.on_drained(ev);
         }
     }
 

@@ -8,6 +8,7 @@
 
 use std::ffi::{c_uint, CStr};
 
+use crate::logic::{for_each_run, Segment, MAX_IOV};
 use crate::qemu::ffi::{
     self, g_array_free, g_byte_array_set_size, g_byte_array_sized_new, qemu_plugin_get_registers,
     qemu_plugin_read_memory_vaddr, qemu_plugin_register, GByteArray, RegDescV4, RegDescV7,
@@ -153,6 +154,45 @@ impl ByteBuf {
             return Err(MemError::Unmapped(vaddr));
         }
         Ok(done)
+    }
+}
+
+impl ByteBuf {
+    /// Reads `out.len()` bytes at offset `off` of a buffer made of `segs` (a plain buffer is
+    /// one segment, a vectored one an iovec array's entries). Returns the bytes read before
+    /// the first fault or the buffer's end.
+    pub fn read_segments(&mut self, segs: &[Segment], off: u64, out: &mut [u8]) -> usize {
+        let mut got = 0usize;
+        let mut whole = true;
+        for_each_run(segs, off, out.len() as u64, |addr, at, n| {
+            if !whole {
+                return;
+            }
+            let r = self.read_guest(addr, &mut out[at..at + n]).unwrap_or(0);
+            got += r;
+            whole = r == n;
+        });
+        got
+    }
+
+    /// Reads the `count` entries of the guest iovec array at `iov` into `raw` (16 bytes each).
+    /// False when any of it cannot be read or `count` is above the kernel's limit.
+    pub fn read_iovecs(&mut self, iov: u64, count: u64, raw: &mut Vec<u8>) -> bool {
+        if count > MAX_IOV {
+            return false;
+        }
+        raw.clear();
+        raw.resize(count as usize * 16, 0);
+        let mut done = 0usize;
+        while done < raw.len() {
+            let n = (raw.len() - done).min(MAX_GUEST_READ);
+            let at = iov.wrapping_add(done as u64);
+            match self.read_guest(at, &mut raw[done..done + n]) {
+                Ok(r) if r == n => done += n,
+                _ => return false,
+            }
+        }
+        true
     }
 }
 

@@ -29,7 +29,7 @@ pub mod qemu;
 mod redirect;
 
 use std::cell::{Cell, UnsafeCell};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::ffi::{c_uint, c_void};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
@@ -100,6 +100,8 @@ const SB_STATE: usize = 16;
 const SB_TRACK: usize = 24;
 /// 1 while a kernel-triggered redirection waits for a vCPU (`redirect::arm_all`).
 const SB_ARM: usize = 32;
+/// 32-bit system calls (`int 0x80`, `sysenter`) executed in user mode, counted inline.
+const SB_COMPAT: usize = 40;
 const SB_ELEMENT: usize = 128;
 
 /// Monitoring states (scoreboard `SB_STATE`).
@@ -150,12 +152,19 @@ struct Monitor {
     task_epoch: AtomicU64,
 }
 
+/// A cached classification's key: (TGID, `task->signal`, comm).
+type VerdictKey = (u32, u64, [u8; COMM_LEN]);
+/// Most processes remembered as described (the set is cleared when full).
+const MAX_DESCRIBED: usize = 4096;
+
 struct MonInner {
     filters: MonitorFilters,
     /// Processes currently monitored (filter TGIDs, matched comms, descendants).
-    set: BTreeSet<u32>,
-    /// Verdicts by (TGID, comm).
-    verdicts: HashMap<(u32, [u8; COMM_LEN]), bool>,
+    set: MonitoredSet,
+    /// Verdicts by (TGID, process identity, comm).
+    verdicts: HashMap<VerdictKey, bool>,
+    /// Processes whose exe and cwd were sent ([`Ctx::describe_if_new`]).
+    described: std::collections::HashSet<VerdictKey>,
 }
 
 struct State {
@@ -238,6 +247,8 @@ impl State {
         let Some(v) = self.vcpu(vcpu) else { return };
         v.sink
             .set_max(Counter::Syscalls, self.sb_get(SB_SYSCALLS, vcpu));
+        v.sink
+            .set_max(Counter::CompatSyscalls, self.sb_get(SB_COMPAT, vcpu));
         self.channel.heartbeat();
     }
 
@@ -270,7 +281,7 @@ impl State {
         }
         f.tgids.retain(|&t| t != 0);
         let tracking = self.monitoring() && !f.is_empty();
-        inner.set = f.tgids.iter().copied().collect();
+        inner.set = MonitoredSet::from_tgids(f.tgids.iter().copied());
         inner.verdicts.clear();
         inner.filters = f;
         self.monitor.tracking.store(tracking, Ordering::SeqCst);
@@ -302,7 +313,7 @@ impl State {
     }
 
     fn report_set(&self, inner: &MonInner) {
-        let list: Vec<u32> = inner.set.iter().copied().collect();
+        let list: Vec<u32> = inner.set.tgids().collect();
         self.channel.report_monitored(&list);
     }
 
@@ -348,6 +359,9 @@ struct Retry {
     /// (argument index, guest address), `n` of them used.
     args: [(u8, u64); 4],
     n: usize,
+    /// A call that may change the task's exe or cwd ([`changes_details`]): read them again at
+    /// a successful return.
+    describe: bool,
 }
 
 /// Pending late re-reads, keyed by task: a call (execve especially) may block and return on
@@ -388,8 +402,11 @@ struct PendingRead {
     entry_ts: u64,
     cr3: u64,
     pc: u64,
+    /// The buffer, or for a vectored read the iovec array.
     buf: u64,
+    /// The buffer's length, or for a vectored read the iovec count.
     len: u64,
+    vectored: bool,
     hdr: SumsHeader,
 }
 
@@ -434,14 +451,20 @@ struct Hot {
     producer: Producer,
     regbuf: guest::ByteBuf,
     membuf: guest::ByteBuf,
-    /// (TGID, comm) of the last classification on this vCPU: a different task in the same
+    /// (TGID, process identity, comm) of the last classification on this vCPU: a different task in the same
     /// address space (a renamed thread, a CLONE_VM child) is re-classified.
-    last: (u32, [u8; COMM_LEN]),
+    last: VerdictKey,
+    /// The last process this vCPU checked for [`Ctx::describe_if_new`].
+    described: VerdictKey,
     /// Scratch for string/buffer arguments and the DATA records built from them.
     strbuf: Vec<u8>,
     pieces: Vec<Record>,
     /// Scratch for one 4 KiB chunk being checksummed.
     chunk: Box<[u8]>,
+    /// The buffer of the call being checksummed, as segments (one for a plain buffer).
+    segs: Vec<logic::Segment>,
+    /// Scratch for a vectored call's raw iovec array.
+    iovraw: Vec<u8>,
 
     /// CR3 base as last written (known from the CR3-write callbacks while tracking), valid
     /// while `cr3_gen` equals the applied filter generation (tracking was on throughout).
@@ -501,6 +524,12 @@ struct KernelMem<'a> {
     errors: u64,
 }
 
+impl KernelRead for KernelMem<'_> {
+    fn read(&mut self, addr: u64, out: &mut [u8]) -> bool {
+        KernelMem::read(self, addr, out)
+    }
+}
+
 impl KernelMem<'_> {
     fn read(&mut self, addr: u64, out: &mut [u8]) -> bool {
         if !is_kernel_addr(addr) {
@@ -556,10 +585,12 @@ impl KernelMem<'_> {
         if !self.read(task.wrapping_add(l.comm), &mut comm) {
             return None;
         }
+        let signal = self.u64_at(task.wrapping_add(l.signal))?;
         Some(TaskFields {
             pid: pid as u32,
             tgid: tgid as u32,
             real_parent,
+            signal,
             comm,
         })
     }
@@ -636,8 +667,9 @@ fn install(id: PluginId, args: &[String], info: &InstallInfo) -> Result<(), Plug
         monitor: Monitor {
             inner: Mutex::new(MonInner {
                 filters: MonitorFilters::none(),
-                set: BTreeSet::new(),
+                set: MonitoredSet::default(),
                 verdicts: HashMap::new(),
+                described: Default::default(),
             }),
             gen: AtomicU64::new(0),
             applied: AtomicU64::new(0),
@@ -747,10 +779,13 @@ fn vcpu_init(vcpu: c_uint) {
                     producer,
                     regbuf,
                     membuf,
-                    last: (0, [0; COMM_LEN]),
+                    last: (0, 0, [0; COMM_LEN]),
+                    described: (0, 0, [0; COMM_LEN]),
                     strbuf: Vec::with_capacity(MAX_STRING),
                     pieces: Vec::with_capacity(64),
                     chunk: vec![0u8; CHUNK as usize].into_boxed_slice(),
+                    segs: Vec::with_capacity(8),
+                    iovraw: Vec::new(),
                     cur_cr3: u64::MAX,
                     cr3_gen: u64::MAX,
                     kgs: 0,
@@ -922,6 +957,10 @@ fn instrument_tb(st: &State, tb: Tb<'_>) -> u64 {
             if is_syscall_insn(bytes) {
                 instrument_syscall(st, &insn, vaddr, monitoring);
                 count += 1;
+            } else if is_compat_syscall_insn(bytes) {
+                // Not traced (the i386 ABI has other numbers and registers): counted, so a
+                // trace can say what it did not see.
+                insn.add_inline(st.entry(SB_COMPAT), 1);
             }
         } else if let Some(k) = decode_kernel_insn(bytes).filter(|_| monitoring) {
             instrument_kernel(st, &insn, vaddr, k);
@@ -1090,8 +1129,13 @@ impl Ctx<'_> {
         self.count(Counter::Classifications, 1);
         let st = self.st;
         let gen0 = st.monitor.gen.load(Ordering::SeqCst);
-        let key = (t.f.tgid, t.f.comm);
+        let key = (t.f.tgid, t.f.signal, t.f.comm);
         let mut inner = st.lock();
+        if inner.set.drop_stale(&t.f) {
+            // The TGID's monitored process died unseen (a signal): this one reuses its PID.
+            self.count(Counter::StaleTgids, 1);
+            st.report_set(&inner);
+        }
         let monitored = match inner.verdicts.get(&key) {
             Some(&m) => m,
             None => {
@@ -1102,7 +1146,7 @@ impl Ctx<'_> {
                 };
                 let c = {
                     let inner = &*inner;
-                    let is_mon = |tgid: u32| inner.set.contains(&tgid);
+                    let is_mon = |t: &TaskFields| inner.set.contains(t);
                     logic::classify(&inner.filters, is_mon, &t.f, &mut mem)
                 };
                 let m = c.verdict.monitored();
@@ -1125,7 +1169,7 @@ impl Ctx<'_> {
                 }
                 if m && !inner.filters.monitor_all
                     && inner.set.len() < MAX_MONITORED_SET
-                    && inner.set.insert(t.f.tgid)
+                    && inner.set.insert(&t.f)
                 {
                     st.report_set(&inner);
                 }
@@ -1185,7 +1229,7 @@ impl Ctx<'_> {
     /// Monitored? Uses the vCPU state, re-classifying when it is unknown or the task is not
     /// the one last classified here.
     fn decide(&mut self, state: u64, t: &TaskInfo, cr3: u64) -> bool {
-        if state == ST_UNKNOWN || (t.f.tgid, t.f.comm) != self.hot.last {
+        if state == ST_UNKNOWN || (t.f.tgid, t.f.signal, t.f.comm) != self.hot.last {
             self.classify(t, cr3)
         } else {
             state == ST_MONITORED
@@ -1329,6 +1373,7 @@ impl Ctx<'_> {
             nr,
             args: [(0, 0); 4],
             n: 0,
+            describe: changes_details(nr) && self.lay.paths.is_some(),
         };
         for a in string_args(nr) {
             let addr = args[usize::from(a)];
@@ -1363,7 +1408,63 @@ impl Ctx<'_> {
                 self.emit_pieces(ts, cr3, addr, a, f);
             }
         }
-        (retry.n > 0).then_some(retry)
+        (retry.n > 0 || retry.describe).then_some(retry)
+    }
+
+    /// Appends DATA pieces with the task's executable and working directory (and with
+    /// `comm`, its name), read from guest kernel memory now, while the task surely lives.
+    fn emit_details(&mut self, task: u64, ts: u64, cr3: u64, extra: u16, comm: bool) {
+        let Some(pl) = self.lay.paths else { return };
+        for (arg, exe) in [(data::EXE_ARG, true), (data::CWD_ARG, false)] {
+            let mut out = std::mem::take(&mut self.hot.strbuf);
+            let mut m = self.kmem();
+            let ok = if exe {
+                task_exe(&pl, &mut m, task, &mut out)
+            } else {
+                task_cwd(&pl, &mut m, task, &mut out)
+            }
+            .is_some();
+            let errors = m.errors;
+            self.hot.strbuf = out;
+            if errors > 0 {
+                self.count(Counter::KernelReadErrors, errors);
+            }
+            if ok {
+                self.emit_pieces(ts, cr3, task, arg, extra);
+            }
+        }
+        if comm {
+            let mut name = [0u8; COMM_LEN];
+            let at = task.wrapping_add(self.lay.comm);
+            if self.kmem().read(at, &mut name) {
+                let n = name.iter().position(|&b| b == 0).unwrap_or(COMM_LEN);
+                self.hot.strbuf.clear();
+                self.hot.strbuf.extend_from_slice(&name[..n]);
+                self.emit_pieces(ts, cr3, task, data::COMM_ARG, extra);
+            }
+        }
+    }
+
+    /// At a monitored syscall entry: the first time this vCPU sees a process (TGID, identity,
+    /// comm) that no vCPU described yet, its exe and cwd ride with the entry. Not at an
+    /// execve or chdir: their successful return carries the new ones (as LATE pieces of the
+    /// same entry, which must not meet the old ones there).
+    fn describe_if_new(&mut self, t: &TaskInfo, ts: u64, cr3: u64, nr: u32) {
+        let key = (t.f.tgid, t.f.signal, t.f.comm);
+        if key == self.hot.described || self.lay.paths.is_none() || changes_details(nr) {
+            return;
+        }
+        self.hot.described = key;
+        let new = {
+            let mut inner = self.st.lock();
+            if inner.described.len() >= MAX_DESCRIBED {
+                inner.described.clear(); // described again later: a bound, not an error
+            }
+            inner.described.insert(key)
+        };
+        if new {
+            self.emit_details(t.task, ts, cr3, 0, false);
+        }
     }
 
     /// Reads `current->files->fdt->fd[fd]` and the file's position, flags and inode size.
@@ -1415,11 +1516,11 @@ impl Ctx<'_> {
         r
     }
 
-    /// Buffer checksums for a monitored read/write entry: a write's SUMS records and partial
-    /// head/tail DATA pieces are appended to `pieces` (pushed with the entry); a read is
-    /// remembered until its return.
+    /// Buffer checksums for a monitored read/write entry (plain or vectored): a write's SUMS
+    /// records and partial head/tail DATA pieces are appended to `pieces` (pushed with the
+    /// entry); a read is remembered until its return.
     fn entry_sums(&mut self, t: &TaskInfo, ts: u64, cr3: u64, pc: u64, nr: u32, args: &[u64; 6]) {
-        let Some((read, positional)) = sum_kind(nr) else {
+        let Some(k) = sum_kind(nr) else {
             return;
         };
         let Some(fl) = self.lay.files else { return };
@@ -1431,27 +1532,29 @@ impl Ctx<'_> {
         let Some(fi) = fi.filter(|f| f.regular) else {
             return;
         };
-        let append = fi.flags & O_APPEND != 0;
-        // Linux appends even for pwrite64 on an O_APPEND file.
-        let (pos, src) = if !read && append {
+        let append = !k.read && write_appends(k, args, fi.flags);
+        let (pos, src) = if append {
             (fi.i_size, vmsight_ring::sums::POS_ISIZE)
-        } else if positional {
+        } else if k.pos == PosArg::Arg3 || (k.pos == PosArg::Arg3OrFilePos && args[3] != u64::MAX) {
             (args[3], vmsight_ring::sums::POS_ARG)
         } else {
             (fi.pos, vmsight_ring::sums::POS_FPOS)
         };
+        let Some(len) = self.load_segments(args[1], args[2], k.vectored) else {
+            return; // an unreadable iovec array: the call fails with EFAULT
+        };
         let hdr = SumsHeader {
             fd: args[0] as u32,
             pos_source: src,
-            read,
-            append,
+            read: k.read,
+            append: fi.flags & O_APPEND != 0 || append,
             pos,
-            len: args[2],
+            len,
             inode: fi.inode,
             i_size: fi.i_size,
             ..SumsHeader::default()
         };
-        if read {
+        if k.read {
             reads_add(PendingRead {
                 task: t.task,
                 entry_ts: ts,
@@ -1459,12 +1562,36 @@ impl Ctx<'_> {
                 pc,
                 buf: args[1],
                 len: args[2],
+                vectored: k.vectored,
                 hdr,
             });
         } else {
             self.buffer_sums(ts, cr3, args[1], hdr, 0);
             self.partial_bytes(ts, cr3, args[1], hdr);
         }
+    }
+
+    /// Describes the call's buffer in `hot.segs`: one segment for a plain buffer, the iovec
+    /// array's entries for a vectored call. Returns the total length, `None` when the array
+    /// cannot be read or is refused by the kernel.
+    fn load_segments(&mut self, buf: u64, len: u64, vectored: bool) -> Option<u64> {
+        let h = &mut *self.hot;
+        if !vectored {
+            h.segs.clear();
+            h.segs.push(logic::Segment {
+                start: 0,
+                addr: buf,
+                len,
+            });
+            return Some(len);
+        }
+        if !h.membuf.read_iovecs(buf, len, &mut h.iovraw) {
+            if len <= MAX_IOV {
+                self.count(Counter::MemReadErrors, 1);
+            }
+            return None;
+        }
+        iov_segments(&h.iovraw, &mut h.segs)
     }
 
     /// Checksums the whole 4 KiB file-aligned chunks of the buffer at `buf` described by
@@ -1481,16 +1608,13 @@ impl Ctx<'_> {
             let take = (n - i).min(vals.len() as u64) as usize;
             let mut valid = 0u8;
             for (k, v) in vals.iter_mut().enumerate().take(take) {
-                let addr = buf
-                    .wrapping_add(plan.first_buf)
-                    .wrapping_add((i + k as u64) * CHUNK);
+                let off = plan.first_buf + (i + k as u64) * CHUNK;
                 let h = &mut *self.hot;
-                match h.membuf.read_guest(addr, &mut h.chunk[..]) {
-                    Ok(got) if got == h.chunk.len() => {
-                        *v = vmsight_ring::fnv1a64(&h.chunk[..]);
-                        valid |= 1 << k;
-                    }
-                    _ => end_flags |= flags::FAULT,
+                if h.membuf.read_segments(&h.segs, off, &mut h.chunk[..]) == h.chunk.len() {
+                    *v = vmsight_ring::fnv1a64(&h.chunk[..]);
+                    valid |= 1 << k;
+                } else {
+                    end_flags |= flags::FAULT;
                 }
             }
             if end_flags & flags::FAULT != 0 && valid.count_ones() as usize != take {
@@ -1521,20 +1645,18 @@ impl Ctx<'_> {
             if len == 0 || len >= CHUNK {
                 continue;
             }
-            let addr = buf.wrapping_add(off);
+            // The guest address of the piece's first byte (for a vectored call, in its iovec).
+            let mut addr = buf.wrapping_add(off);
+            for_each_run(&self.hot.segs, off, 1, |a, _, _| addr = a);
             let h = &mut *self.hot;
             h.strbuf.clear();
             h.strbuf.resize(len as usize, 0);
-            let f = match h.membuf.read_guest(addr, &mut h.strbuf[..]) {
-                Ok(n) if n == len as usize => 0,
-                Ok(n) => {
-                    h.strbuf.truncate(n);
-                    flags::FAULT
-                }
-                Err(_) => {
-                    h.strbuf.clear();
-                    flags::FAULT
-                }
+            let n = h.membuf.read_segments(&h.segs, off, &mut h.strbuf[..]);
+            let f = if n == len as usize {
+                0
+            } else {
+                h.strbuf.truncate(n);
+                flags::FAULT
             };
             if f != 0 {
                 self.count(Counter::MemReadErrors, 1);
@@ -1550,8 +1672,11 @@ impl Ctx<'_> {
         if rip != pr.pc.wrapping_add(2) || got <= 0 {
             return; // an error, EOF, a restart or a signal handler: nothing was read
         }
+        let Some(len) = self.load_segments(pr.buf, pr.len, pr.vectored) else {
+            return;
+        };
         let mut hdr = pr.hdr;
-        hdr.len = (got as u64).min(pr.len);
+        hdr.len = (got as u64).min(len);
         self.hot.pieces.clear();
         self.buffer_sums(pr.entry_ts, pr.cr3, pr.buf, hdr, flags::LATE);
         let n = self.hot.pieces.len();
@@ -1593,6 +1718,11 @@ impl Ctx<'_> {
                 continue;
             }
             self.emit_pieces(rt.entry_ts, rt.cr3, src, a, f | flags::LATE);
+        }
+        let chdir_done =
+            matches!(rt.nr, nr::CHDIR | nr::FCHDIR) && rip == rt.pc.wrapping_add(2) && rax == 0;
+        if rt.describe && (exec_done || chdir_done) {
+            self.emit_details(rt.task, rt.entry_ts, rt.cr3, flags::LATE, exec_done);
         }
         let n = self.hot.pieces.len();
         let p = &mut self.hot.producer;
@@ -1727,6 +1857,7 @@ fn syscall_entry(vcpu: c_uint, translated_pc: u64) -> Option<u64> {
         if c.st.opts.sums {
             c.entry_sums(&t, ts, cr3, pc, nr, &args);
         }
+        c.describe_if_new(&t, ts, cr3, nr);
     } else {
         c.hot.pieces.clear();
     }
@@ -1757,7 +1888,7 @@ fn syscall_entry(vcpu: c_uint, translated_pc: u64) -> Option<u64> {
         }
         Lifecycle::ExitGroup => {
             let mut inner = c.st.lock();
-            if inner.set.remove(&t.f.tgid) {
+            if inner.set.remove(t.f.tgid) {
                 c.st.report_set(&inner);
             }
             c.st.invalidate(&mut inner, vcpu);

@@ -206,6 +206,10 @@ pub struct KernelLayout {
     pub comm: u64,
     /// `task_struct.real_parent` offset (pointer).
     pub real_parent: u64,
+    /// `task_struct.signal` offset (pointer): one `signal_struct` per process, shared by its
+    /// threads and kept across execve, so it tells a process from a later one that reuses
+    /// its PID.
+    pub signal: u64,
     /// `task_struct.mm` offset (pointer).
     pub mm: u64,
     /// `mm_struct.pgd` offset (pointer, direct-map address).
@@ -217,6 +221,8 @@ pub struct KernelLayout {
     pub files: Option<FileLayout>,
     /// The block submission path, when the profile has it (FoxyIdle's block tags need it).
     pub block: Option<BlockLayout>,
+    /// Executable and working directory paths, when the profile has them.
+    pub paths: Option<PathLayout>,
 }
 
 /// Where the plugin hooks the guest kernel for FoxyIdle, and the offsets it reads there:
@@ -387,6 +393,168 @@ impl FileLayout {
     }
 }
 
+/// Where a task's executable and working directory are, and the offsets `d_path` walks:
+/// `task->mm->exe_file->f_path` and `task->fs->pwd`, then `dentry->d_parent` up to the mount's
+/// root and `mount->mnt_parent`/`mnt_mountpoint` across mounts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PathLayout {
+    pub task_mm: u64,
+    pub mm_exe_file: u64,
+    pub file_path: u64,
+    pub task_fs: u64,
+    pub fs_pwd: u64,
+    pub path_mnt: u64,
+    pub path_dentry: u64,
+    pub dentry_parent: u64,
+    pub dentry_name: u64,
+    pub qstr_len: u64,
+    pub qstr_name: u64,
+    pub vfsmount_root: u64,
+    /// `mount.mnt`: the `struct vfsmount` embedded in a `struct mount`.
+    pub mount_mnt: u64,
+    pub mount_parent: u64,
+    pub mount_mountpoint: u64,
+}
+
+impl PathLayout {
+    /// The offsets, when the profile has all of them.
+    fn from_profile(p: &KernelProfile) -> Option<PathLayout> {
+        let m = |strukt, member, size| member_offset(p, strukt, member, size).ok();
+        // Embedded structs: any size, a plausible offset.
+        let e = |strukt, member| {
+            p.member(strukt, member)
+                .ok()
+                .map(|m| m.offset)
+                .filter(|&o| o <= MAX_MEMBER_OFFSET)
+        };
+        Some(PathLayout {
+            task_mm: m("task_struct", "mm", 8)?,
+            mm_exe_file: m("mm_struct", "exe_file", 8)?,
+            file_path: m("file", "f_path", 16)?,
+            task_fs: m("task_struct", "fs", 8)?,
+            fs_pwd: m("fs_struct", "pwd", 16)?,
+            path_mnt: m("path", "mnt", 8)?,
+            path_dentry: m("path", "dentry", 8)?,
+            dentry_parent: m("dentry", "d_parent", 8)?,
+            dentry_name: e("dentry", "d_name")?,
+            qstr_len: m("qstr", "len", 4)?,
+            qstr_name: m("qstr", "name", 8)?,
+            vfsmount_root: m("vfsmount", "mnt_root", 8)?,
+            mount_mnt: e("mount", "mnt")?,
+            mount_parent: m("mount", "mnt_parent", 8)?,
+            mount_mountpoint: m("mount", "mnt_mountpoint", 8)?,
+        })
+    }
+}
+
+/// Reads guest kernel memory (the plugin's vCPU reads; tests use a map).
+pub trait KernelRead {
+    /// Fills `out` from `addr`; false if any of it could not be read.
+    fn read(&mut self, addr: u64, out: &mut [u8]) -> bool;
+
+    fn u64_at(&mut self, addr: u64) -> Option<u64> {
+        let mut b = [0u8; 8];
+        self.read(addr, &mut b).then(|| u64::from_le_bytes(b))
+    }
+}
+
+/// Longest path [`d_path`] renders (the kernel's `PATH_MAX`).
+pub const PATH_MAX: usize = 4096;
+/// Most components and mount crossings [`d_path`] walks.
+pub const MAX_PATH_STEPS: usize = 256;
+/// Longest name of one component (`NAME_MAX`).
+const NAME_MAX: usize = 255;
+
+/// Renders the `struct path` at `path` like the kernel's `d_path` into `out` (cleared): the
+/// dentry names up to the mount's root, crossing to the parent mount at each mount root,
+/// until the root of the mount tree. `None` when a read fails or the walk is implausible
+/// (too deep, too long, a name longer than `NAME_MAX`): guest memory is untrusted.
+pub fn d_path<M: KernelRead>(
+    l: &PathLayout,
+    m: &mut M,
+    path: u64,
+    out: &mut Vec<u8>,
+) -> Option<()> {
+    let mut vfsmnt = m.u64_at(path.wrapping_add(l.path_mnt))?;
+    let mut dentry = m.u64_at(path.wrapping_add(l.path_dentry))?;
+    let mut mount = vfsmnt.checked_sub(l.mount_mnt)?;
+    // Components are collected leaf first, then reversed.
+    let mut parts: Vec<(usize, usize)> = Vec::new();
+    let mut names: Vec<u8> = Vec::new();
+    for _ in 0..MAX_PATH_STEPS {
+        let root = m.u64_at(vfsmnt.wrapping_add(l.vfsmount_root))?;
+        if dentry == root {
+            let parent = m.u64_at(mount.wrapping_add(l.mount_parent))?;
+            if parent == mount {
+                return Some(join_reversed(&parts, &names, out));
+            }
+            dentry = m.u64_at(mount.wrapping_add(l.mount_mountpoint))?;
+            mount = parent;
+            vfsmnt = mount.wrapping_add(l.mount_mnt);
+            continue;
+        }
+        let parent = m.u64_at(dentry.wrapping_add(l.dentry_parent))?;
+        if parent == dentry {
+            return Some(join_reversed(&parts, &names, out)); // a disconnected tree
+        }
+        let q = dentry.wrapping_add(l.dentry_name);
+        let mut b4 = [0u8; 4];
+        if !m.read(q.wrapping_add(l.qstr_len), &mut b4) {
+            return None;
+        }
+        let len = u32::from_le_bytes(b4) as usize;
+        if len == 0 || len > NAME_MAX || names.len() + parts.len() + len + 1 > PATH_MAX {
+            return None;
+        }
+        let name = m.u64_at(q.wrapping_add(l.qstr_name))?;
+        let at = names.len();
+        names.resize(at + len, 0);
+        if !m.read(name, &mut names[at..]) {
+            return None;
+        }
+        parts.push((at, len));
+        dentry = parent;
+    }
+    None
+}
+
+fn join_reversed(parts: &[(usize, usize)], names: &[u8], out: &mut Vec<u8>) {
+    out.clear();
+    for &(at, len) in parts.iter().rev() {
+        out.push(b'/');
+        out.extend_from_slice(&names[at..at + len]);
+    }
+    if out.is_empty() {
+        out.push(b'/');
+    }
+}
+
+/// A task's executable path (`task->mm->exe_file`), `None` for a kernel thread, an exiting
+/// task or a failed read.
+pub fn task_exe<M: KernelRead>(
+    l: &PathLayout,
+    m: &mut M,
+    task: u64,
+    out: &mut Vec<u8>,
+) -> Option<()> {
+    let mm = m.u64_at(task.wrapping_add(l.task_mm)).filter(|&p| p != 0)?;
+    let file = m
+        .u64_at(mm.wrapping_add(l.mm_exe_file))
+        .filter(|&p| p != 0)?;
+    d_path(l, m, file.wrapping_add(l.file_path), out)
+}
+
+/// A task's working directory (`task->fs->pwd`), `None` for an exiting task or a failed read.
+pub fn task_cwd<M: KernelRead>(
+    l: &PathLayout,
+    m: &mut M,
+    task: u64,
+    out: &mut Vec<u8>,
+) -> Option<()> {
+    let fs = m.u64_at(task.wrapping_add(l.task_fs)).filter(|&p| p != 0)?;
+    d_path(l, m, fs.wrapping_add(l.fs_pwd), out)
+}
+
 impl KernelLayout {
     /// Extracts the layout from a kernel profile.
     pub fn from_profile(p: &KernelProfile) -> Result<Self, LayoutError> {
@@ -404,11 +572,13 @@ impl KernelLayout {
             tgid: m("task_struct", "tgid", 4)?,
             comm: m("task_struct", "comm", COMM_LEN as u64)?,
             real_parent: m("task_struct", "real_parent", 8)?,
+            signal: m("task_struct", "signal", 8)?,
             mm: m("task_struct", "mm", 8)?,
             mm_pgd: m("mm_struct", "pgd", 8)?,
             page_offset_base: symbol(p, "page_offset_base")?,
             files: FileLayout::from_profile(p),
             block: BlockLayout::from_profile(p),
+            paths: PathLayout::from_profile(p),
         })
     }
 
@@ -431,13 +601,26 @@ pub fn is_syscall_insn(bytes: &[u8]) -> bool {
     let Some((prefixes, op)) = bytes.split_last_chunk::<2>() else {
         return false;
     };
-    *op == [0x0f, 0x05]
-        && prefixes.iter().all(|b| {
-            matches!(
-                b,
-                0x26 | 0x2e | 0x36 | 0x3e | 0x64 | 0x65 | 0x66 | 0x67 | 0xf0 | 0xf2 | 0xf3
-            ) || (0x40..=0x4f).contains(b)
-        })
+    *op == [0x0f, 0x05] && prefixes.iter().all(|&b| is_prefix(b))
+}
+
+/// True if `bytes` (one whole decoded instruction) enters the kernel through a 32-bit
+/// system call gate: `int 0x80` (`cd 80`) or `sysenter` (`0f 34`), with legacy or REX
+/// prefixes only. A 64-bit Debian userland never uses them (glibc's x86-64 ABI is `syscall`);
+/// 32-bit (i386) programs and hand-written code do.
+pub fn is_compat_syscall_insn(bytes: &[u8]) -> bool {
+    let Some((prefixes, op)) = bytes.split_last_chunk::<2>() else {
+        return false;
+    };
+    (*op == [0xcd, 0x80] || *op == [0x0f, 0x34]) && prefixes.iter().all(|&b| is_prefix(b))
+}
+
+/// A legacy (segment, operand/address size, lock, rep) or REX prefix byte.
+fn is_prefix(b: u8) -> bool {
+    matches!(
+        b,
+        0x26 | 0x2e | 0x36 | 0x3e | 0x64 | 0x65 | 0x66 | 0x67 | 0xf0 | 0xf2 | 0xf3
+    ) || (0x40..=0x4f).contains(&b)
 }
 
 /// Kernel instructions the plugin instruments.
@@ -501,16 +684,30 @@ pub mod nr {
     pub const WRITE: u32 = 1;
     pub const PREAD64: u32 = 17;
     pub const PWRITE64: u32 = 18;
+    pub const READV: u32 = 19;
+    pub const WRITEV: u32 = 20;
+    pub const PREADV: u32 = 295;
+    pub const PWRITEV: u32 = 296;
+    pub const PREADV2: u32 = 327;
+    pub const PWRITEV2: u32 = 328;
     pub const CLONE: u32 = 56;
     pub const FORK: u32 = 57;
     pub const VFORK: u32 = 58;
     pub const EXECVE: u32 = 59;
     pub const EXIT: u32 = 60;
+    pub const CHDIR: u32 = 80;
+    pub const FCHDIR: u32 = 81;
     pub const PRCTL: u32 = 157;
     pub const EXIT_GROUP: u32 = 231;
     pub const OPENAT: u32 = 257;
     pub const EXECVEAT: u32 = 322;
     pub const CLONE3: u32 = 435;
+}
+
+/// Calls after which a task's executable or working directory may differ: the plugin reads
+/// them again at a successful return.
+pub fn changes_details(nr: u32) -> bool {
+    matches!(nr, nr::EXECVE | nr::EXECVEAT | nr::CHDIR | nr::FCHDIR)
 }
 
 /// `clone` flag: the new task is a thread of the caller's process.
@@ -540,16 +737,132 @@ pub const S_IFMT: u16 = 0o170000;
 /// Regular file.
 pub const S_IFREG: u16 = 0o100000;
 
-/// Buffer checksums the plugin computes for syscall `nr`: `Some(true)` read, `Some(false)`
-/// write, with whether the file position is the 4th argument (`pread64`/`pwrite64`).
-pub fn sum_kind(nr: u32) -> Option<(bool, bool)> {
+/// Where a checksummed call's file position comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PosArg {
+    /// The file's position (`read`, `write`, `readv`, `writev`).
+    FilePos,
+    /// The 4th argument (`pread64`, `pwrite64`, `preadv`, `pwritev`).
+    Arg3,
+    /// The 4th argument, or the file's position when it is -1 (`preadv2`, `pwritev2`).
+    Arg3OrFilePos,
+}
+
+/// How a checksummed I/O call describes its buffer and file position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SumKind {
+    /// A read (checksummed at its return), else a write (at its entry).
+    pub read: bool,
+    /// The 2nd argument is an array of `struct iovec`, the 3rd its length; else a buffer
+    /// and its length.
+    pub vectored: bool,
+    pub pos: PosArg,
+    /// The 6th argument holds `RWF_*` flags (`preadv2`, `pwritev2`).
+    pub rwf_flags: bool,
+}
+
+/// Buffer checksums the plugin computes for syscall `nr` (Sky §3.4), plain and vectored.
+pub fn sum_kind(nr: u32) -> Option<SumKind> {
+    let k = |read, vectored, pos, rwf_flags| {
+        Some(SumKind {
+            read,
+            vectored,
+            pos,
+            rwf_flags,
+        })
+    };
     match nr {
-        nr::READ => Some((true, false)),
-        nr::PREAD64 => Some((true, true)),
-        nr::WRITE => Some((false, false)),
-        nr::PWRITE64 => Some((false, true)),
+        nr::READ => k(true, false, PosArg::FilePos, false),
+        nr::WRITE => k(false, false, PosArg::FilePos, false),
+        nr::PREAD64 => k(true, false, PosArg::Arg3, false),
+        nr::PWRITE64 => k(false, false, PosArg::Arg3, false),
+        nr::READV => k(true, true, PosArg::FilePos, false),
+        nr::WRITEV => k(false, true, PosArg::FilePos, false),
+        nr::PREADV => k(true, true, PosArg::Arg3, false),
+        nr::PWRITEV => k(false, true, PosArg::Arg3, false),
+        nr::PREADV2 => k(true, true, PosArg::Arg3OrFilePos, true),
+        nr::PWRITEV2 => k(false, true, PosArg::Arg3OrFilePos, true),
         _ => None,
     }
+}
+
+/// `RWF_APPEND` / `RWF_NOAPPEND` of `preadv2`/`pwritev2` (Linux 4.16 / 6.0).
+pub const RWF_APPEND: u64 = 0x10;
+pub const RWF_NOAPPEND: u64 = 0x20;
+
+/// Whether a write of kind `k` with arguments `args` to a file with `f_flags` appends at
+/// `i_size`: `O_APPEND` does even for a positional write, `RWF_APPEND` asks for it per call
+/// and `RWF_NOAPPEND` cancels `O_APPEND` (mm/filemap.c, `kiocb_set_rw_flags`).
+pub fn write_appends(k: SumKind, args: &[u64; 6], f_flags: u32) -> bool {
+    let rwf = if k.rwf_flags { args[5] } else { 0 };
+    if rwf & RWF_APPEND != 0 {
+        return true;
+    }
+    f_flags & O_APPEND != 0 && rwf & RWF_NOAPPEND == 0
+}
+
+/// Most `struct iovec` entries of one call (the kernel's `UIO_MAXIOV`; more is `EINVAL`).
+pub const MAX_IOV: u64 = 1024;
+
+/// One piece of a (possibly vectored) buffer: its first byte's offset in the whole buffer,
+/// its guest address and its length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Segment {
+    pub start: u64,
+    pub addr: u64,
+    pub len: u64,
+}
+
+/// Builds the segment list of an iovec array from its raw little-endian bytes (16 per entry:
+/// base, length), skipping empty entries. Returns the total length (saturating), or `None`
+/// for a length the kernel refuses (`EINVAL`: one above `isize::MAX`).
+pub fn iov_segments(raw: &[u8], out: &mut Vec<Segment>) -> Option<u64> {
+    out.clear();
+    let mut total = 0u64;
+    for e in raw.chunks_exact(16) {
+        let word = |i: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&e[i..i + 8]);
+            u64::from_le_bytes(b)
+        };
+        let (addr, len) = (word(0), word(8));
+        if len > i64::MAX as u64 {
+            return None;
+        }
+        if len == 0 {
+            continue;
+        }
+        out.push(Segment {
+            start: total,
+            addr,
+            len,
+        });
+        total = total.saturating_add(len);
+    }
+    Some(total)
+}
+
+/// Splits the byte range `[off, off + len)` of a segmented buffer into guest address runs,
+/// calling `f(addr, dst_offset, n)` for each in order; stops at the buffer's end. Returns
+/// the bytes covered.
+pub fn for_each_run(
+    segs: &[Segment],
+    off: u64,
+    len: u64,
+    mut f: impl FnMut(u64, usize, usize),
+) -> u64 {
+    let mut i = segs.partition_point(|s| s.start.saturating_add(s.len) <= off);
+    let mut done = 0u64;
+    while done < len {
+        let Some(s) = segs.get(i) else { break };
+        let at = off + done;
+        let inner = at.saturating_sub(s.start);
+        let n = (s.len - inner).min(len - done);
+        f(s.addr.wrapping_add(inner), done as usize, n as usize);
+        done += n;
+        i += 1;
+    }
+    done
 }
 
 /// How a buffer of `len` bytes written at file position `pos` splits into 4 KiB
@@ -654,8 +967,70 @@ pub struct TaskFields {
     pub tgid: u32,
     /// `task->real_parent`.
     pub real_parent: u64,
+    /// `task->signal`: the process's identity while it lives (see [`MonitoredSet`]).
+    pub signal: u64,
     /// `task->comm`.
     pub comm: [u8; COMM_LEN],
+}
+
+/// The processes the plugin monitors: TGID → the process's `signal_struct` (0: not seen yet,
+/// a TGID vmsight asked for, bound at first sight).
+///
+/// A process that dies without `exit_group` (killed by a signal) is never seen leaving; when
+/// its TGID comes back on another process (PID reuse), the identity differs, the stale entry
+/// is dropped and the newcomer is classified on its own (comm and ancestors).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MonitoredSet(std::collections::BTreeMap<u32, u64>);
+
+impl MonitoredSet {
+    /// A set of TGIDs vmsight gave, bound to the first process seen with each.
+    pub fn from_tgids(tgids: impl IntoIterator<Item = u32>) -> Self {
+        Self(tgids.into_iter().map(|t| (t, 0)).collect())
+    }
+
+    /// Whether `t`'s process is monitored.
+    pub fn contains(&self, t: &TaskFields) -> bool {
+        self.0
+            .get(&t.tgid)
+            .is_some_and(|&id| id == 0 || id == t.signal)
+    }
+
+    /// Records `t`'s process as monitored, binding an unbound TGID; true when the TGID list
+    /// changed.
+    pub fn insert(&mut self, t: &TaskFields) -> bool {
+        self.0.insert(t.tgid, t.signal).is_none()
+    }
+
+    /// Drops the entry of `t`'s TGID when it belongs to another process (which died unseen);
+    /// true when one was dropped.
+    pub fn drop_stale(&mut self, t: &TaskFields) -> bool {
+        let stale = self
+            .0
+            .get(&t.tgid)
+            .is_some_and(|&id| id != 0 && id != t.signal);
+        if stale {
+            self.0.remove(&t.tgid);
+        }
+        stale
+    }
+
+    /// Forgets a process that called `exit_group`; true when it was there.
+    pub fn remove(&mut self, tgid: u32) -> bool {
+        self.0.remove(&tgid).is_some()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The monitored TGIDs, ascending.
+    pub fn tgids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.0.keys().copied()
+    }
 }
 
 /// Access to guest tasks (the plugin reads guest memory; tests use a map).
@@ -698,13 +1073,14 @@ pub struct Classification {
     pub read_error: bool,
 }
 
-/// Decides whether the task `me` is monitored: if `monitor_all`, or its TGID or an
-/// ancestor's TGID is monitored (`is_monitored`: the filter TGIDs plus processes the plugin
-/// already monitors), or its or an ancestor's comm matches a filter. Walks `real_parent` at
+/// Decides whether the task `me` is monitored: if `monitor_all`, or its process or an
+/// ancestor's is monitored (`is_monitored`: the filter TGIDs plus processes the plugin
+/// already monitors, [`MonitoredSet::contains`]), or its or an ancestor's comm matches a
+/// filter. Walks `real_parent` at
 /// most [`MAX_ANCESTOR_HOPS`] times, stopping at pid 1 (init), pid 0 or a self-parent.
 pub fn classify<M: TaskMemory>(
     f: &MonitorFilters,
-    is_monitored: impl Fn(u32) -> bool,
+    is_monitored: impl Fn(&TaskFields) -> bool,
     me: &TaskFields,
     mem: &mut M,
 ) -> Classification {
@@ -716,7 +1092,7 @@ pub fn classify<M: TaskMemory>(
     if f.monitor_all {
         return done(Verdict::All, 0, false);
     }
-    if is_monitored(me.tgid) {
+    if is_monitored(me) {
         return done(Verdict::Tgid, 0, false);
     }
     if f.comm_matches(&me.comm) {
@@ -735,7 +1111,7 @@ pub fn classify<M: TaskMemory>(
         if t.pid == 0 {
             break; // the idle task (parent of init and kthreadd) is nobody's monitored parent
         }
-        if is_monitored(t.tgid) || f.comm_matches(&t.comm) {
+        if is_monitored(&t) || f.comm_matches(&t.comm) {
             return done(Verdict::Ancestor(hops), hops, false);
         }
         if t.pid <= 1 || t.real_parent == cur {

@@ -71,7 +71,7 @@ const PROFILE: &str = r#"{
     "task_struct": {"size": 9728, "members": {
       "pid": {"offset": 2416, "size": 4}, "tgid": {"offset": 2420, "size": 4},
       "comm": {"offset": 2976, "size": 16}, "real_parent": {"offset": 2432, "size": 8},
-      "mm": {"offset": 2272, "size": 8}}},
+      "signal": {"offset": 3064, "size": 8}, "mm": {"offset": 2272, "size": 8}}},
     "mm_struct": {"size": 1096, "members": {"pgd": {"offset": 72, "size": 8}}}
   },
   "config": {}
@@ -215,6 +215,13 @@ fn syscall_decoding() {
     assert!(!is_syscall_insn(&[]));
     assert!(!is_syscall_insn(&[0x90, 0x0f, 0x05])); // not a prefix
     assert!(!is_syscall_insn(&[0x0f, 0x05, 0x90]));
+    assert!(is_compat_syscall_insn(&[0xcd, 0x80]));
+    assert!(is_compat_syscall_insn(&[0x0f, 0x34]));
+    assert!(is_compat_syscall_insn(&[0x66, 0xcd, 0x80]));
+    assert!(!is_compat_syscall_insn(&[0xcd, 0x81])); // another interrupt
+    assert!(!is_compat_syscall_insn(&[0x0f, 0x05]));
+    assert!(!is_compat_syscall_insn(&[0x90, 0xcd, 0x80]));
+    assert!(!is_compat_syscall_insn(&[0xcd]));
 }
 
 #[test]
@@ -318,11 +325,13 @@ fn comm(s: &str) -> [u8; COMM_LEN] {
     MonitorFilters::comm(s).expect("valid comm")
 }
 
+/// A task whose process identity (`signal`) is derived from its TGID.
 fn task(pid: u32, tgid: u32, parent: u64, name: &str) -> TaskFields {
     TaskFields {
         pid,
         tgid,
         real_parent: parent,
+        signal: 0xffff_0000_0000 + u64::from(tgid),
         comm: comm(name),
     }
 }
@@ -349,7 +358,7 @@ fn classification() {
     let none = MonitorFilters::none();
     let run = |f: &MonitorFilters, set: &[u32], me: &TaskFields| {
         let mut tr = tree();
-        let c = classify(f, |x| set.contains(&x), me, &mut tr);
+        let c = classify(f, |t| set.contains(&t.tgid), me, &mut tr);
         (c, tr.1)
     };
     // Nothing monitored: walks to init and stops.
@@ -393,7 +402,7 @@ fn classification_is_bounded_and_survives_bad_memory() {
     let mut tr = tree();
     tr.0.remove(&0x1200);
     let ls = tr.0[&0x1500];
-    let c = classify(&none, |x| x == 100, &ls, &mut tr);
+    let c = classify(&none, |t| t.tgid == 100, &ls, &mut tr);
     assert_eq!(c.verdict, Verdict::No);
     assert!(c.read_error);
     assert_eq!(c.hops, 2);
@@ -403,7 +412,7 @@ fn classification_is_bounded_and_survives_bad_memory() {
     m.insert(0xb, task(11, 11, 0xa, "b"));
     let me = task(12, 12, 0xa, "c");
     let mut tr = Tree(m, 0);
-    let c = classify(&none, |_| false, &me, &mut tr);
+    let c = classify(&none, |_: &TaskFields| false, &me, &mut tr);
     assert_eq!(c.verdict, Verdict::No);
     assert_eq!(c.hops, MAX_ANCESTOR_HOPS);
     assert_eq!(tr.1, MAX_ANCESTOR_HOPS);
@@ -411,7 +420,7 @@ fn classification_is_bounded_and_survives_bad_memory() {
     let mut m = HashMap::new();
     m.insert(0xa, task(10, 10, 0xa, "a"));
     let me = task(12, 12, 0xa, "c");
-    let c = classify(&none, |_| false, &me, &mut Tree(m, 0));
+    let c = classify(&none, |_: &TaskFields| false, &me, &mut Tree(m, 0));
     assert_eq!(c.hops, 1);
 }
 
@@ -438,11 +447,281 @@ fn chunk_plans_split_buffers_at_file_offset_boundaries() {
     assert_eq!((p.tail_start, p.tail_len), (8092, 1908));
     assert_eq!(chunk_plan(0, 0).whole, 0);
     assert_eq!(chunk_plan(u64::MAX - 10, 100).whole, 0);
-    assert_eq!(sum_kind(1), Some((false, false)));
-    assert_eq!(sum_kind(17), Some((true, true)));
-    assert_eq!(sum_kind(2), None);
+    let k = |nr| sum_kind(nr).map(|k| (k.read, k.vectored, k.pos, k.rwf_flags));
+    assert_eq!(k(1), Some((false, false, PosArg::FilePos, false)));
+    assert_eq!(k(17), Some((true, false, PosArg::Arg3, false)));
+    assert_eq!(k(19), Some((true, true, PosArg::FilePos, false)));
+    assert_eq!(k(296), Some((false, true, PosArg::Arg3, false)));
+    assert_eq!(k(327), Some((true, true, PosArg::Arg3OrFilePos, true)));
+    assert_eq!(k(328), Some((false, true, PosArg::Arg3OrFilePos, true)));
+    assert_eq!(k(2), None);
     let o = Options::parse(["shm=/a", "sums=off", "sumcap=8"]).expect("sums options");
     assert!(!o.sums);
     assert_eq!(o.sum_cap, 8192);
     assert!(Options::parse(["shm=/a", "sumcap=4096"]).is_err());
+}
+
+#[test]
+fn writes_append_per_o_append_and_rwf_flags() {
+    let pwritev2 = sum_kind(328).unwrap();
+    let pwrite = sum_kind(18).unwrap();
+    let args = |rwf| [3, 0, 1, 0, 0, rwf];
+    // O_APPEND appends even for a positional write; RWF_NOAPPEND cancels it per call.
+    assert!(write_appends(pwrite, &args(0), O_APPEND));
+    assert!(write_appends(pwritev2, &args(0), O_APPEND));
+    assert!(!write_appends(pwritev2, &args(RWF_NOAPPEND), O_APPEND));
+    // RWF_APPEND appends without O_APPEND; the flags argument of pwrite64 means nothing.
+    assert!(write_appends(pwritev2, &args(RWF_APPEND), 0));
+    assert!(!write_appends(pwrite, &args(RWF_APPEND), 0));
+    assert!(!write_appends(pwritev2, &args(0), 0));
+}
+
+fn iov_raw(entries: &[(u64, u64)]) -> Vec<u8> {
+    entries
+        .iter()
+        .flat_map(|(a, l)| a.to_le_bytes().into_iter().chain(l.to_le_bytes()))
+        .collect()
+}
+
+#[test]
+fn iovec_arrays_become_segments_without_empty_entries() {
+    let mut segs = Vec::new();
+    let raw = iov_raw(&[(0x1000, 100), (0x9000, 0), (0x5000, 4000), (0x7000, 1)]);
+    assert_eq!(iov_segments(&raw, &mut segs), Some(4101));
+    let got: Vec<_> = segs.iter().map(|s| (s.start, s.addr, s.len)).collect();
+    assert_eq!(
+        got,
+        [(0, 0x1000, 100), (100, 0x5000, 4000), (4100, 0x7000, 1)]
+    );
+    // A length above isize::MAX is refused by the kernel (EINVAL): no sums.
+    assert_eq!(iov_segments(&iov_raw(&[(1, u64::MAX)]), &mut segs), None);
+    assert_eq!(iov_segments(&[], &mut segs), Some(0));
+    assert!(segs.is_empty());
+}
+
+#[test]
+fn byte_ranges_of_a_vectored_buffer_split_at_segment_ends() {
+    let mut segs = Vec::new();
+    iov_segments(
+        &iov_raw(&[(0x1000, 100), (0x5000, 4000), (0x7000, 10)]),
+        &mut segs,
+    );
+    let runs = |off, len| {
+        let mut v = Vec::new();
+        let n = for_each_run(&segs, off, len, |a, at, n| v.push((a, at, n)));
+        (n, v)
+    };
+    // A 4 KiB chunk spanning all three segments.
+    assert_eq!(
+        runs(0, 4096),
+        (4096, vec![(0x1000, 0, 100), (0x5000, 100, 3996)])
+    );
+    assert_eq!(
+        runs(50, 4060),
+        (
+            4060,
+            vec![(0x1000 + 50, 0, 50), (0x5000, 50, 4000), (0x7000, 4050, 10)]
+        )
+    );
+    // Past the end: only what exists.
+    assert_eq!(runs(4105, 100), (5, vec![(0x7000 + 5, 0, 5)]));
+    assert_eq!(runs(5000, 10), (0, vec![]));
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 256, ..Default::default() })]
+    /// Any byte range of any segmented buffer is covered exactly once, in order, by the runs,
+    /// and each run lies inside its segment.
+    #[test]
+    fn runs_cover_a_range_exactly_once(
+        lens in proptest::collection::vec(0u64..5000, 0..20),
+        off in 0u64..40_000,
+        len in 0u64..10_000,
+    ) {
+        let entries: Vec<(u64, u64)> = lens.iter().enumerate()
+            .map(|(i, &l)| ((i as u64 + 1) << 20, l)).collect();
+        let mut segs = Vec::new();
+        let total = iov_segments(&iov_raw(&entries), &mut segs).unwrap();
+        let mut next = 0usize;
+        let n = for_each_run(&segs, off, len, |a, at, k| {
+            assert_eq!(at, next);
+            let s = segs.iter().find(|s| a >= s.addr && a < s.addr + s.len).unwrap();
+            assert!(a + k as u64 <= s.addr + s.len);
+            assert_eq!(s.start + (a - s.addr), off + at as u64);
+            next += k;
+        });
+        assert_eq!(n, len.min(total.saturating_sub(off)));
+        assert_eq!(next as u64, n);
+    }
+}
+
+#[test]
+fn a_reused_pid_is_not_the_monitored_process_that_died_unseen() {
+    let none = MonitorFilters::none();
+    let old = task(400, 400, 0x1300, "sh");
+    let mut set = MonitoredSet::default();
+    assert!(set.insert(&old));
+    assert!(set.contains(&old));
+    // Its threads share the identity.
+    assert!(set.contains(&task(401, 400, 0x1300, "worker")));
+    // The process was killed (no exit_group); PID 400 comes back on a process with another
+    // signal_struct, under an unmonitored parent: not monitored, and the entry is dropped.
+    let reused = TaskFields {
+        signal: 0xdead_0000,
+        real_parent: 0x1100,
+        ..old
+    };
+    assert!(!set.contains(&reused));
+    let mut tr = tree();
+    let c = classify(&none, |t| set.contains(t), &reused, &mut tr);
+    assert_eq!(c.verdict, Verdict::No);
+    assert!(set.drop_stale(&reused));
+    assert!(set.is_empty());
+    assert!(!set.drop_stale(&reused), "only once");
+    // A TGID vmsight asked for binds to the first process seen with it, and only that one.
+    let mut set = MonitoredSet::from_tgids([400]);
+    assert!(set.contains(&reused) && !set.drop_stale(&reused));
+    assert!(
+        !set.insert(&reused),
+        "binding does not change the TGID list"
+    );
+    assert!(!set.contains(&old));
+    assert_eq!(set.tgids().collect::<Vec<_>>(), [400]);
+    assert!(set.remove(400) && !set.remove(400));
+}
+
+/// Guest kernel memory as a few u64 words and byte strings.
+#[derive(Default)]
+struct Mem(std::collections::BTreeMap<u64, Vec<u8>>);
+
+impl Mem {
+    fn word(&mut self, at: u64, v: u64) {
+        self.0.insert(at, v.to_le_bytes().to_vec());
+    }
+    fn bytes(&mut self, at: u64, b: &[u8]) {
+        self.0.insert(at, b.to_vec());
+    }
+}
+
+impl KernelRead for Mem {
+    fn read(&mut self, addr: u64, out: &mut [u8]) -> bool {
+        let Some((&start, b)) = self.0.range(..=addr).next_back() else {
+            return false;
+        };
+        let off = (addr - start) as usize;
+        if off + out.len() > b.len() {
+            return false;
+        }
+        out.copy_from_slice(&b[off..off + out.len()]);
+        true
+    }
+}
+
+const PL: PathLayout = PathLayout {
+    task_mm: 0x100,
+    mm_exe_file: 0x50,
+    file_path: 0x10,
+    task_fs: 0x108,
+    fs_pwd: 0x28,
+    path_mnt: 0,
+    path_dentry: 8,
+    dentry_parent: 0x18,
+    dentry_name: 0x20,
+    qstr_len: 4,
+    qstr_name: 8,
+    vfsmount_root: 0,
+    mount_mnt: 0x20,
+    mount_parent: 0x10,
+    mount_mountpoint: 0x18,
+};
+
+/// A dentry named `name` under `parent` (itself when `name` is empty: a root).
+fn dentry(m: &mut Mem, at: u64, parent: u64, name: &str) {
+    m.word(
+        at + PL.dentry_parent,
+        if name.is_empty() { at } else { parent },
+    );
+    let q = at + PL.dentry_name;
+    m.bytes(q + PL.qstr_len, &(name.len() as u32).to_le_bytes());
+    m.word(q + PL.qstr_name, at + 0x1000);
+    m.bytes(at + 0x1000, name.as_bytes());
+}
+
+/// A mount at `at` (its vfsmount at `at + mount_mnt`) with root dentry `root`, mounted on
+/// `mountpoint` of `parent` (itself for the root of the tree).
+fn mount(m: &mut Mem, at: u64, root: u64, parent: u64, mountpoint: u64) {
+    m.word(at + PL.mount_mnt + PL.vfsmount_root, root);
+    m.word(at + PL.mount_parent, parent);
+    m.word(at + PL.mount_mountpoint, mountpoint);
+}
+
+/// `/` (mount A) with `/usr/bin/sh`; mount B on `/mnt` with `/data/dir`; a task whose exe is
+/// `/usr/bin/sh` and whose cwd is `/mnt/data/dir`.
+fn filesystem() -> Mem {
+    let mut m = Mem::default();
+    let (a, b) = (0xa000_0000, 0xb000_0000);
+    dentry(&mut m, 0x10_000, 0, ""); // A's root
+    dentry(&mut m, 0x11_000, 0x10_000, "usr");
+    dentry(&mut m, 0x12_000, 0x11_000, "bin");
+    dentry(&mut m, 0x13_000, 0x12_000, "sh");
+    dentry(&mut m, 0x14_000, 0x10_000, "mnt");
+    dentry(&mut m, 0x20_000, 0, ""); // B's root
+    dentry(&mut m, 0x21_000, 0x20_000, "data");
+    dentry(&mut m, 0x22_000, 0x21_000, "dir");
+    mount(&mut m, a, 0x10_000, a, 0);
+    mount(&mut m, b, 0x20_000, a, 0x14_000);
+    let (task, mm, file, fs) = (0x5000_0000, 0x6000_0000, 0x7000_0000, 0x8000_0000);
+    m.word(task + PL.task_mm, mm);
+    m.word(mm + PL.mm_exe_file, file);
+    m.word(file + PL.file_path + PL.path_mnt, a + PL.mount_mnt);
+    m.word(file + PL.file_path + PL.path_dentry, 0x13_000);
+    m.word(task + PL.task_fs, fs);
+    m.word(fs + PL.fs_pwd + PL.path_mnt, b + PL.mount_mnt);
+    m.word(fs + PL.fs_pwd + PL.path_dentry, 0x22_000);
+    m
+}
+
+#[test]
+fn exe_and_cwd_are_rendered_like_d_path_across_mounts() {
+    let mut m = filesystem();
+    let mut out = Vec::new();
+    task_exe(&PL, &mut m, 0x5000_0000, &mut out).unwrap();
+    assert_eq!(out, b"/usr/bin/sh");
+    task_cwd(&PL, &mut m, 0x5000_0000, &mut out).unwrap();
+    assert_eq!(out, b"/mnt/data/dir");
+    // The root of the tree is "/".
+    m.word(
+        0x8000_0000 + PL.fs_pwd + PL.path_mnt,
+        0xa000_0000 + PL.mount_mnt,
+    );
+    m.word(0x8000_0000 + PL.fs_pwd + PL.path_dentry, 0x10_000);
+    task_cwd(&PL, &mut m, 0x5000_0000, &mut out).unwrap();
+    assert_eq!(out, b"/");
+    // An exiting task has no mm (no exe).
+    m.word(0x5000_0000 + PL.task_mm, 0);
+    assert!(task_exe(&PL, &mut m, 0x5000_0000, &mut out).is_none());
+}
+
+#[test]
+fn hostile_dentry_chains_are_refused_not_followed_forever() {
+    let mut out = Vec::new();
+    // A cycle of dentries that never reaches the mount root.
+    let mut m = filesystem();
+    dentry(&mut m, 0x11_000, 0x13_000, "usr");
+    assert!(task_exe(&PL, &mut m, 0x5000_0000, &mut out).is_none());
+    // A name longer than NAME_MAX, and one whose bytes cannot be read.
+    let mut m = filesystem();
+    m.bytes(
+        0x12_000 + PL.dentry_name + PL.qstr_len,
+        &4000u32.to_le_bytes(),
+    );
+    assert!(task_exe(&PL, &mut m, 0x5000_0000, &mut out).is_none());
+    let mut m = filesystem();
+    m.word(0x12_000 + PL.dentry_name + PL.qstr_name, 0xdead_0000);
+    assert!(task_exe(&PL, &mut m, 0x5000_0000, &mut out).is_none());
+    // A mount cycle that never reaches a self-parented root.
+    let mut m = filesystem();
+    mount(&mut m, 0xa000_0000, 0x10_000, 0xb000_0000, 0x20_000);
+    mount(&mut m, 0xb000_0000, 0x20_000, 0xa000_0000, 0x10_000);
+    assert!(task_cwd(&PL, &mut m, 0x5000_0000, &mut out).is_none());
 }

@@ -179,6 +179,12 @@ pub enum Counter {
     /// Kernel-triggered redirections the guest function declined ("not here") and that were
     /// retried at the next safe point (SymCall's synchronous transport).
     RedirectRetries = 20,
+    /// Monitored TGIDs found on another process (the monitored one died without
+    /// `exit_group`, e.g. killed by a signal, and its PID was reused): dropped from the set.
+    StaleTgids = 21,
+    /// 32-bit system calls (`int 0x80`, `sysenter`) executed in user mode by any task
+    /// (counted inline, published with `Syscalls`): not traced.
+    CompatSyscalls = 22,
 }
 
 /// A snapshot of one vCPU's counters (or their sum, see [`ChannelHost::totals`]).
@@ -226,6 +232,10 @@ pub struct VcpuCounters {
     pub redirects: u64,
     /// See [`Counter::RedirectRetries`].
     pub redirect_retries: u64,
+    /// See [`Counter::StaleTgids`].
+    pub stale_tgids: u64,
+    /// See [`Counter::CompatSyscalls`].
+    pub compat_syscalls: u64,
 }
 
 impl VcpuCounters {
@@ -253,6 +263,8 @@ impl VcpuCounters {
             kernel_returns: g(Counter::KernelReturns),
             redirects: g(Counter::Redirects),
             redirect_retries: g(Counter::RedirectRetries),
+            stale_tgids: g(Counter::StaleTgids),
+            compat_syscalls: g(Counter::CompatSyscalls),
         }
     }
 
@@ -280,6 +292,8 @@ impl VcpuCounters {
         self.kernel_returns = self.kernel_returns.wrapping_add(o.kernel_returns);
         self.redirects = self.redirects.wrapping_add(o.redirects);
         self.redirect_retries = self.redirect_retries.wrapping_add(o.redirect_retries);
+        self.stale_tgids = self.stale_tgids.wrapping_add(o.stale_tgids);
+        self.compat_syscalls = self.compat_syscalls.wrapping_add(o.compat_syscalls);
     }
 }
 

@@ -102,13 +102,12 @@ pub mod data {
     pub const BYTES: usize = 1;
     /// Capacity of one piece in bytes.
     pub const CAPACITY: usize = 88;
-    /// Argument index of the DATA pieces holding the partial *head* chunk of a write: the
-    /// bytes from the write's file position up to the next 4 KiB file boundary (or the whole
-    /// buffer if it ends before it). Sent with [`super::kind::SUMS`] records.
-    pub const HEAD_ARG: u8 = 16;
-    /// Argument index of the DATA pieces holding the partial *tail* chunk of a write: the
-    /// bytes from the last 4 KiB file boundary inside the buffer to its end.
-    pub const TAIL_ARG: u8 = 17;
+    /// Argument indices of DATA pieces that are not an argument's bytes (defined once in
+    /// `vmsight_proto::syscall::extra_arg`): a write's partial head and tail chunks (sent with
+    /// [`super::kind::SUMS`] records), a task's exe, cwd and comm.
+    pub use vmsight_proto::syscall::extra_arg::{
+        COMM as COMM_ARG, CWD as CWD_ARG, EXE as EXE_ARG, HEAD as HEAD_ARG, TAIL as TAIL_ARG,
+    };
 }
 
 /// Payload layout of a [`kind::SUMS`] record (layout version 3).

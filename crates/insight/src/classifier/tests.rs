@@ -543,3 +543,49 @@ fn a_request_merged_from_a_hinted_and_an_unhinted_file_keeps_each_blocks_hint() 
 
 mod copy;
 mod lookup;
+
+#[test]
+fn vectored_writes_and_reads_are_matched_and_move_the_fd_offset_like_the_kernel() {
+    let mut w = world(InsightConfig::default());
+    w.open(100, "app", "/data/v", 3, 0o101);
+    let buf = content(7, 16384);
+    // writev of 8 KiB at the file position, then pwritev2(offset -1) of 4 KiB (also at the
+    // file position), then pwritev at 64 KiB (positional: the position stays).
+    for (nr, pos, range, off_arg) in [
+        (20, 0, 0..8192, 0),
+        (328, 8192, 8192..12288, u64::MAX),
+        (296, 65536, 12288..16384, 65536),
+    ] {
+        let mut c = w.io_event(100, "app", 3, pos, &buf[range], 0, false);
+        c.entry.nr = nr;
+        c.entry.args[3] = off_arg;
+        if off_arg != 65536 {
+            c.entry.io.as_mut().unwrap().pos_source = PosSource::FilePos;
+        }
+        w.syscall(&c);
+    }
+    assert_eq!(w.engine.lock().fd_offset(100, 3), Some(12288));
+    for (i, disk) in [(0usize, 40960u64), (1, 45056), (2, 49152), (3, 53248)] {
+        let got = w.block_write(disk, &buf[i * 4096..(i + 1) * 4096]);
+        let want = if i == 3 { 65536 } else { i as u64 * 4096 };
+        assert_eq!(
+            (got.content, got.file.as_deref(), got.file_offset),
+            (Content::Data, Some("/data/v"), Some(want)),
+            "chunk {i}"
+        );
+    }
+    // readv: the block read is data once the vectored read's sums arrive; the offset moves.
+    let r = content(9, 4096);
+    assert_eq!(w.block_read(1 << 21, &r).content, Content::Metadata);
+    let mut c = w.io_event(100, "app", 3, 12288, &r, 16384, true);
+    c.entry.nr = 19;
+    c.entry.io.as_mut().unwrap().pos_source = PosSource::FilePos;
+    w.syscall(&c);
+    assert_eq!(w.engine.lock().fd_offset(100, 3), Some(16384));
+    assert_eq!(w.engine.counters().write_chunks_data, 4);
+    let recs = w.records();
+    let read_data = recs.iter().any(|r| {
+        matches!(r, InsightRecord::Read(b) if b.offset == 1 << 21 && b.insight.content == Content::Data)
+    });
+    assert!(read_data, "the readv's block read is reclassified as data");
+}

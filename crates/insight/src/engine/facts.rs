@@ -91,11 +91,11 @@ fn fds_at_completion(c: &Completed) -> Vec<u32> {
         return Vec::new(); // a failed call changes no table
     }
     match e.nr {
-        // read, write, pread64, pwrite64: only on a regular file (the plugin summed it), so
-        // the stdout of every process (a tty, a pipe) is not looked up for nothing.
-        0 | 1 | 17 | 18 if e.io.is_some() => vec![a[0] as u32],
-        // readv, writev (never summed), lseek (fails on what is not seekable)
-        19 | 20 | 8 => vec![a[0] as u32],
+        // reads and writes (plain, positional, vectored): only on a regular file (the plugin
+        // summed it), so the stdout of every process (a tty, a pipe) is not looked up for
+        // nothing; lseek fails on what is not seekable.
+        nr if io_call(nr, &a).is_some() && e.io.is_some() => vec![a[0] as u32],
+        8 => vec![a[0] as u32],
         // ftruncate, fchdir, dup, dup2, dup3: the path follows
         77 | 81 | 32 | 33 | 292 => vec![a[0] as u32],
         // fcntl F_DUPFD, F_SETFD, F_SETFL, F_DUPFD_CLOEXEC

@@ -36,10 +36,12 @@ pub struct EntryEvent {
     pub io: Option<IoSums>,
 }
 
-/// Argument index under which the plugin ships a write's partial head chunk bytes (DATA).
-pub const HEAD_ARG: u8 = 16;
-/// Argument index under which the plugin ships a write's partial tail chunk bytes (DATA).
-pub const TAIL_ARG: u8 = 17;
+/// Argument indices of the DATA pieces that are not an argument's bytes
+/// (`vmsight_proto::syscall::extra_arg`): a write's partial head and tail chunks, a task's
+/// exe, cwd and new comm.
+pub use vmsight_proto::syscall::extra_arg::{
+    COMM as COMM_ARG, CWD as CWD_ARG, EXE as EXE_ARG, HEAD as HEAD_ARG, TAIL as TAIL_ARG,
+};
 
 /// Where the file position of an [`IoSums`] came from.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]

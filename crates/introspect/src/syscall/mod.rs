@@ -16,7 +16,9 @@ pub use event::{
     ArgData, ChunkSum, EntryEvent, IoSums, PosSource, ReturnEvent, ReturnVia, SumsPiece,
 };
 pub use format::{strace_line, JsonRecord};
-pub use observe::{FilterError, JsonSink, JsonWriter, NameFilter, StraceWriter, SyscallObserver};
+pub use observe::{
+    Drained, FilterError, JsonSink, JsonWriter, NameFilter, StraceWriter, SyscallObserver,
+};
 pub use spec::{ArgKind, SyscallSpec};
 pub use tracker::{Completed, Outcome, Tracker, TrackerStats};
 

@@ -13,12 +13,30 @@ use super::tracker::Completed;
 
 /// Receives syscall events in timestamp order, on the trace thread.
 pub trait SyscallObserver: Send {
+    /// A record as it leaves the rings, before the records of all vCPUs are put in order (up
+    /// to the trace's hold-back, 20 ms, before [`Self::on_entry`]): for observers that must
+    /// look at the guest while the task still lives.
+    fn on_drained(&mut self, _ev: &Drained) {}
     /// A monitored task entered a syscall (arguments and captured strings are final).
     fn on_entry(&mut self, _entry: &EntryEvent) {}
     /// A call completed (or ended without returning).
     fn on_complete(&mut self, _call: &Completed) {}
     /// The trace is over; flush what is buffered.
     fn finish(&mut self) {}
+}
+
+/// A syscall record just taken from a ring (see [`SyscallObserver::on_drained`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Drained {
+    /// A task (kernel `task_struct` pointer, thread ID) entered syscall `nr`.
+    Entry {
+        task: u64,
+        tid: u32,
+        ts_ns: u64,
+        nr: u64,
+    },
+    /// A task returned to user mode.
+    Return { task: u64, tid: u32, ts_ns: u64 },
 }
 
 /// Why a `--trace-filter` list is refused.

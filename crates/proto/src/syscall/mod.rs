@@ -10,6 +10,25 @@ mod tables;
 
 pub use tables::{errno_name, SYSCALL_NAMES};
 
+/// Argument indices above the six registers under which the plugin ships bytes that are not
+/// an argument's (DATA records of the call's entry; `LATE` ones read at its return).
+pub mod extra_arg {
+    /// A write's partial *head* chunk: from its file position up to the next 4 KiB file
+    /// boundary (or the whole buffer if it ends before it).
+    pub const HEAD: u8 = 16;
+    /// A write's partial *tail* chunk: from the last 4 KiB file boundary inside the buffer to
+    /// its end.
+    pub const TAIL: u8 = 17;
+    /// The task's executable path (`mm->exe_file`, rendered like `/proc/PID/exe`): at the
+    /// first syscall of a process the plugin sees, and at a successful execve's return.
+    pub const EXE: u8 = 18;
+    /// The task's working directory (`fs->pwd`): with [`EXE`], and at a successful chdir or
+    /// fchdir's return.
+    pub const CWD: u8 = 19;
+    /// The task's `comm` after a successful execve (the entry carries the old one).
+    pub const COMM: u8 = 20;
+}
+
 /// The meaning of one argument.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ArgKind {
