@@ -486,7 +486,8 @@ pub fn d_path<M: KernelRead>(
         if dentry == root {
             let parent = m.u64_at(mount.wrapping_add(l.mount_parent))?;
             if parent == mount {
-                return Some(join_reversed(&parts, &names, out));
+                join_reversed(&parts, &names, out);
+                return Some(());
             }
             dentry = m.u64_at(mount.wrapping_add(l.mount_mountpoint))?;
             mount = parent;
@@ -495,7 +496,8 @@ pub fn d_path<M: KernelRead>(
         }
         let parent = m.u64_at(dentry.wrapping_add(l.dentry_parent))?;
         if parent == dentry {
-            return Some(join_reversed(&parts, &names, out)); // a disconnected tree
+            join_reversed(&parts, &names, out); // a disconnected tree
+            return Some(());
         }
         let q = dentry.wrapping_add(l.dentry_name);
         let mut b4 = [0u8; 4];
