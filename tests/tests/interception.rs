@@ -433,15 +433,7 @@ fn unmonitored_processes_cause_no_syscall_callbacks() {
     );
     assert_eq!(r.code, Some(0), "{}", r.stderr);
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
-    let sum = |k: &str| -> u64 {
-        v["vcpus"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|c| c[k].as_u64().unwrap_or(0))
-            .sum()
-    };
-    let (syscalls, callbacks) = (sum("syscalls"), sum("callbacks"));
+    let (syscalls, callbacks) = (vcpu_sum(&v, "syscalls"), vcpu_sum(&v, "callbacks"));
     assert!(syscalls >= 1_020_000, "both loops ran: {syscalls}");
     assert!(
         callbacks >= 20_000,
@@ -457,52 +449,96 @@ fn unmonitored_processes_cause_no_syscall_callbacks() {
     );
 }
 
+/// A guest run of `script` with `--trace COMM`, and what vmsight wrote about it.
+struct Traced {
+    run: Run,
+    /// The `--trace-json` records.
+    records: Vec<serde_json::Value>,
+    /// The `--stats-json` document.
+    stats: serde_json::Value,
+}
+
+impl Traced {
+    fn run(comm: &str, script: &str) -> Traced {
+        let dir = tempfile::tempdir().unwrap();
+        let (json, stats) = (dir.path().join("t.json"), dir.path().join("s.json"));
+        let run = guest_sh(
+            &[
+                "--trace",
+                comm,
+                "--trace-json",
+                json.to_str().unwrap(),
+                "--trace-out",
+                "/dev/null",
+                "--stats-json",
+                stats.to_str().unwrap(),
+            ],
+            script,
+        );
+        assert_eq!(run.code, Some(0), "{}", run.stderr);
+        let records = std::fs::read_to_string(&json)
+            .unwrap()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        let stats = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
+        Traced {
+            run,
+            records,
+            stats,
+        }
+    }
+
+    /// The records of one type (`syscall`, `process`) of process `pid`.
+    fn of(&self, kind: &str, pid: i64) -> impl Iterator<Item = &serde_json::Value> + '_ {
+        let kind = kind.to_string();
+        self.records
+            .iter()
+            .filter(move |v| v["type"] == kind.as_str() && v["pid"].as_i64() == Some(pid))
+    }
+}
+
+/// A plugin counter summed over the vCPUs of a `--stats-json` document.
+fn vcpu_sum(stats: &serde_json::Value, key: &str) -> u64 {
+    stats["vcpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c[key].as_u64().unwrap_or(0))
+        .sum()
+}
+
 /// A monitored process killed by a signal never calls `exit_group`, so the plugin never sees
 /// it leave. When its PID comes back on an unrelated process (forced here with the guest's
 /// `ns_last_pid`), that process is not traced: the plugin tells the two apart by their
 /// `signal_struct` and drops the stale entry.
 #[test]
 fn a_killed_monitored_process_does_not_make_its_pid_successor_monitored() {
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("t.json");
-    let stats = dir.path().join("s.json");
     // The victim (comm `victim`) is a child of the monitored `wl`; the successor is started
     // by the unmonitored top shell, under the same comm (so no cached verdict could help).
-    let script = "set -e; cp /bin/dash /tmp/wl; cp /bin/cat /tmp/victim
+    let t = Traced::run(
+        "wl",
+        "set -e; cp /bin/dash /tmp/wl; cp /bin/cat /tmp/victim
 /tmp/wl -c '/tmp/victim /dev/zero > /dev/null & echo $! > /tmp/pid; wait' &
 while [ ! -s /tmp/pid ]; do sleep 0.1; done
 P=$(cat /tmp/pid); sleep 1; kill -9 $P; wait || true
 echo $((P - 1)) > /proc/sys/kernel/ns_last_pid
 sh -c 'echo $$ > /tmp/succ; exec /tmp/victim /etc/hostname' > /dev/null
-echo victim $P successor $(cat /tmp/succ)";
-    let r = guest_sh(
-        &[
-            "--trace",
-            "wl",
-            "--trace-json",
-            json.to_str().unwrap(),
-            "--trace-out",
-            "/dev/null",
-            "--stats-json",
-            stats.to_str().unwrap(),
-        ],
-        script,
+echo victim $P successor $(cat /tmp/succ)",
     );
-    assert_eq!(r.code, Some(0), "{}", r.stderr);
-    let line = r.stdout.lines().find(|l| l.starts_with("victim ")).unwrap();
+    let line = t
+        .run
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("victim "))
+        .unwrap();
     let w: Vec<&str> = line.split_whitespace().collect();
     assert_eq!(w[1], w[3], "the guest did not reuse the PID: {line}");
-    let pid: u64 = w[1].parse().unwrap();
-    let calls: Vec<serde_json::Value> = std::fs::read_to_string(&json)
-        .unwrap()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|v| v["type"] == "syscall" && v["pid"].as_u64() == Some(pid))
-        .collect();
-    let reads = calls.iter().filter(|v| v["name"] == "read").count();
+    let pid: i64 = w[1].parse().unwrap();
+    let reads = t.of("syscall", pid).filter(|v| v["name"] == "read").count();
     assert!(reads > 0, "the victim's reads of /dev/zero were traced");
-    let successor: Vec<_> = calls
-        .iter()
+    let successor: Vec<_> = t
+        .of("syscall", pid)
         .filter(|v| {
             v["decoded"].as_array().is_some_and(|a| {
                 a.iter()
@@ -514,14 +550,12 @@ echo victim $P successor $(cat /tmp/succ)";
         successor.is_empty(),
         "the successor was traced: {successor:?}"
     );
-    let s: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
-    let stale: u64 = s["vcpus"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v["stale_tgids"].as_u64().unwrap())
-        .sum();
-    assert!(stale >= 1, "the stale entry was dropped: {}", s["vcpus"]);
+    let stale = vcpu_sum(&t.stats, "stale_tgids");
+    assert!(
+        stale >= 1,
+        "the stale entry was dropped: {}",
+        t.stats["vcpus"]
+    );
 }
 
 /// A 64-bit program making 32-bit system calls (`int 0x80`): they are not traced (vmsight
@@ -529,37 +563,17 @@ echo victim $P successor $(cat /tmp/succ)";
 /// The guest program checks that each call returned its PID (the kernel served them).
 #[test]
 fn int_0x80_calls_are_counted_as_compat_syscalls() {
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("t.json");
-    let stats = dir.path().join("s.json");
-    let r = guest_sh(
-        &[
-            "--trace",
-            "int80",
-            "--trace-json",
-            json.to_str().unwrap(),
-            "--trace-out",
-            "/dev/null",
-            "--stats-json",
-            stats.to_str().unwrap(),
-        ],
-        "int80 1000",
-    );
-    assert_eq!(r.code, Some(0), "{}", r.stderr);
-    assert!(r.stdout.contains("int80 1000 "), "{}", r.stdout);
-    let s: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
-    let compat: u64 = s["vcpus"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v["compat_syscalls"].as_u64().unwrap())
-        .sum();
-    assert_eq!(compat, 1000, "{}", s["vcpus"]);
+    let t = Traced::run("int80", "int80 1000");
+    assert!(t.run.stdout.contains("int80 1000 "), "{}", t.run.stdout);
+    let compat = vcpu_sum(&t.stats, "compat_syscalls");
+    assert_eq!(compat, 1000, "{}", t.stats["vcpus"]);
     // The program's 64-bit calls are traced as usual (its write of the result line).
-    let text = std::fs::read_to_string(&json).unwrap();
     assert!(
-        text.lines().any(|l| l.contains("\"name\":\"write\"")),
-        "{text}"
+        t.records
+            .iter()
+            .any(|v| v["type"] == "syscall" && v["name"] == "write"),
+        "{:?}",
+        t.records
     );
 }
 
@@ -570,43 +584,24 @@ fn int_0x80_calls_are_counted_as_compat_syscalls() {
 /// shell knows what it ran and where.
 #[test]
 fn short_lived_processes_get_exe_and_cwd_at_each_change() {
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("t.json");
-    let script = "set -e; cp /bin/dash /tmp/probe; cp /bin/true /tmp/probe2; cd /usr/share/doc
+    let t = Traced::run(
+        "probe",
+        "set -e; cp /bin/dash /tmp/probe; cp /bin/true /tmp/probe2; cd /usr/share/doc
 for i in $(seq 20); do /tmp/probe -c 'echo $$ >> /tmp/quick'; done
 for i in $(seq 10); do /tmp/probe -c 'echo $$ >> /tmp/execs; cd /tmp; exec /tmp/probe2'; done
-echo quick $(cat /tmp/quick); echo execs $(cat /tmp/execs)";
-    let r = guest_sh(
-        &[
-            "--trace",
-            "probe",
-            "--trace-json",
-            json.to_str().unwrap(),
-            "--trace-out",
-            "/dev/null",
-        ],
-        script,
+echo quick $(cat /tmp/quick); echo execs $(cat /tmp/execs)",
     );
-    assert_eq!(r.code, Some(0), "{}", r.stderr);
     let pids = |tag: &str| -> Vec<i64> {
-        let line = r.stdout.lines().find(|l| l.starts_with(tag)).unwrap();
+        let line = t.run.stdout.lines().find(|l| l.starts_with(tag)).unwrap();
         line.split_whitespace()
             .skip(1)
             .map(|p| p.parse().unwrap())
             .collect()
     };
     let (quick, execs) = (pids("quick "), pids("execs "));
-    assert_eq!((quick.len(), execs.len()), (20, 10), "{}", r.stdout);
-    let records: Vec<serde_json::Value> = std::fs::read_to_string(&json)
-        .unwrap()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|v| v["type"] == "process")
-        .collect();
+    assert_eq!((quick.len(), execs.len()), (20, 10), "{}", t.run.stdout);
     let of = |pid: i64| -> Vec<String> {
-        records
-            .iter()
-            .filter(|v| v["pid"].as_i64() == Some(pid))
+        t.of("process", pid)
             .map(|v| format!("{} {} {}", v["comm"], v["exe"], v["cwd"]))
             .collect()
     };
