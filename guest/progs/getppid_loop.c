@@ -3,25 +3,18 @@
  * overhead. Prints nothing unless there is an error. Built with gcc -O2 -static by
  * guest/build-image.sh into /usr/local/bin of the guest. */
 #define _GNU_SOURCE
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "countarg.h"
+
 int main(int argc, char **argv)
 {
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s N\n", argv[0]);
+    unsigned long long n;
+    if (!count_arg(argc, argv, &n))
         return 2;
-    }
-    char *end;
-    errno = 0;
-    unsigned long long n = strtoull(argv[1], &end, 10);
-    if (errno != 0 || *end != '\0' || end == argv[1] || argv[1][0] == '-') {
-        fprintf(stderr, "%s: N must be a non-negative integer, not '%s'\n", argv[0], argv[1]);
-        return 2;
-    }
     for (unsigned long long i = 0; i < n; i++) {
         if (syscall(SYS_getppid) < 0) {
             perror("getppid");
