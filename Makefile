@@ -50,7 +50,7 @@ QEMU11_FILES := --test interception --test foundation --test insights --test fil
 QEMU11_TESTS := trace_matches separate_runs workload_outputs process_details unmonitored_ \
 	command_output arguments_reach two_vcpus stdin_is synced_data a_read_only guest_poweroff \
 	a_guest_panic plugin_counts root_disk_writes sigterm_leaves sigkill_of two_vms several_disks \
-	a_qemu_failure hints_change_exactly inotify_in_the_guest the_share_holds a_vm_sees_only \
+	a_qemu_failure hints_change_exactly vmsight_events_equal the_share_holds a_vm_sees_only \
 	the_host_sends transfers_both_ways attribution_matches
 QEMU11_RUN = VMSIGHT_QEMU=trixie $(CARGO) test --release -p vmsight-tests $(QEMU11_FILES) -- \
 	--test-threads=$(TEST_THREADS) $(QEMU11_TESTS)
