@@ -641,6 +641,9 @@ impl Engine {
     }
 
     fn file_event(&mut self, truncate: bool, path: String, size: u64, pid: u32) {
+        if !self.cfg.selects(&path) {
+            return; // --insight-paths: only the followed files' events
+        }
         let ts = self.now().saturating_sub(self.t0);
         let r = FileRecord {
             ts_ns: ts,

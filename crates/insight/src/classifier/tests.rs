@@ -466,6 +466,9 @@ fn fd_table_follows_dup_fork_chdir_and_path_selection() {
         ..Default::default()
     });
     w.syscall(&c);
+    // ... but those of files outside the selected paths do not (a shell's `> /dev/null`).
+    let c = w.call(20, "sh", 77, [4, 0, 0, 0, 0, 0], 0);
+    w.syscall(&c);
     let recs = w.records();
     assert!(recs.iter().any(
         |r| matches!(r, InsightRecord::Truncate(f) if f.file == "/sel/dir/f" && f.size == 10)
@@ -473,6 +476,9 @@ fn fd_table_follows_dup_fork_chdir_and_path_selection() {
     assert!(recs
         .iter()
         .any(|r| matches!(r, InsightRecord::Unlink(f) if f.file == "/sel/dir/f")));
+    assert!(!recs.iter().any(
+        |r| matches!(r, InsightRecord::Truncate(f) | InsightRecord::Unlink(f) if f.file == "/other/g")
+    ));
 }
 
 #[test]
