@@ -562,10 +562,16 @@ impl RecordingReader {
                         "frame {seq} claims a {len}-byte write (damaged length field)"
                     )));
                 }
-                let mut data = vec![0u8; usize::try_from(len).unwrap_or(0)];
-                self.input
-                    .read_exact(&mut data)
+                // Read through `take`: the buffer grows with what the file really holds, so a
+                // damaged length in a short file costs nothing before the read fails.
+                let mut data = Vec::new();
+                let got = (&mut self.input)
+                    .take(len)
+                    .read_to_end(&mut data)
                     .map_err(|_| bad(format!("it ends inside the data of frame {seq}")))?;
+                if got as u64 != len {
+                    return Err(bad(format!("it ends inside the data of frame {seq}")));
+                }
                 TapKind::Write {
                     offset,
                     len,

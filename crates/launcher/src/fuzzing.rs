@@ -251,9 +251,8 @@ pub const BASE_IMAGE_SIZE: u64 = 4 << 20;
 fn base_image() -> Option<&'static Path> {
     static BASE: OnceLock<Option<PathBuf>> = OnceLock::new();
     BASE.get_or_init(|| {
-        // In the default temporary directory, not on tmpfs: `replay` copies the base into a
-        // scratch directory there, and its copy fails across file systems (EXDEV from
-        // copy_file_range in `runtime::sparse_copy`, reported in docs/fuzzing.md).
+        // In the default temporary directory, beside `replay`'s scratch copy: the copy stays
+        // a reflink or copy_file_range, fast enough for thousands of cases.
         let tmp = std::env::temp_dir();
         let img = tmp.join("vmsight-fuzz-replay-base.img");
         if std::fs::metadata(&img).is_ok_and(|m| m.len() == BASE_IMAGE_SIZE) {

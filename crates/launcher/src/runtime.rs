@@ -223,7 +223,17 @@ pub fn sparse_copy(from: &Path, to: &Path) -> io::Result<()> {
                 )
             };
             if n < 0 {
-                return Err(io::Error::last_os_error());
+                let e = io::Error::last_os_error();
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EXDEV | libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP)
+                ) {
+                    // Another file system (a base on tmpfs, the copy on ext4) or one without
+                    // copy_file_range: copy the rest of this data run by reads and writes.
+                    copy_by_hand(&src, &dst, pos_in as u64, hole as u64)?;
+                    break;
+                }
+                return Err(e);
             }
             if n == 0 {
                 return Err(io::Error::new(
@@ -235,6 +245,26 @@ pub fn sparse_copy(from: &Path, to: &Path) -> io::Result<()> {
         off = hole;
     }
     dst.sync_all()?;
+    Ok(())
+}
+
+/// Copies bytes `from..to` of `src` to the same offsets of `dst` through a 1 MiB buffer.
+fn copy_by_hand(src: &fs::File, dst: &fs::File, from: u64, to: u64) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut at = from;
+    while at < to {
+        let want = usize::try_from(to - at).unwrap_or(usize::MAX).min(buf.len());
+        let n = src.read_at(&mut buf[..want], at)?;
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "source shrank while copying",
+            ));
+        }
+        dst.write_all_at(&buf[..n], at)?;
+        at += n as u64;
+    }
     Ok(())
 }
 
@@ -285,6 +315,27 @@ mod tests {
             blocks * 512 < 4 << 20,
             "copy is not sparse: {blocks} blocks"
         );
+    }
+
+    /// A base on tmpfs copied to the temporary directory: copy_file_range fails with EXDEV
+    /// there (kernel 6.18), and the copy falls back to reads and writes.
+    #[test]
+    fn sparse_copy_crosses_file_systems() {
+        let shm = Path::new("/dev/shm");
+        if !shm.is_dir() {
+            return; // no tmpfs to copy from on this host
+        }
+        let src = tempfile::tempdir_in(shm).unwrap();
+        let a = src.path().join("a.img");
+        let mut f = fs::File::create(&a).unwrap();
+        f.set_len(8 << 20).unwrap();
+        f.seek(SeekFrom::Start(3 << 20)).unwrap();
+        f.write_all(&[9u8; 5000]).unwrap();
+        drop(f);
+        let d = tempfile::tempdir().unwrap();
+        let b = d.path().join("b.img");
+        sparse_copy(&a, &b).unwrap();
+        assert_eq!(fs::read(&a).unwrap(), fs::read(&b).unwrap());
     }
 
     #[test]
