@@ -254,7 +254,9 @@ fn copy_by_hand(src: &fs::File, dst: &fs::File, from: u64, to: u64) -> io::Resul
     let mut buf = vec![0u8; 1 << 20];
     let mut at = from;
     while at < to {
-        let want = usize::try_from(to - at).unwrap_or(usize::MAX).min(buf.len());
+        let want = usize::try_from(to - at)
+            .unwrap_or(usize::MAX)
+            .min(buf.len());
         let n = src.read_at(&mut buf[..want], at)?;
         if n == 0 {
             return Err(io::Error::new(
