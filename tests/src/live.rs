@@ -61,6 +61,11 @@ impl LiveVm {
         }
     }
 
+    /// The PID of the `vmsight run` process.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Waits for a stdout line equal to `marker` (bounded: a guest that never gets there is a
     /// failure, not a hang).
     pub fn wait_line(&mut self, marker: &str) {

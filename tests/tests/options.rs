@@ -139,13 +139,6 @@ fn children_named(ppid: u32, comm: &str) -> Vec<u32> {
     pids
 }
 
-/// The one `vmsight run` this test started (tests run one at a time: `--test-threads=1`).
-fn our_vmsight() -> u32 {
-    let pids = children_named(std::process::id(), "vmsight");
-    assert_eq!(pids.len(), 1, "vmsight children of this test: {pids:?}");
-    pids[0]
-}
-
 /// (fd, flags of /proc/PID/fdinfo/FD) of every descriptor of `pid` open on `file`.
 fn fds_on(pid: u32, file: &Path) -> Vec<(u32, u32)> {
     let want = file.canonicalize().unwrap();
@@ -482,7 +475,7 @@ fn direct_disk_is_written_through_o_direct_and_reaches_the_image() {
     ]);
     let sha_line = vm.wait_prefix("sha ");
     vm.wait_line("READY");
-    let pid = our_vmsight();
+    let pid = vm.pid();
     let o_direct = libc::O_DIRECT as u32;
     let rw = |flags: u32| flags & libc::O_ACCMODE as u32 == libc::O_RDWR as u32;
     let dfds = fds_on(pid, &direct);
@@ -624,7 +617,7 @@ fn ps_lists_the_running_vm_with_its_processes_and_disks() {
         "echo READY; read _",
     ]);
     vm.wait_line("READY");
-    let pid = our_vmsight();
+    let pid = vm.pid();
     let qemu = children_named(pid, "qemu-system-x86");
     assert_eq!(qemu.len(), 1, "QEMU children of vmsight: {qemu:?}");
 
