@@ -228,3 +228,28 @@ pub fn run_mutations(target: &str, entry: Entry, default_cases: u32, max_random:
     );
     seen.get()
 }
+
+/// The test every target runs: its committed corpus (at least 5 seeds) must reach every outcome
+/// bit in `corpus_wants`, then `default_cases` mutations ([`run_mutations`]) every bit in `all`,
+/// so a run that only ever hits error paths fails.
+pub fn corpus_and_mutations(
+    target: &str,
+    entry: Entry,
+    corpus_wants: u32,
+    all: u32,
+    default_cases: u32,
+    max_random: usize,
+) {
+    let (n, seen) = run_corpus(target, entry);
+    assert!(n >= 5, "{target}: {n} seeds");
+    assert_eq!(
+        seen & corpus_wants,
+        corpus_wants,
+        "{target}: outcomes reached by the corpus: {seen:#b}"
+    );
+    let seen = run_mutations(target, entry, default_cases, max_random);
+    assert_eq!(
+        seen, all,
+        "{target}: outcomes reached by the mutations: {seen:#b}"
+    );
+}
