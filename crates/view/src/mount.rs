@@ -1,9 +1,15 @@
 //! `vmsight mount DIR`: a read-only FUSE file system showing `DIR/<host>/<vm>/<guest path>`
 //! for every running VM with a view server.
 //!
-//! Inode numbers: 1 is `DIR`, 2 is `DIR/<host>`; a guest inode `i` of the VM in slot `s` is
-//! `s << 32 | i` (slots start at 1 and are never reused, so a restarted VM of the same name
-//! gets fresh inode numbers). `DIR/<host>/<vm>` is the guest's root (guest inode 2).
+//! Every disk the VM's server shows appears where the guest mounts it (`tree.rs`): the root
+//! disk is `DIR/<host>/<vm>/`, an extra disk `DIR/<host>/<vm>/<mount point>/`, hiding the
+//! directory below as a mount does; directories on the way to a mount point that the disk
+//! below lacks (`@disk2`) are made up (empty, mode 0555).
+//!
+//! Inode numbers: 1 is `DIR`, 2 is `DIR/<host>`; inode `i` of disk `d` of the VM in slot `s`
+//! is `s << 40 | d << 32 | i` (slots start at 1 and are never reused, so a restarted VM of the
+//! same name gets fresh inode numbers; disks 0..=254, disk 255 numbers the made-up
+//! directories).
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsStr;
@@ -20,14 +26,17 @@ use fuser::{
 use vmsight_fsview::FileKind;
 use vmsight_proto::layout::{runtime_base, RuntimeLayout, VmPaths};
 
-use crate::protocol::{Attr, ErrorCode, Request, Response, MAX_READ};
+use crate::protocol::{Attr, DiskId, ErrorCode, FsRequest, Request, Response, MAX_READ};
 use crate::server::{ViewClient, ViewError};
+use crate::tree::{Components, MountTable};
 
 /// Attribute and entry cache lifetime: short, because the guest keeps changing.
 const TTL: Duration = Duration::from_secs(1);
 const ROOT: u64 = 1;
 const HOST: u64 = 2;
 const GUEST_ROOT: u32 = 2;
+/// The disk number of made-up directories.
+const MADE_UP: u8 = u8::MAX;
 /// How long one request to a view server may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -59,12 +68,36 @@ impl Default for MountOptions {
     }
 }
 
+/// A file or directory of one VM: an inode of one of its disks, or a made-up directory
+/// (disk [`MADE_UP`], `ino` indexes [`Vm::made_up`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Node {
+    disk: u8,
+    ino: u32,
+}
+
+impl Node {
+    fn root_of(disk: u8) -> Node {
+        Node {
+            disk,
+            ino: GUEST_ROOT,
+        }
+    }
+}
+
 struct Vm {
     slot: u32,
     name: String,
     paths: VmPaths,
     pid: u32,
     client: Option<ViewClient>,
+    /// Where each disk is mounted (refreshed when the VM's directory is looked up or listed).
+    table: MountTable,
+    /// The guest paths of the directories that are mount points or lead to one, as they were
+    /// looked up: a mount stays on its directory as in Linux (renaming a parent moves it).
+    grafts: HashMap<Node, Components>,
+    /// The paths of the made-up directories.
+    made_up: Vec<Components>,
 }
 
 impl Vm {
@@ -93,6 +126,134 @@ impl Vm {
                 Err(libc::EIO)
             }
         }
+    }
+
+    /// Asks the file system of `node`'s disk (never a made-up directory).
+    fn fs(&mut self, node: Node, op: FsRequest) -> Result<Response, i32> {
+        if node.disk == MADE_UP {
+            return Err(libc::EINVAL);
+        }
+        self.call(&Request::fs(DiskId::from(node.disk), op))
+    }
+
+    /// Re-reads which disk is mounted where; on failure the old table stays.
+    fn refresh_mounts(&mut self) -> Result<(), i32> {
+        match self.call(&Request::Mounts)? {
+            Response::Mounts(list) => {
+                self.table = MountTable::new(&list, |d| d < DiskId::from(MADE_UP));
+                Ok(())
+            }
+            _ => Err(libc::EIO),
+        }
+    }
+
+    /// The guest's metadata of a disk inode.
+    fn stat(&mut self, node: Node) -> Result<Attr, i32> {
+        match self.fs(node, FsRequest::Stat(node.ino))? {
+            Response::Attr(a) => Ok(a),
+            _ => Err(libc::EIO),
+        }
+    }
+
+    /// The node at guest path `path`, which is a mount point or leads to one; `below` is the
+    /// directory entry there on the disk below, if it has one.
+    fn graft(&mut self, path: Components, below: Option<Attr>, disk_below: u8) -> Node {
+        let node = match (self.table.disk_at(&path), below) {
+            // A disk number the table kept fits in a u8 (below MADE_UP).
+            (Some(d), _) => Node::root_of(u8::try_from(d).unwrap_or(MADE_UP)),
+            (None, Some(a)) if a.kind() == FileKind::Directory => Node {
+                disk: disk_below,
+                ino: a.ino,
+            },
+            (None, _) => self.made_up_dir(&path),
+        };
+        if self.table.leads_to_mount(&path) {
+            self.grafts.insert(node, path);
+        }
+        node
+    }
+
+    fn made_up_dir(&mut self, path: &[Vec<u8>]) -> Node {
+        let i = match self.made_up.iter().position(|p| p.as_slice() == path) {
+            Some(i) => i,
+            None => {
+                self.made_up.push(path.to_vec());
+                self.made_up.len() - 1
+            }
+        };
+        Node {
+            disk: MADE_UP,
+            ino: u32::try_from(i).unwrap_or(u32::MAX),
+        }
+    }
+
+    /// The VM's root directory: the root disk's, or a made-up one when no disk is on `/`.
+    fn root(&mut self) -> Node {
+        self.graft(Vec::new(), None, MADE_UP)
+    }
+
+    /// Resolves `name` in directory `dir`, crossing into a disk mounted there.
+    fn lookup(&mut self, dir: Node, name: &[u8]) -> Result<Node, i32> {
+        if let Some(parent) = self.grafts.get(&dir) {
+            let mut path = parent.clone();
+            path.push(name.to_vec());
+            if self.table.disk_at(&path).is_some() || self.table.leads_to_mount(&path) {
+                let below = match dir.disk {
+                    MADE_UP => None,
+                    _ => self.lookup_on_disk(dir, name).ok(),
+                };
+                return Ok(self.graft(path, below, dir.disk));
+            }
+        }
+        if dir.disk == MADE_UP {
+            return Err(libc::ENOENT);
+        }
+        let a = self.lookup_on_disk(dir, name)?;
+        Ok(Node {
+            disk: dir.disk,
+            ino: a.ino,
+        })
+    }
+
+    fn lookup_on_disk(&mut self, dir: Node, name: &[u8]) -> Result<Attr, i32> {
+        let op = FsRequest::Lookup {
+            dir: dir.ino,
+            name: name.to_vec(),
+        };
+        match self.fs(dir, op)? {
+            Response::Attr(a) => Ok(a),
+            _ => Err(libc::EIO),
+        }
+    }
+
+    /// The entries of directory `dir` (name, node, kind), with the disks mounted in it in
+    /// place of what they hide.
+    fn entries(&mut self, dir: Node) -> Result<Vec<(Vec<u8>, Node, FileType)>, i32> {
+        let mut out = Vec::new();
+        if dir.disk != MADE_UP {
+            let Response::Entries(list) = self.fs(dir, FsRequest::ReadDir(dir.ino))? else {
+                return Err(libc::EIO);
+            };
+            out.extend(list.into_iter().map(|e| {
+                let node = Node {
+                    disk: dir.disk,
+                    ino: e.ino,
+                };
+                (e.name, node, file_type(e.kind))
+            }));
+        } else if usize::try_from(dir.ino).map_or(true, |i| i >= self.made_up.len()) {
+            return Err(libc::ENOENT);
+        }
+        let Some(path) = self.grafts.get(&dir).cloned() else {
+            return Ok(out);
+        };
+        for name in self.table.names_below(&path) {
+            let node = self.lookup(dir, &name)?;
+            out.retain(|(n, _, _)| *n != name);
+            out.push((name, node, FileType::Directory));
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
     }
 }
 
@@ -161,12 +322,18 @@ fn guest_attr(fuse_ino: u64, a: &Attr) -> FileAttr {
     }
 }
 
-fn split(ino: u64) -> (u32, u32) {
-    ((ino >> 32) as u32, (ino & 0xffff_ffff) as u32)
+/// Slots are 24 bits wide (16 million VM instances per mount).
+const SLOT_BITS: u32 = 24;
+
+fn split(ino: u64) -> (u32, Node) {
+    let slot = (ino >> 40) as u32;
+    let disk = ((ino >> 32) & 0xff) as u8;
+    let ino = (ino & 0xffff_ffff) as u32;
+    (slot, Node { disk, ino })
 }
 
-fn join(slot: u32, guest: u32) -> u64 {
-    (u64::from(slot) << 32) | u64::from(guest)
+fn join(slot: u32, n: Node) -> u64 {
+    (u64::from(slot) << 40) | (u64::from(n.disk) << 32) | u64::from(n.ino)
 }
 
 impl ViewFs {
@@ -203,7 +370,11 @@ impl ViewFs {
                 continue;
             }
             let slot = self.next_slot;
-            self.next_slot = self.next_slot.saturating_add(1);
+            if slot >= 1 << SLOT_BITS {
+                tracing::warn!("{}: no inode numbers left for more VMs", f.record.name);
+                continue;
+            }
+            self.next_slot += 1;
             self.vms.insert(
                 f.record.name.clone(),
                 Vm {
@@ -212,6 +383,9 @@ impl ViewFs {
                     paths: f.paths,
                     pid: f.record.pid,
                     client: None,
+                    table: MountTable::default(),
+                    grafts: HashMap::new(),
+                    made_up: Vec::new(),
                 },
             );
         }
@@ -248,54 +422,49 @@ impl ViewFs {
         self.vms.get_mut(name)
     }
 
-    fn stat_guest(&mut self, ino: u64) -> Result<FileAttr, i32> {
-        let (_, guest) = split(ino);
-        let vm = self.vm_of(ino).ok_or(libc::ENOENT)?;
-        match vm.call(&Request::Stat(guest))? {
-            Response::Attr(a) => Ok(guest_attr(ino, &a)),
-            _ => Err(libc::EIO),
+    /// Attributes of `node` of the VM in `slot`.
+    fn attr_of(&mut self, slot: u32, node: Node) -> Result<FileAttr, i32> {
+        let ino = join(slot, node);
+        if node.disk == MADE_UP {
+            return Ok(self.synthetic_attr(ino));
         }
+        let name = self.by_slot.get(&slot).ok_or(libc::ENOENT)?;
+        let vm = self.vms.get_mut(name).ok_or(libc::ENOENT)?;
+        Ok(guest_attr(ino, &vm.stat(node)?))
     }
 
     fn getattr_inner(&mut self, ino: u64) -> Result<FileAttr, i32> {
         match ino {
             ROOT | HOST => Ok(self.synthetic_attr(ino)),
-            _ => self.stat_guest(ino),
+            _ => {
+                let (slot, node) = split(ino);
+                self.attr_of(slot, node)
+            }
         }
     }
 
     fn lookup_inner(&mut self, parent: u64, name: &OsStr) -> Result<FileAttr, i32> {
-        match parent {
-            ROOT => {
-                if name.as_bytes() == self.opts.host.as_bytes() {
-                    Ok(self.synthetic_attr(HOST))
-                } else {
-                    Err(libc::ENOENT)
-                }
+        let (slot, node) = match parent {
+            ROOT if name.as_bytes() == self.opts.host.as_bytes() => {
+                return Ok(self.synthetic_attr(HOST))
             }
+            ROOT => return Err(libc::ENOENT),
             HOST => {
-                let Some(n) = name.to_str() else {
-                    return Err(libc::ENOENT);
-                };
+                let n = name.to_str().ok_or(libc::ENOENT)?;
                 if !self.vms.contains_key(n) {
                     self.rescan();
                 }
-                let slot = self.vms.get(n).ok_or(libc::ENOENT)?.slot;
-                self.stat_guest(join(slot, GUEST_ROOT))
+                let vm = self.vms.get_mut(n).ok_or(libc::ENOENT)?;
+                vm.refresh_mounts()?;
+                (vm.slot, vm.root())
             }
             _ => {
                 let (slot, dir) = split(parent);
                 let vm = self.vm_of(parent).ok_or(libc::ENOENT)?;
-                let req = Request::Lookup {
-                    dir,
-                    name: name.as_bytes().to_vec(),
-                };
-                match vm.call(&req)? {
-                    Response::Attr(a) => Ok(guest_attr(join(slot, a.ino), &a)),
-                    _ => Err(libc::EIO),
-                }
+                (slot, vm.lookup(dir, name.as_bytes())?)
             }
-        }
+        };
+        self.attr_of(slot, node)
     }
 
     fn list(&mut self, ino: u64) -> Result<Vec<DirItem>, i32> {
@@ -314,26 +483,27 @@ impl ViewFs {
             HOST => {
                 self.rescan();
                 let mut out = vec![dot(HOST), dotdot(ROOT)];
-                out.extend(self.vms.values().map(|v| {
-                    DirItem::Entry(
-                        join(v.slot, GUEST_ROOT),
+                for vm in self.vms.values_mut() {
+                    // A server that does not answer is still listed; looking it up fails.
+                    let _ = vm.refresh_mounts();
+                    let root = join(vm.slot, vm.root());
+                    out.push(DirItem::Entry(
+                        root,
                         FileType::Directory,
-                        v.name.as_bytes().to_vec(),
-                    )
-                }));
+                        vm.name.as_bytes().to_vec(),
+                    ));
+                }
                 Ok(out)
             }
             _ => {
-                let (slot, guest) = split(ino);
+                let (slot, dir) = split(ino);
                 let vm = self.vm_of(ino).ok_or(libc::ENOENT)?;
-                let Response::Entries(list) = vm.call(&Request::ReadDir(guest))? else {
-                    return Err(libc::EIO);
-                };
                 // `..` is answered by the kernel from its dentry cache; the number is unused.
                 let mut out = vec![dot(ino), dotdot(ino)];
                 out.extend(
-                    list.into_iter()
-                        .map(|e| DirItem::Entry(join(slot, e.ino), file_type(e.kind), e.name)),
+                    vm.entries(dir)?
+                        .into_iter()
+                        .map(|(name, node, kind)| DirItem::Entry(join(slot, node), kind, name)),
                 );
                 Ok(out)
             }
@@ -357,11 +527,11 @@ impl Filesystem for ViewFs {
     }
 
     fn readlink(&mut self, _req: &FuseRequest<'_>, ino: u64, reply: ReplyData) {
-        let (_, guest) = split(ino);
+        let (_, node) = split(ino);
         let Some(vm) = self.vm_of(ino) else {
             return reply.error(libc::ENOENT);
         };
-        match vm.call(&Request::ReadLink(guest)) {
+        match vm.fs(node, FsRequest::ReadLink(node.ino)) {
             Ok(Response::Link(t)) => reply.data(&t),
             Ok(_) => reply.error(libc::EIO),
             Err(e) => reply.error(e),
@@ -393,16 +563,16 @@ impl Filesystem for ViewFs {
         let Ok(offset) = u64::try_from(offset) else {
             return reply.error(libc::EINVAL);
         };
-        let (_, guest) = split(ino);
+        let (_, node) = split(ino);
         let Some(vm) = self.vm_of(ino) else {
             return reply.error(libc::ENOENT);
         };
-        let req = Request::Read {
-            ino: guest,
+        let req = FsRequest::Read {
+            ino: node.ino,
             offset,
             len: size.min(MAX_READ),
         };
-        match vm.call(&req) {
+        match vm.fs(node, req) {
             Ok(Response::Data(d)) => reply.data(&d),
             Ok(_) => reply.error(libc::EIO),
             Err(e) => reply.error(e),
@@ -513,11 +683,215 @@ mod tests {
 
     #[test]
     fn inode_numbers_split_and_join() {
-        assert_eq!(split(join(7, 12)), (7, 12));
-        assert_eq!(split(join(u32::MAX, u32::MAX)), (u32::MAX, u32::MAX));
+        let n = |disk, ino| Node { disk, ino };
+        assert_eq!(split(join(7, n(0, 12))), (7, n(0, 12)));
+        assert_eq!(split(join(7, n(3, 12))), (7, n(3, 12)));
+        let max = (1 << SLOT_BITS) - 1;
+        assert_eq!(
+            split(join(max, n(MADE_UP, u32::MAX))),
+            (max, n(MADE_UP, u32::MAX))
+        );
         // Synthetic inodes live in slot 0, guest inodes never do.
         assert_eq!(split(ROOT).0, 0);
         assert_eq!(split(HOST).0, 0);
+    }
+
+    /// A one-directory file system: / (2) with `d` (12, a directory, empty), and `mnt` (13) when
+    /// `with_mnt`, which holds `hidden` (14) — what a disk mounted on /mnt must hide.
+    struct Disk {
+        with_mnt: bool,
+    }
+
+    impl vmsight_fsview::FsRead for Disk {
+        fn stat(&self, ino: u32) -> Option<vmsight_fsview::InodeMeta> {
+            let known = matches!(ino, 2 | 12) || (self.with_mnt && matches!(ino, 13 | 14));
+            known.then_some(vmsight_fsview::InodeMeta {
+                mode: if ino == 14 { 0o100644 } else { 0o040755 },
+                uid: 0,
+                gid: 0,
+                size: 0,
+                mtime: 0,
+                ctime: 0,
+                atime: 0,
+                links: 1,
+            })
+        }
+        fn read_dir(&self, ino: u32) -> Option<Vec<vmsight_fsview::ViewEntry>> {
+            let e = |name: &str, ino, kind| vmsight_fsview::ViewEntry {
+                name: name.as_bytes().to_vec(),
+                ino,
+                kind,
+            };
+            match ino {
+                2 if self.with_mnt => Some(vec![
+                    e("d", 12, FileKind::Directory),
+                    e("mnt", 13, FileKind::Directory),
+                ]),
+                2 => Some(vec![e("d", 12, FileKind::Directory)]),
+                13 if self.with_mnt => Some(vec![e("hidden", 14, FileKind::Regular)]),
+                12 => Some(Vec::new()),
+                _ => None,
+            }
+        }
+        fn lookup_in(&self, dir: u32, name: &[u8]) -> Option<u32> {
+            self.read_dir(dir)?
+                .into_iter()
+                .find(|e| e.name == name)
+                .map(|e| e.ino)
+        }
+        fn read_link(&self, _: u32) -> Option<Vec<u8>> {
+            None
+        }
+        fn read(&self, _: u32, _: u64, _: &mut [u8]) -> vmsight_fsview::Result<usize> {
+            Ok(0)
+        }
+    }
+
+    fn names(entries: &[(Vec<u8>, Node, FileType)]) -> Vec<String> {
+        entries
+            .iter()
+            .map(|(n, _, _)| String::from_utf8_lossy(n).into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn disks_appear_at_their_mount_points_and_hide_what_is_below() {
+        use crate::server::{ServedDisk, ViewServer};
+        let dir = tempfile::tempdir().unwrap();
+        let paths = VmPaths::new(dir.path());
+        let disk = |disk, mount: &str, with_mnt| ServedDisk {
+            disk,
+            mount: mount.into(),
+            source: Arc::new(Disk { with_mnt }) as Arc<dyn vmsight_fsview::FsRead>,
+        };
+        let _server = ViewServer::bind_disks(
+            paths.view_socket(),
+            vec![
+                disk(0, "/", true),
+                disk(1, "/mnt", false),
+                disk(2, "/@disk2", false),
+                disk(3, "/mnt/d/deeper", false),
+            ],
+        )
+        .unwrap();
+        let mut vm = Vm {
+            slot: 1,
+            name: "vm".into(),
+            paths,
+            pid: 1,
+            client: None,
+            table: MountTable::default(),
+            grafts: HashMap::new(),
+            made_up: Vec::new(),
+        };
+        vm.refresh_mounts().unwrap();
+        let root = vm.root();
+        assert_eq!(root, Node::root_of(0));
+        let top = vm.entries(root).unwrap();
+        assert_eq!(names(&top), ["@disk2", "d", "mnt"]);
+        // /mnt is disk 1's root, not the root disk's directory 13 with `hidden`.
+        let mnt = vm.lookup(root, b"mnt").unwrap();
+        assert_eq!(mnt, Node::root_of(1));
+        assert!(top.iter().any(|(n, node, _)| n == b"mnt" && *node == mnt));
+        assert_eq!(vm.lookup(mnt, b"hidden"), Err(libc::ENOENT));
+        assert_eq!(names(&vm.entries(mnt).unwrap()), ["d"]);
+        // /mnt/d is disk 1's directory, leading to disk 3 on /mnt/d/deeper (made up: disk 1
+        // has no `deeper`).
+        let d = vm.lookup(mnt, b"d").unwrap();
+        assert_eq!(d, Node { disk: 1, ino: 12 });
+        assert_eq!(names(&vm.entries(d).unwrap()), ["deeper"]);
+        assert_eq!(vm.lookup(d, b"deeper").unwrap(), Node::root_of(3));
+        // /@disk2 is disk 2's root; the root disk's /d is untouched.
+        assert_eq!(vm.lookup(root, b"@disk2").unwrap(), Node::root_of(2));
+        let d0 = vm.lookup(root, b"d").unwrap();
+        assert_eq!(d0, Node { disk: 0, ino: 12 });
+        assert!(vm.entries(d0).unwrap().is_empty());
+        assert_eq!(vm.lookup(root, b"nothing"), Err(libc::ENOENT));
+    }
+
+    #[test]
+    fn a_mount_point_missing_on_the_disk_below_is_made_up() {
+        use crate::server::{ServedDisk, ViewServer};
+        let dir = tempfile::tempdir().unwrap();
+        let paths = VmPaths::new(dir.path());
+        let disk = |disk, mount: &str| ServedDisk {
+            disk,
+            mount: mount.into(),
+            source: Arc::new(Disk { with_mnt: false }) as Arc<dyn vmsight_fsview::FsRead>,
+        };
+        let _server =
+            ViewServer::bind_disks(paths.view_socket(), vec![disk(0, "/"), disk(1, "/srv/a")])
+                .unwrap();
+        let mut vm = Vm {
+            slot: 1,
+            name: "vm".into(),
+            paths,
+            pid: 1,
+            client: None,
+            table: MountTable::default(),
+            grafts: HashMap::new(),
+            made_up: Vec::new(),
+        };
+        vm.refresh_mounts().unwrap();
+        let root = vm.root();
+        let srv = vm.lookup(root, b"srv").unwrap();
+        assert_eq!(srv.disk, MADE_UP);
+        assert_eq!(names(&vm.entries(srv).unwrap()), ["a"]);
+        assert_eq!(vm.lookup(srv, b"a").unwrap(), Node::root_of(1));
+        assert_eq!(vm.lookup(srv, b"b"), Err(libc::ENOENT));
+        // Looked up again: the same made-up directory.
+        assert_eq!(vm.lookup(root, b"srv").unwrap(), srv);
+    }
+
+    #[test]
+    fn a_vm_without_a_readable_disk_shows_an_empty_directory() {
+        use crate::server::{ServedDisk, ViewServer};
+        /// A disk not crawled yet.
+        struct NotYet;
+        impl vmsight_fsview::FsRead for NotYet {
+            fn stat(&self, _: u32) -> Option<vmsight_fsview::InodeMeta> {
+                None
+            }
+            fn read_dir(&self, _: u32) -> Option<Vec<vmsight_fsview::ViewEntry>> {
+                None
+            }
+            fn lookup_in(&self, _: u32, _: &[u8]) -> Option<u32> {
+                None
+            }
+            fn read_link(&self, _: u32) -> Option<Vec<u8>> {
+                None
+            }
+            fn read(&self, _: u32, _: u64, _: &mut [u8]) -> vmsight_fsview::Result<usize> {
+                Ok(0)
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let paths = VmPaths::new(dir.path());
+        let root_disk = ServedDisk {
+            disk: 0,
+            mount: "/".into(),
+            source: std::sync::RwLock::new(NotYet),
+        };
+        let server = ViewServer::bind_disks(paths.view_socket(), vec![root_disk]).unwrap();
+        let mut vm = Vm {
+            slot: 1,
+            name: "vm".into(),
+            paths,
+            pid: 1,
+            client: None,
+            table: MountTable::default(),
+            grafts: HashMap::new(),
+            made_up: Vec::new(),
+        };
+        vm.refresh_mounts().unwrap();
+        let root = vm.root();
+        assert_eq!(root.disk, MADE_UP);
+        assert!(vm.entries(root).unwrap().is_empty());
+        assert_eq!(vm.lookup(root, b"etc"), Err(libc::ENOENT));
+        // A server that is gone is an error, not an empty tree.
+        drop(server);
+        vm.client = None;
+        assert_eq!(vm.refresh_mounts(), Err(libc::EIO));
     }
 
     #[test]

@@ -4,6 +4,11 @@
 //! [postcard](https://docs.rs/postcard) encoding a [`Request`] (client → server) or a
 //! [`Response`] (server → client). One response per request, in order. Binary framing keeps
 //! file data (up to [`MAX_READ`] per request) free of any text encoding overhead.
+//!
+//! One server shows every disk of its VM that it can read: [`Request::Mounts`] lists them with
+//! the guest path each is mounted on, and every file-system question ([`FsRequest`]) names its
+//! disk ([`Request::Fs`]). Putting the mount points together into one tree is the client's job
+//! (`vmsight mount`).
 
 use std::io::{self, Read, Write};
 
@@ -17,9 +22,33 @@ pub const MAX_REQUEST_FRAME: u32 = 64 * 1024;
 /// Largest response frame (a directory listing may be long).
 pub const MAX_RESPONSE_FRAME: u32 = 64 << 20;
 
-/// A question about one guest file system. Inode numbers are the guest's; 2 is the root.
+/// A disk of the VM: 0 is the root disk, then the `--disk` order (as in `vmsight run`).
+pub type DiskId = u32;
+
+/// A request to a VM's view server.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Request {
+    /// The disks the server shows and where the guest mounts them → [`Response::Mounts`].
+    Mounts,
+    /// A question about one disk's file system.
+    Fs {
+        /// Which disk.
+        disk: DiskId,
+        /// The question.
+        op: FsRequest,
+    },
+}
+
+impl Request {
+    /// A question about disk `disk`.
+    pub fn fs(disk: DiskId, op: FsRequest) -> Request {
+        Request::Fs { disk, op }
+    }
+}
+
+/// A question about one guest file system. Inode numbers are the guest's; 2 is the root.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FsRequest {
     /// Metadata of an inode → [`Response::Attr`].
     Stat(u32),
     /// Entries of a directory (no `.`/`..`) → [`Response::Entries`].
@@ -42,6 +71,16 @@ pub enum Request {
         /// Bytes wanted, at most [`MAX_READ`].
         len: u32,
     },
+}
+
+/// Where the guest mounts one disk's file system.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskMount {
+    /// The disk.
+    pub disk: DiskId,
+    /// Absolute guest path of its root: `/` for the root disk, the `mount=` of an extra disk,
+    /// `/@diskN` when it has none.
+    pub path: Vec<u8>,
 }
 
 /// Inode metadata on the wire.
@@ -126,6 +165,8 @@ pub enum Response {
     Link(Vec<u8>),
     /// File bytes.
     Data(Vec<u8>),
+    /// The disks shown, each with its guest mount point.
+    Mounts(Vec<DiskMount>),
     /// The request failed.
     Error {
         /// Class.
@@ -198,18 +239,25 @@ mod tests {
     #[test]
     fn frames_round_trip() {
         let reqs = [
-            Request::Stat(2),
-            Request::ReadDir(11),
-            Request::Lookup {
-                dir: 2,
-                name: b"etc".to_vec(),
-            },
-            Request::ReadLink(13),
-            Request::Read {
-                ino: 12,
-                offset: 1 << 40,
-                len: MAX_READ,
-            },
+            Request::Mounts,
+            Request::fs(0, FsRequest::Stat(2)),
+            Request::fs(1, FsRequest::ReadDir(11)),
+            Request::fs(
+                0,
+                FsRequest::Lookup {
+                    dir: 2,
+                    name: b"etc".to_vec(),
+                },
+            ),
+            Request::fs(7, FsRequest::ReadLink(13)),
+            Request::fs(
+                u32::MAX,
+                FsRequest::Read {
+                    ino: 12,
+                    offset: 1 << 40,
+                    len: MAX_READ,
+                },
+            ),
         ];
         let mut buf = Vec::new();
         for r in &reqs {
@@ -224,6 +272,14 @@ mod tests {
             read_frame::<Request>(&mut rd, MAX_REQUEST_FRAME),
             Err(FrameError::Closed)
         ));
+        let mounts = Response::Mounts(vec![DiskMount {
+            disk: 2,
+            path: b"/mnt/data".to_vec(),
+        }]);
+        let mut buf = Vec::new();
+        write_frame(&mut buf, &mounts).unwrap();
+        let got: Response = read_frame(&mut &buf[..], MAX_RESPONSE_FRAME).unwrap();
+        assert_eq!(got, mounts);
     }
 
     #[test]

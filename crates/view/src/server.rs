@@ -13,8 +13,8 @@ use vmsight_fsview::{FileKind, FsRead, StaticView};
 use vmsight_proto::server::{ServeError, UnixServer};
 
 use crate::protocol::{
-    read_frame, write_frame, Attr, Entry, ErrorCode, FrameError, Request, Response, MAX_READ,
-    MAX_REQUEST_FRAME, MAX_RESPONSE_FRAME,
+    read_frame, write_frame, Attr, DiskId, DiskMount, Entry, ErrorCode, FrameError, FsRequest,
+    Request, Response, MAX_READ, MAX_REQUEST_FRAME, MAX_RESPONSE_FRAME,
 };
 
 /// File name of the view socket in a VM's runtime directory.
@@ -110,17 +110,17 @@ impl From<ServeError> for ViewError {
     }
 }
 
-/// Answers one request from `fs`.
-pub fn handle(fs: &dyn FsRead, req: &Request) -> Response {
+/// Answers one file-system question from `fs`.
+pub fn handle(fs: &dyn FsRead, req: &FsRequest) -> Response {
     let not_found = |what: &str, ino: u32| {
         Response::error(ErrorCode::NotFound, format!("{what} {ino} not found"))
     };
     match req {
-        Request::Stat(ino) => match fs.stat(*ino) {
+        FsRequest::Stat(ino) => match fs.stat(*ino) {
             Some(m) => Response::Attr(Attr::from_meta(*ino, &m)),
             None => not_found("inode", *ino),
         },
-        Request::ReadDir(ino) => match fs.read_dir(*ino) {
+        FsRequest::ReadDir(ino) => match fs.read_dir(*ino) {
             Some(list) => Response::Entries(
                 list.into_iter()
                     .map(|e| Entry {
@@ -137,7 +137,7 @@ pub fn handle(fs: &dyn FsRead, req: &Request) -> Response {
                 None => not_found("directory", *ino),
             },
         },
-        Request::Lookup { dir, name } => {
+        FsRequest::Lookup { dir, name } => {
             if name.is_empty() || name.contains(&b'/') || name.contains(&0) {
                 return Response::error(
                     ErrorCode::Invalid,
@@ -158,7 +158,7 @@ pub fn handle(fs: &dyn FsRead, req: &Request) -> Response {
                 ),
             }
         }
-        Request::ReadLink(ino) => match fs.read_link(*ino) {
+        FsRequest::ReadLink(ino) => match fs.read_link(*ino) {
             Some(t) => Response::Link(t),
             None => match fs.stat(*ino) {
                 Some(_) => {
@@ -167,7 +167,7 @@ pub fn handle(fs: &dyn FsRead, req: &Request) -> Response {
                 None => not_found("inode", *ino),
             },
         },
-        Request::Read { ino, offset, len } => {
+        FsRequest::Read { ino, offset, len } => {
             if *len > MAX_READ {
                 return Response::error(
                     ErrorCode::Invalid,
@@ -196,8 +196,48 @@ pub fn handle(fs: &dyn FsRead, req: &Request) -> Response {
     }
 }
 
-/// Serves one guest file system on a Unix socket. Dropping it stops accepting, closes the
-/// connections and removes the socket.
+/// One disk a [`ViewServer`] shows.
+pub struct ServedDisk<S> {
+    /// The disk's number in the VM (0: root disk).
+    pub disk: DiskId,
+    /// Absolute guest path its file system is mounted on (`/` for the root disk).
+    pub mount: String,
+    /// Its file system.
+    pub source: S,
+}
+
+/// The disks of one server, answering [`Request`]s.
+struct Disks<S>(Vec<ServedDisk<S>>);
+
+impl<S: ViewSource> Disks<S> {
+    fn answer(&self, req: &Request) -> Response {
+        match req {
+            Request::Mounts => Response::Mounts(self.mounts()),
+            Request::Fs { disk, op } => match self.0.iter().find(|d| d.disk == *disk) {
+                Some(d) => d.source.with_view(|fs| handle(fs, op)),
+                None => Response::error(ErrorCode::NotFound, format!("no disk {disk} is shown")),
+            },
+        }
+    }
+
+    /// The disks whose file system can be read now (a disk not crawled yet has no root).
+    fn mounts(&self) -> Vec<DiskMount> {
+        self.0
+            .iter()
+            .filter(|d| d.source.with_view(|fs| fs.stat(ROOT_INODE).is_some()))
+            .map(|d| DiskMount {
+                disk: d.disk,
+                path: d.mount.as_bytes().to_vec(),
+            })
+            .collect()
+    }
+}
+
+/// Inode of a file system's root directory.
+const ROOT_INODE: u32 = 2;
+
+/// Serves the guest file systems of one VM on a Unix socket. Dropping it stops accepting,
+/// closes the connections and removes the socket.
 pub struct ViewServer {
     path: PathBuf,
     conns: Connections,
@@ -205,11 +245,25 @@ pub struct ViewServer {
 }
 
 impl ViewServer {
-    /// Listens on `path` (normally `<runtime>/<vm>/view.sock`) and answers from `source`.
+    /// Listens on `path` (normally `<runtime>/<vm>/view.sock`) and shows `source` as the root
+    /// disk (disk 0, mounted on `/`).
     pub fn bind<S: ViewSource>(path: impl AsRef<Path>, source: S) -> Result<ViewServer, ViewError> {
+        let root = ServedDisk {
+            disk: 0,
+            mount: "/".into(),
+            source,
+        };
+        Self::bind_disks(path, vec![root])
+    }
+
+    /// Listens on `path` and shows each of `disks` at its mount point.
+    pub fn bind_disks<S: ViewSource>(
+        path: impl AsRef<Path>,
+        disks: Vec<ServedDisk<S>>,
+    ) -> Result<ViewServer, ViewError> {
         let path = path.as_ref().to_path_buf();
         let conns = Connections::default();
-        let source = Arc::new(source);
+        let source = Arc::new(Disks(disks));
         let cs = conns.clone();
         let server =
             UnixServer::bind(&path, "view-accept", move |conn| accept(conn, &source, &cs))?;
@@ -280,7 +334,11 @@ impl Connections {
 }
 
 /// Starts a thread serving one accepted connection, or refuses it when too many are open.
-fn accept<S: ViewSource>(conn: io::Result<UnixStream>, source: &Arc<S>, conns: &Connections) {
+fn accept<S: ViewSource>(
+    conn: io::Result<UnixStream>,
+    source: &Arc<Disks<S>>,
+    conns: &Connections,
+) {
     let mut stream = match conn {
         Ok(s) => s,
         Err(e) => {
@@ -306,13 +364,13 @@ fn accept<S: ViewSource>(conn: io::Result<UnixStream>, source: &Arc<S>, conns: &
     }
 }
 
-fn serve<S: ViewSource>(stream: UnixStream, source: &S) {
+fn serve<S: ViewSource>(stream: UnixStream, source: &Disks<S>) {
     let Ok(wr) = stream.try_clone() else { return };
     let mut rd = BufReader::new(stream);
     let mut wr = BufWriter::new(wr);
     loop {
         let resp = match read_frame::<Request>(&mut rd, MAX_REQUEST_FRAME) {
-            Ok(req) => source.with_view(|fs| handle(fs, &req)),
+            Ok(req) => source.answer(&req),
             Err(FrameError::Decode(e)) => {
                 Response::error(ErrorCode::Invalid, format!("malformed request: {e}"))
             }
@@ -358,6 +416,11 @@ impl ViewClient {
             wr,
             path,
         })
+    }
+
+    /// Asks disk `disk`'s file system `op` and waits for the answer.
+    pub fn fs(&mut self, disk: DiskId, op: FsRequest) -> Result<Response, ViewError> {
+        self.call(&Request::Fs { disk, op })
     }
 
     /// Sends `req` and waits for its answer.
@@ -450,14 +513,14 @@ mod tests {
     fn answers_every_request_kind() {
         let (_d, s) = server();
         let mut c = ViewClient::connect(s.path(), Duration::from_secs(30)).unwrap();
-        let Response::Attr(a) = c.call(&Request::Stat(12)).unwrap() else {
+        let Response::Attr(a) = c.fs(0, FsRequest::Stat(12)).unwrap() else {
             panic!()
         };
         assert_eq!(
             (a.mode, a.uid, a.gid, a.size, a.mtime),
             (0o100644, 1, 2, 5, 3)
         );
-        let Response::Entries(e) = c.call(&Request::ReadDir(2)).unwrap() else {
+        let Response::Entries(e) = c.fs(0, FsRequest::ReadDir(2)).unwrap() else {
             panic!()
         };
         assert_eq!(
@@ -465,22 +528,28 @@ mod tests {
             [b"a", b"l"]
         );
         let r = c
-            .call(&Request::Lookup {
-                dir: 2,
-                name: b"l".to_vec(),
-            })
+            .fs(
+                0,
+                FsRequest::Lookup {
+                    dir: 2,
+                    name: b"l".to_vec(),
+                },
+            )
             .unwrap();
         assert!(matches!(r, Response::Attr(Attr { ino: 13, .. })));
         assert_eq!(
-            c.call(&Request::ReadLink(13)).unwrap(),
+            c.fs(0, FsRequest::ReadLink(13)).unwrap(),
             Response::Link(b"a".to_vec())
         );
         let r = c
-            .call(&Request::Read {
-                ino: 12,
-                offset: 1,
-                len: 100,
-            })
+            .fs(
+                0,
+                FsRequest::Read {
+                    ino: 12,
+                    offset: 1,
+                    len: 100,
+                },
+            )
             .unwrap();
         assert_eq!(r, Response::Data(b"ello".to_vec()));
     }
@@ -494,42 +563,45 @@ mod tests {
             other => panic!("expected an error, got {other:?}"),
         };
         assert_eq!(
-            code(c.call(&Request::Stat(99)).unwrap()),
+            code(c.fs(0, FsRequest::Stat(99)).unwrap()),
             ErrorCode::NotFound
         );
         assert_eq!(
-            code(c.call(&Request::ReadDir(12)).unwrap()),
+            code(c.fs(0, FsRequest::ReadDir(12)).unwrap()),
             ErrorCode::NotDir
         );
         assert_eq!(
-            code(c.call(&Request::ReadLink(12)).unwrap()),
+            code(c.fs(0, FsRequest::ReadLink(12)).unwrap()),
             ErrorCode::NotLink
         );
         assert_eq!(
             code(
-                c.call(&Request::Read {
-                    ino: 2,
-                    offset: 0,
-                    len: 1
-                })
+                c.fs(
+                    0,
+                    FsRequest::Read {
+                        ino: 2,
+                        offset: 0,
+                        len: 1
+                    }
+                )
                 .unwrap()
             ),
             ErrorCode::Invalid
         );
-        let big = Request::Read {
+        let big = FsRequest::Read {
             ino: 12,
             offset: 0,
             len: MAX_READ + 1,
         };
-        assert_eq!(code(c.call(&big).unwrap()), ErrorCode::Invalid);
-        let slash = Request::Lookup {
+        assert_eq!(code(c.fs(0, big).unwrap()), ErrorCode::Invalid);
+        let slash = FsRequest::Lookup {
             dir: 2,
             name: b"a/b".to_vec(),
         };
-        assert_eq!(code(c.call(&slash).unwrap()), ErrorCode::Invalid);
+        assert_eq!(code(c.fs(0, slash).unwrap()), ErrorCode::Invalid);
         // Still usable after errors.
         assert!(matches!(
-            c.call(&Request::Stat(2)).unwrap(),
+            c.fs(0, FsRequest::Stat(2)).unwrap(),
             Response::Attr(_)
         ));
     }
@@ -549,7 +621,7 @@ mod tests {
                 ..
             }
         ));
-        write_frame(&mut raw, &Request::Stat(2)).unwrap();
+        write_frame(&mut raw, &Request::fs(0, FsRequest::Stat(2))).unwrap();
         let r: Response = read_frame(&mut raw, MAX_RESPONSE_FRAME).unwrap();
         assert!(matches!(r, Response::Attr(_)));
         // Oversized frame: an error answer, then the server hangs up.
@@ -571,9 +643,80 @@ mod tests {
         drop(half);
         let mut c = ViewClient::connect(s.path(), Duration::from_secs(30)).unwrap();
         assert!(matches!(
-            c.call(&Request::Stat(2)).unwrap(),
+            c.fs(0, FsRequest::Stat(2)).unwrap(),
             Response::Attr(_)
         ));
+    }
+
+    /// A disk not crawled yet: no root.
+    struct Empty;
+
+    impl FsRead for Empty {
+        fn stat(&self, _: u32) -> Option<InodeMeta> {
+            None
+        }
+        fn read_dir(&self, _: u32) -> Option<Vec<ViewEntry>> {
+            None
+        }
+        fn lookup_in(&self, _: u32, _: &[u8]) -> Option<u32> {
+            None
+        }
+        fn read_link(&self, _: u32) -> Option<Vec<u8>> {
+            None
+        }
+        fn read(&self, _: u32, _: u64, _: &mut [u8]) -> vmsight_fsview::Result<usize> {
+            Ok(0)
+        }
+    }
+
+    #[test]
+    fn every_disk_is_served_and_listed_with_its_mount_point() {
+        let d = tempfile::tempdir().unwrap();
+        let disk = |disk, mount: &str, source: Arc<dyn FsRead>| ServedDisk {
+            disk,
+            mount: mount.into(),
+            source,
+        };
+        let s = ViewServer::bind_disks(
+            d.path().join(VIEW_SOCKET),
+            vec![
+                disk(0, "/", Arc::new(Tiny)),
+                disk(1, "/mnt/data", Arc::new(Tiny)),
+                disk(2, "/@disk2", Arc::new(Empty)),
+            ],
+        )
+        .unwrap();
+        let mut c = ViewClient::connect(s.path(), Duration::from_secs(30)).unwrap();
+        // The disk without a root (not crawled yet) is not listed.
+        let Response::Mounts(m) = c.call(&Request::Mounts).unwrap() else {
+            panic!()
+        };
+        let listed: Vec<(u32, &[u8])> = m.iter().map(|m| (m.disk, m.path.as_slice())).collect();
+        assert_eq!(listed, [(0, &b"/"[..]), (1, &b"/mnt/data"[..])]);
+        // Each disk answers from its own file system.
+        for disk in [0, 1] {
+            let r = c.fs(
+                disk,
+                FsRequest::Read {
+                    ino: 12,
+                    offset: 0,
+                    len: 5,
+                },
+            );
+            assert_eq!(r.unwrap(), Response::Data(b"hello".to_vec()));
+        }
+        let code = |r: Response| match r {
+            Response::Error { code, .. } => code,
+            other => panic!("expected an error, got {other:?}"),
+        };
+        assert_eq!(
+            code(c.fs(2, FsRequest::Stat(2)).unwrap()),
+            ErrorCode::NotFound
+        );
+        assert_eq!(
+            code(c.fs(9, FsRequest::Stat(2)).unwrap()),
+            ErrorCode::NotFound
+        );
     }
 
     #[test]

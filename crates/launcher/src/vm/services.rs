@@ -1,9 +1,10 @@
 //! Phase 3, services: everything that runs beside the devices while the VM lives.
 //!
 //! File-update streaming (crawl each writable disk, then follow its write tap), the view
-//! server (`vmsight mount`), the control socket (`vmsight stats`, `vmsight stream`), the
-//! metrics endpoint (`--metrics`), the plugin's shared-memory channel, the guest I/O pumps
-//! (console, ctl, stdout, stderr, stdin) and signal routing. All of it listens before QEMU
+//! server (`vmsight mount`, every streamed disk at its guest mount point), the control socket
+//! (`vmsight stats`, `vmsight stream`), the metrics endpoint (`--metrics`), the plugin's
+//! shared-memory channel, the guest I/O pumps (console, ctl, stdout, stderr, stdin) and
+//! signal routing. All of it listens before QEMU
 //! is spawned, so no guest byte and no signal is lost.
 
 use std::io::Write;
@@ -234,14 +235,7 @@ pub fn start(
     if let Some(engine) = insight {
         engine.set_file_blocks(Arc::new(crate::copymap::CopyMap::for_vm(cfg, streams)));
     }
-    // The live read-only view (`vmsight mount`) shows the root disk's file system.
-    let view = match streams.iter().find(|d| d.index == 0) {
-        Some(d) => Some(
-            vmsight_view::ViewServer::bind(prep.rt.join(layout::VIEW_SOCKET), d.slot.clone())
-                .map_err(|e| LaunchError::Config(format!("cannot start the view server: {e}")))?,
-        ),
-        None => None,
-    };
+    let view = view_server(cfg, prep, streams)?;
     let channel = plugin_channel(cfg, prep)?;
     if let Some(s) = &sym {
         crate::sym::sync::offer(s, prep, channel.as_ref().map(|(_, c)| c));
@@ -288,6 +282,41 @@ pub fn start(
     })
 }
 
+/// Where the guest mounts disk `index`: `/` for the root disk, an extra disk's `mount=`, or
+/// `/@diskN` when it has none (the prefix of its paths in events and in the view).
+fn mount_point(disks: &[crate::config::DiskSpec], index: usize) -> String {
+    match index {
+        0 => "/".into(),
+        i => disks
+            .get(i - 1)
+            .and_then(|d| d.mount.clone())
+            .unwrap_or_else(|| format!("/@disk{i}")),
+    }
+}
+
+/// The live read-only view (`vmsight mount`): every streamed disk's file system at its guest
+/// mount point. A disk appears once it is crawled (at once, or after `vmsight stream`).
+fn view_server(
+    cfg: &VmConfig,
+    prep: &Prepared,
+    streams: &[DiskStream],
+) -> Result<Option<vmsight_view::ViewServer>, LaunchError> {
+    if streams.is_empty() {
+        return Ok(None);
+    }
+    let disks = streams
+        .iter()
+        .map(|d| vmsight_view::ServedDisk {
+            disk: d.index as u32,
+            mount: mount_point(&cfg.disks, d.index),
+            source: d.slot.clone(),
+        })
+        .collect();
+    vmsight_view::ViewServer::bind_disks(prep.rt.join(layout::VIEW_SOCKET), disks)
+        .map(Some)
+        .map_err(|e| LaunchError::Config(format!("cannot start the view server: {e}")))
+}
+
 /// Crawls one disk (before the guest runs: from here on every write is diffed against it)
 /// and starts its consumer.
 fn start_stream(
@@ -320,13 +349,9 @@ fn start_stream(
             }
         }
     }
-    let prefix = if ds.index == 0 {
-        String::new()
-    } else {
-        cfg.disks
-            .get(ds.index - 1)
-            .and_then(|d| d.mount.clone())
-            .unwrap_or_else(|| format!("/@disk{}", ds.index))
+    let prefix = match mount_point(&cfg.disks, ds.index) {
+        root if root == "/" => String::new(),
+        m => m,
     };
     let sink = crate::stream::EngineSink::new(
         ds.slot.clone(),
@@ -458,4 +483,18 @@ fn start_guest_io(
         stdin_go,
         stdin,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn disks_are_mounted_at_root_their_mount_option_or_at_disk_n() {
+        let spec = |s: &str| s.parse::<crate::config::DiskSpec>().expect("disk spec");
+        let disks = [spec("a.img,mount=/mnt/data/"), spec("b.img")];
+        assert_eq!(mount_point(&disks, 0), "/");
+        assert_eq!(mount_point(&disks, 1), "/mnt/data");
+        assert_eq!(mount_point(&disks, 2), "/@disk2");
+    }
 }
