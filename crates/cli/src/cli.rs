@@ -52,7 +52,9 @@ enum Cmd {
     /// Print file-system events of running VMs as they happen (channels host:vm:/path; see
     /// docs/filestream.md).
     Watch(WatchArgs),
-    /// Mount a live read-only view of running VMs' file systems: DIR/<host>/<vm>/<path>.
+    /// Mount a live read-only view of running VMs' file systems: DIR/<host>/<vm>/<path>, the
+    /// root disk at DIR/<host>/<vm>/ and each extra disk at its guest mount point (--disk
+    /// ...,mount=PATH; without it DIR/<host>/<vm>/@diskN).
     Mount(MountArgs),
     /// List the block stages of the stage registry: name, position, options, what it does.
     Stages,
@@ -189,7 +191,8 @@ struct RunArgs {
     /// Follow only files under these guest path prefixes (comma-separated).
     #[arg(long, value_name = "PATHS")]
     insight_paths: Option<String>,
-    /// Give every extra disk (--disk) an iCache of MIB MiB in host RAM (0: no cache).
+    /// Give every disk, the root disk included, its own iCache of MIB MiB in host RAM (0: no
+    /// cache).
     #[arg(long, value_name = "MIB", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1048576))]
     cache_size: u64,
     /// Cache eviction policy: lru (no hints) or priority (Sky's iCache: by class, then recency).
@@ -198,8 +201,8 @@ struct RunArgs {
     /// Cache write policy: write-through or write-back (FLUSH writes dirty blocks back).
     #[arg(long, value_name = "MODE", default_value = "write-through")]
     cache_mode: vmsight_blockdev::stages::CacheMode,
-    /// Make every extra disk behave like an HDD or a SATA SSD (hdd, ssd, none, or
-    /// hdd:rpm=..,seek_ms=..; see docs/icache.md); implies O_DIRECT on the image.
+    /// Make every extra disk (not the root disk) behave like an HDD or a SATA SSD (hdd, ssd,
+    /// none, or hdd:rpm=..,seek_ms=..; see docs/icache.md); implies O_DIRECT on the image.
     /// The same as `--stage disk-model:MODEL`.
     #[arg(long, value_name = "MODEL", default_value = "none", value_parser = parse_disk_model)]
     disk_model: String,

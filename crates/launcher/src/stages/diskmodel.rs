@@ -1,6 +1,7 @@
 //! Registry entry of the disk model: `--stage disk-model:hdd|ssd[:PARAMS]`, or the legacy
-//! `--disk-model`. Extra disks only, opened with O_DIRECT so the host page cache cannot hide
-//! the modelled device.
+//! `--disk-model`. Extra disks only: the model stands for a workload's disk and opens the image
+//! with O_DIRECT so the host page cache cannot hide the modelled device; the root disk is
+//! vmsight's boot image, which a modelled HDD would only slow down.
 
 use std::sync::Arc;
 

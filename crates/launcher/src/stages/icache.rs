@@ -1,6 +1,7 @@
 //! Registry entry of the iCache (Sky §7): `--stage icache:size=MIB[,policy=lru|priority]
 //! [,mode=write-through|write-back]`, or the legacy `--cache-size/--cache-policy/--cache-mode`.
-//! Extra disks only: the root disk is vmsight's boot image, not the workload's.
+//! Every disk, the root disk included, each with its own cache of the given size: a workload
+//! reading its files from `/` is cached like one on an extra disk.
 
 use std::sync::Arc;
 
@@ -12,7 +13,8 @@ use crate::error::LaunchError;
 pub static ENTRY: StageEntry = StageEntry {
     name: "icache",
     position: 20,
-    summary: "block cache in host RAM, LRU or Sky's class priority policy (extra disks)",
+    summary:
+        "block cache in host RAM, LRU or Sky's class priority policy (every disk, one cache each)",
     options: "size=MIB[,policy=lru|priority][,mode=write-through|write-back]",
     requested: true,
     check,
@@ -63,7 +65,7 @@ fn check(options: &str) -> Result<(), OptionsError> {
 }
 
 fn build(ctx: &DiskCtx<'_>) -> Result<Option<BuiltStage>, LaunchError> {
-    let Some(options) = ctx.extra_disk_options() else {
+    let Some(options) = ctx.options else {
         return Ok(None);
     };
     let cfg = parse(options).map_err(|e| ctx.build_error(ENTRY.name, e))?;

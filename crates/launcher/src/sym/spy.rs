@@ -24,13 +24,14 @@ pub struct DiskHint {
 
 /// The hint for one of the VM's disks: how vmsight serves it.
 pub fn disk_hint(cfg: &crate::config::VmConfig, d: &crate::vm::prepare::DiskPlan) -> DiskHint {
-    let staged = |name: &str| d.index > 0 && cfg.stages.iter().any(|s| s.name == name);
+    let staged = |name: &str| cfg.stages.iter().any(|s| s.name == name);
     let mut flags = 0;
     for (on, bit) in [
         (d.read_only, hint::READONLY),
+        // Every disk has the iCache when it is asked for; the disk model only extra disks.
         (staged("icache"), hint::ICACHE),
         (d.dedup.is_some(), hint::DEDUP),
-        (staged("disk-model"), hint::DISK_MODEL),
+        (d.index > 0 && staged("disk-model"), hint::DISK_MODEL),
         (!d.read_only && cfg.stream.enabled, hint::STREAMED),
     ] {
         if on {
