@@ -152,6 +152,7 @@ pub fn vm_name(test: &str) -> String {
 }
 
 pub mod live;
+pub mod oracle;
 pub mod trace_compare;
 
 pub use live::{collect_lines, wait_until, Bg, LiveVm};

@@ -1,0 +1,171 @@
+//! Oracles shared by the real-guest tests: the guest's own `filefrag`/`find`/`sha256sum`
+//! output, tools run on the host over `vmsight mount`, and the files vmsight writes
+//! (`--stats-json`, the insight log) read back as JSON.
+#![allow(clippy::unwrap_used)] // Test code: a failed unwrap is a failed test.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+
+/// A JSON file vmsight wrote (`--stats-json`).
+pub fn json_file(path: &Path) -> Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+/// The records of an insight log (JSON lines).
+pub fn insight_log(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// The lines of `stdout` between `BEGIN <tag>` and `END <tag>`.
+pub fn section<'a>(stdout: &'a str, tag: &str) -> &'a str {
+    let begin = format!("BEGIN {tag}\n");
+    let start = stdout
+        .find(&begin)
+        .unwrap_or_else(|| panic!("no {begin:?}"))
+        + begin.len();
+    let len = stdout[start..]
+        .find(&format!("END {tag}\n"))
+        .unwrap_or_else(|| panic!("no END {tag}"));
+    &stdout[start..start + len]
+}
+
+/// Where a 4 KiB disk block is in a file, per FIEMAP.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileBlock {
+    /// The file's path as `filefrag` printed it.
+    pub file: String,
+    /// Byte offset in the file of the block's first byte.
+    pub file_offset: u64,
+}
+
+/// Every 4 KiB disk block (disk byte offset / 4096) holding file data in `filefrag -v` output
+/// of one or more files, with the file and the offset in it; `disk_start` is the byte offset of
+/// the file system on the disk (0 for a whole-disk file system). Inline, delalloc and
+/// unknown-location extents hold no block of their own and are skipped.
+pub fn fiemap_map(out: &str, disk_start: u64) -> HashMap<u64, FileBlock> {
+    let mut map = HashMap::new();
+    let (mut file, mut bs) = (String::new(), 0u64);
+    for l in out.lines() {
+        if let Some(rest) = l.strip_prefix("File size of ") {
+            // "File size of PATH is N (B blocks of BS bytes)" ("1 block of" for one)
+            let (path, tail) = rest.rsplit_once(" is ").unwrap();
+            file = path.to_string();
+            let bytes = tail.rsplit_once(" of ").unwrap().1;
+            bs = bytes.split_whitespace().next().unwrap().parse().unwrap();
+            continue;
+        }
+        let f: Vec<&str> = l.split(':').map(str::trim).collect();
+        if f.len() < 5 || f[0].parse::<u64>().is_err() || f[2].is_empty() {
+            continue;
+        }
+        let flags = f.get(5).copied().unwrap_or("");
+        if ["inline", "delalloc", "unknown_loc"]
+            .iter()
+            .any(|x| flags.contains(x))
+        {
+            continue;
+        }
+        assert!(bs > 0, "extent before a file header: {l}");
+        let logical: u64 = f[1].split("..").next().unwrap().trim().parse().unwrap();
+        let physical: u64 = f[2].split("..").next().unwrap().trim().parse().unwrap();
+        let len: u64 = f[3].parse().unwrap();
+        for k in 0..len * bs / 4096 {
+            let disk_block = (disk_start + physical * bs) / 4096 + k;
+            let file_offset = logical * bs + k * 4096;
+            map.insert(
+                disk_block,
+                FileBlock {
+                    file: file.clone(),
+                    file_offset,
+                },
+            );
+        }
+    }
+    map
+}
+
+/// `find -printf '%P %s %m %U %G %T@ %y %l'` of the tree at `root` on the host, times cut to
+/// whole seconds (the view's resolution), sorted.
+pub fn find_listing(root: &Path) -> Vec<String> {
+    let o = Command::new("find")
+        .arg(root)
+        .args(["-printf", "%P %s %m %U %G %T@ %y %l\\n"])
+        .output()
+        .unwrap();
+    let mut v: Vec<String> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(whole_seconds)
+        .collect();
+    v.sort();
+    v
+}
+
+/// A `find -printf '%P %s %m %U %G %T@ %y %l'` line with its time cut to whole seconds.
+pub fn whole_seconds(line: &str) -> String {
+    // Fields: path size mode uid gid time type [target]; the path never has spaces here.
+    let mut f: Vec<String> = line.split(' ').map(str::to_string).collect();
+    if f.len() > 5 {
+        f[5] = f[5].split('.').next().unwrap_or("").to_string();
+    }
+    f.join(" ")
+}
+
+/// Stdout lines of `sh -c cmd` run in `dir` on the host.
+pub fn sh_out(cmd: &str, dir: &Path) -> Vec<String> {
+    let o = Command::new("sh")
+        .arg("-c")
+        .arg(cmd)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// The lines only one side has, marked with the side, for an assertion message.
+pub fn line_diff(guest: &[String], host: &[String]) -> Vec<String> {
+    guest
+        .iter()
+        .filter(|l| !host.contains(l))
+        .map(|l| format!("guest only: {l}"))
+        .chain(
+            host.iter()
+                .filter(|l| !guest.contains(l))
+                .map(|l| format!("view only:  {l}")),
+        )
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fiemap_output_maps_disk_blocks_to_file_offsets() {
+        let out = "Filesystem type is: ef53\n\
+File size of /root/a b is 10000 (3 blocks of 4096 bytes)\n \
+ext:     logical_offset:        physical_offset: length:   expected: flags:\n   \
+0:        0..       1:      34816..     34817:      2:\n   \
+1:        2..       2:      40000..     40000:      1:      34818: last,eof\n\
+/root/a b: 2 extents found\n\
+File size of /x is 4096 (1 block of 1024 bytes)\n   \
+0:        0..       3:       8..       11:      4:             last,eof\n";
+        let m = fiemap_map(out, 1 << 20);
+        let at = |b: u64| m.get(&b).cloned().unwrap();
+        assert_eq!(m.len(), 4);
+        assert_eq!(at(256 + 34816).file, "/root/a b");
+        assert_eq!(at(256 + 34817).file_offset, 4096);
+        assert_eq!(at(256 + 40000).file_offset, 8192);
+        // 1 KiB blocks 8..11 are the 4 KiB disk block 2 (plus the 1 MiB start).
+        assert_eq!(at(256 + 2).file, "/x");
+    }
+}
