@@ -325,10 +325,11 @@ fn run_and_kill(disk: &str, round: u32, delay: Duration, dir: &Path) -> Vec<(Str
          cp $f $f.copy || exit 9; sync; echo SYNCED $(sha256sum $f) $(sha256sum $f.copy); done"
     );
     let name = format!("dedup-kill-{}-{round}", std::process::id());
+    let console = dir.join(format!("console-{round}.log"));
     let mut child = vmsight()
-        .args([
-            "run", "--name", &name, "--disk", disk, "--", "sh", "-c", &script,
-        ])
+        .args(["run", "--name", &name, "--disk", disk, "--console-log"])
+        .arg(&console)
+        .args(["--", "sh", "-c", &script])
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(dir.join("run.err")).unwrap())
         .spawn()
@@ -355,8 +356,11 @@ fn run_and_kill(disk: &str, round: u32, delay: Duration, dir: &Path) -> Vec<(Str
         if start.elapsed() >= Duration::from_secs(240) || (exited.is_some() && deadline.is_none()) {
             let _ = child.kill();
             let err = std::fs::read_to_string(dir.join("run.err")).unwrap_or_default();
+            let log = std::fs::read(&console).unwrap_or_default();
+            let log = String::from_utf8_lossy(&log[log.len().saturating_sub(6000)..]);
             panic!(
-                "round {round}: the writer never synced (exit: {exited:?}); guest output {other:?}; vmsight stderr: {}",
+                "round {round}: the writer never synced (exit: {exited:?}) in {:?}; guest output {other:?}; vmsight stderr: {}; guest console tail:\n{log}",
+                start.elapsed(),
                 &err[err.len().saturating_sub(3000)..]
             );
         }
