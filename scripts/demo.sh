@@ -8,8 +8,8 @@ VMSIGHT=${VMSIGHT:-target/release/vmsight}
 echo "== vmsight image info"
 "$VMSIGHT" image info
 echo
-echo "== vmsight run --stats -- <demo workload>   (QEMU 10, TCG, vhost-user-blk root disk, plugin)"
-"$VMSIGHT" run --name demo --vcpus 2 --mem 1G --stats -- bash -c '
+echo "== vmsight run --stats --count-syscalls -- <demo workload>   (QEMU 10, TCG, vhost-user-blk root disk, plugin)"
+"$VMSIGHT" run --name demo --vcpus 2 --mem 1G --stats --count-syscalls -- bash -c '
   echo "guest: $(uname -sr), $(nproc) vCPUs, $(free -m | awk "/Mem:/ {print \$2}") MiB RAM"
   echo "root fs: $(findmnt -n -o SOURCE,FSTYPE /)"
   mkdir -p /root/demo && cd /root/demo

@@ -125,6 +125,7 @@ fn syscalls_for(n: u64, dir: &Path) -> u64 {
         "run",
         "--vcpus",
         "2",
+        "--count-syscalls",
         "--stats-json",
         stats.to_str().unwrap(),
         "--",
@@ -134,6 +135,7 @@ fn syscalls_for(n: u64, dir: &Path) -> u64 {
     assert_eq!(r.code, Some(0), "{r:?}");
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
     assert_eq!(v["plugin_attached"], true, "{v}");
+    assert_eq!(v["plugin_translates"], true, "{v}");
     v["vcpus"]
         .as_array()
         .expect("vcpus")
@@ -156,6 +158,40 @@ fn plugin_counts_the_syscalls_of_a_known_program() {
         (lo..=hi).contains(&diff),
         "getppid_loop {n} added {diff} syscalls (baseline {base}, with {with})"
     );
+}
+
+/// With nothing asked of it, the plugin is loaded and attached but registers no translation
+/// callback: not one of the guest's syscalls is counted, while `--count-syscalls` in the same
+/// guest counts at least the ones the program itself made.
+#[test]
+fn a_plugin_with_nothing_to_do_stays_dormant_and_counts_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = 20_000u64;
+    let run_with = |extra: &[&str], name: &str| {
+        let stats = dir.path().join(name);
+        let mut args = vec!["run", "--stats-json", stats.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let n = n.to_string();
+        args.extend_from_slice(&["--", "getppid_loop", &n]);
+        let r = run(&args);
+        assert_eq!(r.code, Some(0), "{r:?}");
+        let v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
+        assert_eq!(v["plugin_attached"], true, "the plugin was loaded: {v}");
+        let total: u64 = v["vcpus"]
+            .as_array()
+            .expect("vcpus")
+            .iter()
+            .map(|c| c["syscalls"].as_u64().unwrap_or(0))
+            .sum();
+        (v["plugin_translates"].clone(), total)
+    };
+    let (translates, counted) = run_with(&[], "dormant.json");
+    assert_eq!(translates, false, "nothing was asked of the plugin");
+    assert_eq!(counted, 0, "a dormant plugin instruments nothing, so counts nothing");
+    let (translates, counted) = run_with(&["--count-syscalls"], "counting.json");
+    assert_eq!(translates, true);
+    assert!(counted >= n, "getppid_loop {n} made at least {n} syscalls: {counted}");
 }
 
 #[test]

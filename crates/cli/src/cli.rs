@@ -156,6 +156,12 @@ struct RunArgs {
     /// Have the plugin push one record per syscall into the shared-memory ring.
     #[arg(long)]
     plugin_records: bool,
+    /// Have the plugin count the guest's `syscall` instructions per vCPU (shown by --stats
+    /// and --stats-json). Counting makes QEMU instrument translated code, which costs a few
+    /// per cent (docs/benchmarks.md); without it, and without --trace, --insights or another
+    /// feature that needs the plugin, the plugin stays dormant and costs nothing.
+    #[arg(long)]
+    count_syscalls: bool,
     /// Print plugin, disk and timing counters at exit (stderr).
     #[arg(long)]
     stats: bool,
@@ -513,6 +519,7 @@ impl TryFrom<RunArgs> for VmConfig {
             qemu: a.qemu.unwrap_or_else(QemuChoice::from_env),
             plugin: !a.no_plugin,
             plugin_records: a.plugin_records,
+            count_syscalls: a.count_syscalls,
             stats: a.stats,
             show_console: a.console,
             console_log: a.console_log,

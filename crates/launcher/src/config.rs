@@ -253,6 +253,10 @@ pub struct VmConfig {
     pub plugin_records: bool,
     /// Print counters at exit.
     pub stats: bool,
+    /// Have the plugin count `syscall` instructions (`--count-syscalls`). Without it, and with
+    /// nothing else asked of the plugin, the plugin is dormant: it registers no translation
+    /// callback, so the guest runs as without a plugin (docs/plugin.md).
+    pub count_syscalls: bool,
     /// Copy the guest console to stderr as it arrives.
     pub show_console: bool,
     /// Where to keep the console log (always written in the runtime directory too).

@@ -483,6 +483,9 @@ pub struct PluginPlan {
     pub blk: Option<PathBuf>,
     /// SymCall's synchronous transport (`symsync=on`, API v7).
     pub symsync: bool,
+    /// Count `syscall` instructions (`count=`). Off with nothing else to do, the plugin is
+    /// dormant: it registers no translation callback, so QEMU runs as without it.
+    pub count: bool,
 }
 
 /// A `-chardev socket` in client mode for a socket vmsight listens on.
@@ -606,6 +609,9 @@ pub fn build_args(p: &QemuPlan) -> Vec<String> {
         if pl.symsync {
             arg.push_str(",symsync=on");
         }
+        if !pl.count {
+            arg.push_str(",count=off");
+        }
         push(&["-plugin", &arg]);
     }
     a
@@ -681,6 +687,7 @@ mod tests {
                 profile: None,
                 blk: None,
                 symsync: false,
+                count: true,
             }),
             hold: false,
         }
@@ -759,6 +766,15 @@ mod tests {
             &build_args(&p),
             "-plugin",
             "/p.so,shm=/r/plugin.shm,records=on,profile=/img/profile.json,blk=/r/blocktag.shm"
+        ));
+        let mut p = plan();
+        if let Some(pl) = p.plugin.as_mut() {
+            pl.count = false;
+        }
+        assert!(has_pair(
+            &build_args(&p),
+            "-plugin",
+            "/p.so,shm=/r/plugin.shm,records=off,count=off"
         ));
     }
 

@@ -96,6 +96,9 @@ pub struct RunStats {
     pub run_seconds: f64,
     /// `None` when the plugin was not loaded (KVM, or `--no-plugin`).
     pub plugin_attached: Option<bool>,
+    /// Whether the plugin instrumented translated code (`None` when not loaded); `false`: it
+    /// was dormant, so nothing was counted (`--count-syscalls`, docs/plugin.md).
+    pub plugin_translates: Option<bool>,
     pub vcpus: Vec<VcpuStats>,
     /// Records drained from the ring at exit.
     pub records_drained: u64,
@@ -205,6 +208,9 @@ impl RunStats {
             guest_uptime_at_ready: guest_uptime,
             run_seconds: run.as_secs_f64(),
             plugin_attached: channel.map(|c| c.plugin_attached()),
+            plugin_translates: channel.map(|c| {
+                c.plugin_status().flags & vmsight_ring::layout::plugin_flags::TRANSLATES != 0
+            }),
             vcpus,
             records_drained: trace.as_ref().map(|t| t.records).unwrap_or(0),
             disks,
@@ -261,6 +267,11 @@ impl fmt::Display for RunStats {
         match self.plugin_attached {
             None => writeln!(f, "  plugin: not loaded")?,
             Some(false) => writeln!(f, "  plugin: loaded but never attached to the channel")?,
+            Some(true) if self.plugin_translates == Some(false) => writeln!(
+                f,
+                "  plugin: dormant (nothing asked of it: no code instrumented, syscalls not \
+                 counted; --count-syscalls counts them)"
+            )?,
             Some(true) => {
                 writeln!(f, "  plugin: user-mode syscall instructions per vCPU")?;
                 for v in &self.vcpus {

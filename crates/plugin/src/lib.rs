@@ -636,15 +636,19 @@ fn install(id: PluginId, args: &[String], info: &InstallInfo) -> Result<(), Plug
     if kernel.is_some() {
         bits |= plugin_flags::PROFILE;
     }
+    if opts.translates() {
+        bits |= plugin_flags::TRANSLATES;
+    }
     channel.set_plugin_info(qemu::api().number(), bits);
     let blk = block_hooks(&opts, kernel.as_ref(), max_vcpus)?;
     let scoreboard = Scoreboard::new(SB_ELEMENT);
     let slots = (0..channel.max_vcpus()).map(|_| OnceLock::new()).collect();
     log_debug(&format!(
-        "attached to {} (records={}, profile={:?}, buf={}, sync={}, plugin API {} of QEMU's \
-         {}..{}, {} vCPUs max); kernel layout {kernel:?}",
+        "attached to {} (records={}, count={}, profile={:?}, buf={}, sync={}, plugin API {} of \
+         QEMU's {}..{}, {} vCPUs max); kernel layout {kernel:?}",
         opts.shm.display(),
         opts.records,
+        opts.count,
         opts.profile,
         opts.buf,
         opts.sync_every,
@@ -681,6 +685,7 @@ fn install(id: PluginId, args: &[String], info: &InstallInfo) -> Result<(), Plug
         blk,
     };
     let symsync = state.opts.symsync;
+    let translates = state.opts.translates();
     if STATE.set(state).is_err() {
         // A second install in the same process (a duplicate -plugin of the same .so shares
         // our statics): refuse rather than share rings.
@@ -696,7 +701,9 @@ fn install(id: PluginId, args: &[String], info: &InstallInfo) -> Result<(), Plug
             vcpu_init: on_vcpu_init,
             vcpu_exit: on_vcpu_exit,
             vcpu_idle: on_vcpu_idle,
-            tb_trans: on_tb_trans,
+            // Dormant (nothing asked of the plugin): no translation callback, so QEMU
+            // generates the same code as without a plugin.
+            tb_trans: translates.then_some(on_tb_trans as fn(Tb<'_>)),
             atexit: || guard(None, on_exit),
         },
     );

@@ -52,7 +52,7 @@ pub enum PluginError {
     /// An unknown argument.
     #[error(
         "The plugin argument {0:?} is unknown (known: shm, profile, records, buf, sync, verbose, \
-         sums, sumcap, blk)."
+         sums, sumcap, blk, symsync, count)."
     )]
     Unknown(String),
     /// The channel file could not be attached.
@@ -117,9 +117,19 @@ pub struct Options {
     /// translation block for kernel-triggered redirections and watch for return markers in
     /// kernel code. Needs `profile=`.
     pub symsync: bool,
+    /// Count `syscall` instructions per vCPU (`count=`, default on). Off, with nothing else
+    /// asked of the plugin (`records=off`, no `blk=`, no `symsync=`), the plugin is dormant.
+    pub count: bool,
 }
 
 impl Options {
+    /// Whether the plugin needs a translation callback. Registering one costs every guest
+    /// memory access a store in QEMU 10 (the value is kept for memory callbacks, whether
+    /// any plugin asked for them or not), so a plugin with nothing to do registers none.
+    pub fn translates(&self) -> bool {
+        self.count || self.records || self.blk.is_some() || self.symsync
+    }
+
     /// Parses `key=value` arguments as QEMU passes them.
     pub fn parse<'a>(args: impl IntoIterator<Item = &'a str>) -> Result<Self, PluginError> {
         let mut shm = None;
@@ -134,6 +144,7 @@ impl Options {
             sum_cap: DEFAULT_SUM_CAP_KIB * 1024,
             blk: None,
             symsync: false,
+            count: true,
         };
         for arg in args {
             let (k, v) = arg
@@ -158,6 +169,7 @@ impl Options {
                 "verbose" => o.verbose = boolean()?,
                 "sums" => o.sums = boolean()?,
                 "symsync" => o.symsync = boolean()?,
+                "count" => o.count = boolean()?,
                 "sumcap" => {
                     o.sum_cap = v
                         .parse::<u64>()

@@ -32,12 +32,20 @@ fn options_parse() {
     ])
     .expect("full");
     assert!(!o.records && o.verbose);
+    assert!(o.count && o.translates(), "counting is on by default");
+    let dormant = Options::parse(["shm=/a", "records=off", "count=off"]).expect("dormant");
+    assert!(!dormant.translates(), "nothing asked: no translation callback");
+    for needs in ["records=on", "blk=/b", "symsync=on", "count=on"] {
+        let o = Options::parse(["shm=/a", "records=off", "count=off", needs]).expect(needs);
+        assert!(o.translates(), "{needs} needs translated code instrumented");
+    }
     assert_eq!(o.profile, Some(PathBuf::from("/p.json")));
     assert_eq!((o.buf, o.sync_every), (0, 7));
     assert!(matches!(Options::parse([]), Err(PluginError::MissingShm)));
     for bad in [
         &["shm="][..],
         &["shm=/a", "records=maybe"],
+        &["shm=/a", "count=2"],
         &["shm=/a", "sync=0"],
         &["shm=/a", "buf=4097"],
         &["shm=/a", "buf=-1"],

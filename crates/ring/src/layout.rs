@@ -139,6 +139,10 @@ pub mod plugin_flags {
     pub const BLOCK_TAGS: u32 = 1 << 2;
     /// Block-tag channel only: the plugin hooks the prctl entry (guest declarations work).
     pub const DECLARATIONS: u32 = 1 << 3;
+    /// The plugin instruments translated code (it counts `syscall` instructions at least).
+    /// Without it the plugin is dormant: no translation callback, so QEMU translates exactly
+    /// as without a plugin, and nothing is counted.
+    pub const TRANSLATES: u32 = 1 << 4;
 }
 
 const _: () = assert!(std::mem::size_of::<Header>() as u64 <= HEADER_SIZE);

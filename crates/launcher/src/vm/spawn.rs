@@ -146,6 +146,7 @@ fn plan(
                 .as_ref()
                 .and_then(|a| a.channel_path().map(Path::to_owned)),
             symsync: crate::sym::sync::wanted(cfg, prep),
+            count: cfg.count_syscalls,
         }),
         hold: prep.hold,
     })

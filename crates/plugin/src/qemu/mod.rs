@@ -211,7 +211,8 @@ pub struct Hooks {
     pub vcpu_init: fn(c_uint),
     pub vcpu_exit: fn(c_uint),
     pub vcpu_idle: fn(c_uint),
-    pub tb_trans: fn(Tb<'_>),
+    /// `None`: no translation callback at all (a dormant plugin; see `Options::translates`).
+    pub tb_trans: Option<fn(Tb<'_>)>,
     pub atexit: fn(),
 }
 
@@ -237,8 +238,8 @@ extern "C" fn idle_v4(_id: PluginId, vcpu: c_uint) {
     }
 }
 extern "C" fn tb_v4(_id: PluginId, tb: *mut ffi::qemu_plugin_tb) {
-    if let Some(h) = hooks() {
-        (h.tb_trans)(Tb::new(tb));
+    if let Some(f) = hooks().and_then(|h| h.tb_trans) {
+        f(Tb::new(tb));
     }
 }
 extern "C" fn atexit_v4(_id: PluginId, _udata: *mut c_void) {
@@ -262,8 +263,8 @@ extern "C" fn idle_v7(vcpu: c_uint, _udata: *mut c_void) {
     }
 }
 extern "C" fn tb_v7(tb: *mut ffi::qemu_plugin_tb, _udata: *mut c_void) {
-    if let Some(h) = hooks() {
-        (h.tb_trans)(Tb::new(tb));
+    if let Some(f) = hooks().and_then(|h| h.tb_trans) {
+        f(Tb::new(tb));
     }
 }
 extern "C" fn atexit_v7(_udata: *mut c_void) {
@@ -274,6 +275,7 @@ extern "C" fn atexit_v7(_udata: *mut c_void) {
 
 /// Registers the lifecycle callbacks (once; later calls are ignored). Call during install.
 pub fn register_hooks(id: PluginId, h: Hooks) {
+    let translates = h.tb_trans.is_some();
     if HOOKS.set(h).is_err() {
         return;
     }
@@ -286,7 +288,9 @@ pub fn register_hooks(id: PluginId, h: Hooks) {
                 ffi::qemu_plugin_register_vcpu_init_cb(id, init_v4);
                 ffi::qemu_plugin_register_vcpu_exit_cb(id, exit_v4);
                 ffi::qemu_plugin_register_vcpu_idle_cb(id, idle_v4);
-                ffi::qemu_plugin_register_vcpu_tb_trans_cb(id, tb_v4);
+                if translates {
+                    ffi::qemu_plugin_register_vcpu_tb_trans_cb(id, tb_v4);
+                }
                 ffi::qemu_plugin_register_atexit_cb(id, atexit_v4, null);
             }
             Api::V7 => {
@@ -300,7 +304,9 @@ pub fn register_hooks(id: PluginId, h: Hooks) {
                     unsafe extern "C" fn(PluginId, ffi::TbTransCbV4),
                     ffi::RegisterTbTransCbV7,
                 >(ffi::qemu_plugin_register_vcpu_tb_trans_cb);
-                tb(id, tb_v7, null);
+                if translates {
+                    tb(id, tb_v7, null);
+                }
                 let at = std::mem::transmute::<
                     unsafe extern "C" fn(PluginId, ffi::UdataCbV4, *mut c_void),
                     ffi::RegisterAtexitCbV7,
