@@ -1,12 +1,18 @@
 #!/usr/bin/env python3
 """The plugin loaded with nothing monitored, against plain QEMU: host CPU time (issue 17).
 
+Three configurations: no-plugin (`--no-plugin`), dormant (the plugin as `vmsight run` loads
+it when nothing is asked of it: no translation callback) and counting (`--count-syscalls`:
+a translation callback and an inline counter on each `syscall`, nothing monitored).
+
 Wall time on this shared 2-core machine is too noisy to show a 1 % difference, so each
 workload is measured as the host CPU time (utime + stime) of `vmsight run`'s whole process
 tree (vmsight, QEMU and its threads) between two marker lines the guest prints around the
 workload, read from /proc when each marker arrives. The guest's own wall time is printed
-beside it. Configurations alternate run by run (no-plugin, plugin-idle, no-plugin, ...), each
-boot runs all workloads once, inputs are made before the first marker.
+beside it. Configurations rotate run by run (each repetition boots all three, in a rotated
+order), each boot runs all workloads once, inputs are made before the first marker. Besides
+the medians the script prints the median of the per-repetition ratios to the no-plugin boot of
+the same repetition (pairing cancels slow drifts of the machine's load).
 
 Workloads:
   getppid     getppid_loop 3000000: syscall-bound, every `syscall` passes the plugin's inline
@@ -35,7 +41,8 @@ WORKLOADS = {
     "sha256": "sha256sum /root/blob /root/blob /root/blob > /dev/null",
 }
 PREP = "head -c 50331648 /dev/urandom > /root/blob; cat /root/blob > /dev/null; sync"
-CONFIGS = ["no-plugin", "plugin-idle"]
+CONFIGS = ["no-plugin", "dormant", "counting"]
+FLAGS = {"no-plugin": ["--no-plugin"], "dormant": [], "counting": ["--count-syscalls"]}
 
 
 def guest_script():
@@ -49,9 +56,7 @@ def guest_script():
 def run_once(config):
     """One boot: per workload (host CPU seconds of the vmsight tree, guest wall seconds)."""
     args = [VMSIGHT, "run", "--vcpus", "2", "--mem", "1G"]
-    if config == "no-plugin":
-        args.append("--no-plugin")
-    args += ["--", "sh", "-c", guest_script()]
+    args += FLAGS[config] + ["--", "sh", "-c", guest_script()]
     p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out, begin = {}, {}
     for line in p.stdout:
@@ -67,13 +72,18 @@ def run_once(config):
     return out
 
 
+def pct(x):
+    return f"{(x - 1) * 100:+.1f}%"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=10)
     a = ap.parse_args()
     res = {c: {n: [] for n in WORKLOADS} for c in CONFIGS}
     for rep in range(a.reps):
-        for c in (CONFIGS if rep % 2 == 0 else list(reversed(CONFIGS))):
+        k = rep % len(CONFIGS)
+        for c in CONFIGS[k:] + CONFIGS[:k]:
             for n, v in run_once(c).items():
                 res[c][n].append(v)
             print(f"[rep {rep}] {c}: " + ", ".join(
@@ -82,15 +92,20 @@ def main():
     load = os.getloadavg()
     print(f"\n### Plugin loaded, nothing monitored ({time.strftime('%Y-%m-%d')}, "
           f"medians of {a.reps} interleaved runs, 2 vCPUs, TCG, load after {load[0]:.2f})\n")
-    print("| workload | host CPU, no plugin (s) | host CPU, plugin idle (s) | CPU overhead "
-          "| guest wall, no plugin (s) | guest wall, plugin idle (s) | wall overhead |")
+    print("| workload | metric | no plugin (s) | dormant (s) | dormant overhead (paired) "
+          "| counting (s) | counting overhead (paired) |")
     print("|---|---|---|---|---|---|---|")
     for n in WORKLOADS:
-        med = {c: (statistics.median(x[0] for x in res[c][n]),
-                   statistics.median(x[1] for x in res[c][n])) for c in CONFIGS}
-        (c0, w0), (c1, w1) = med["no-plugin"], med["plugin-idle"]
-        print(f"| {n} | {c0:.2f} | {c1:.2f} | {(c1 / c0 - 1) * 100:+.1f}% "
-              f"| {w0:.2f} | {w1:.2f} | {(w1 / w0 - 1) * 100:+.1f}% |")
+        for m, name in ((0, "host CPU"), (1, "guest wall")):
+            med = {c: statistics.median(x[m] for x in res[c][n]) for c in CONFIGS}
+            paired = {c: statistics.median(x[m] / b[m] for x, b in
+                                           zip(res[c][n], res["no-plugin"][n]))
+                      for c in CONFIGS}
+            print(f"| {n} | {name} | {med['no-plugin']:.2f} "
+                  f"| {med['dormant']:.2f} | {pct(med['dormant'] / med['no-plugin'])} "
+                  f"({pct(paired['dormant'])}) "
+                  f"| {med['counting']:.2f} | {pct(med['counting'] / med['no-plugin'])} "
+                  f"({pct(paired['counting'])}) |")
     print("\nraw (cpu s, wall s):", res)
 
 
