@@ -34,7 +34,10 @@ fn options_parse() {
     assert!(!o.records && o.verbose);
     assert!(o.count && o.translates(), "counting is on by default");
     let dormant = Options::parse(["shm=/a", "records=off", "count=off"]).expect("dormant");
-    assert!(!dormant.translates(), "nothing asked: no translation callback");
+    assert!(
+        !dormant.translates(),
+        "nothing asked: no translation callback"
+    );
     for needs in ["records=on", "blk=/b", "symsync=on", "count=on"] {
         let o = Options::parse(["shm=/a", "records=off", "count=off", needs]).expect(needs);
         assert!(o.translates(), "{needs} needs translated code instrumented");
