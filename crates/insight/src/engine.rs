@@ -17,7 +17,7 @@ use vmsight_blockdev::insight::{
 };
 use vmsight_introspect::syscall::event::{HEAD_ARG, TAIL_ARG};
 use vmsight_introspect::syscall::{ArgData, Completed, EntryEvent, IoSums, SyscallObserver};
-use vmsight_ring::fnv1a64;
+use vmsight_ring::chunk_sum;
 
 use crate::blocks::{DiskRange, FileBlocks};
 use crate::config::InsightConfig;
@@ -173,9 +173,9 @@ fn path_arg(e: &EntryEvent, i: u8) -> Option<&ArgData> {
 }
 
 impl Proc {
-    fn note_read(&mut self, fnv: u64) {
-        if self.recent_reads.insert(fnv) {
-            self.recent_order.push_back(fnv);
+    fn note_read(&mut self, sum: u64) {
+        if self.recent_reads.insert(sum) {
+            self.recent_order.push_back(sum);
             if self.recent_order.len() > RECENT_READS {
                 if let Some(old) = self.recent_order.pop_front() {
                     self.recent_reads.remove(&old);
@@ -400,11 +400,11 @@ impl Engine {
                 && self
                     .procs
                     .get(&pid)
-                    .is_some_and(|p| p.recent_reads.contains(&c.fnv))
+                    .is_some_and(|p| p.recent_reads.contains(&c.sum))
             {
                 m.pattern = Some(Pattern::Copy);
             }
-            self.index_write(c.fnv, m);
+            self.index_write(c.sum, m);
         }
         // Partial head/tail chunks (Sky §3.4.4), completed from the recent-I/O cache.
         let plan_end = io.end();
@@ -453,12 +453,12 @@ impl Engine {
         // The page beyond end of file is zero on disk.
         let valid = eof.saturating_sub(start).min(CHUNK) as usize;
         buf[valid..].fill(0);
-        let fnv = fnv1a64(&buf);
+        let sum = chunk_sum(&buf);
         self.cache_chunk(io.inode, idx, buf);
         self.counters.partial_completed += 1;
         let mut m = base.clone();
         m.offset = start;
-        self.index_write(fnv, m);
+        self.index_write(sum, m);
     }
 
     fn cache_chunk(&mut self, inode: u64, idx: u64, bytes: Box<[u8]>) {
@@ -472,29 +472,29 @@ impl Engine {
         }
     }
 
-    fn index_write(&mut self, fnv: u64, m: ChunkMeta) {
+    fn index_write(&mut self, sum: u64, m: ChunkMeta) {
         // Supersede what was written to the same file chunk before (it never reaches disk
         // if the page is rewritten before writeback).
         if m.inode != 0 {
             let key = (m.inode, m.offset / CHUNK);
-            if let Some(old) = self.latest.insert(key, fnv) {
-                if old != fnv && self.unindex(old) {
+            if let Some(old) = self.latest.insert(key, sum) {
+                if old != sum && self.unindex(old) {
                     self.counters.superseded += 1;
                 }
             }
         }
         // A block write that already went by (trace lag) waits for exactly this.
-        if self.match_pending(fnv, &m, true) {
+        if self.match_pending(sum, &m, true) {
             return;
         }
-        match self.writes.get_mut(&fnv) {
+        match self.writes.get_mut(&sum) {
             Some(ix) => {
                 ix.count = ix.count.saturating_add(1);
                 ix.meta = m;
             }
             None => {
-                self.writes.insert(fnv, Indexed { meta: m, count: 1 });
-                self.write_order.push_back(fnv);
+                self.writes.insert(sum, Indexed { meta: m, count: 1 });
+                self.write_order.push_back(sum);
                 while self.write_order.len() > self.cfg.max_write_sums {
                     if let Some(old) = self.write_order.pop_front() {
                         if self.writes.remove(&old).is_some() {
@@ -506,33 +506,33 @@ impl Engine {
         }
     }
 
-    fn unindex(&mut self, fnv: u64) -> bool {
-        match self.writes.get_mut(&fnv) {
+    fn unindex(&mut self, sum: u64) -> bool {
+        match self.writes.get_mut(&sum) {
             Some(ix) if ix.count > 1 => {
                 ix.count -= 1;
                 true
             }
             Some(_) => {
-                self.writes.remove(&fnv);
+                self.writes.remove(&sum);
                 true
             }
             None => false,
         }
     }
 
-    /// Takes one indexed write chunk with checksum `fnv` (Sky removes matched sums).
-    fn take_write(&mut self, fnv: u64) -> Option<ChunkMeta> {
-        let m = self.writes.get(&fnv)?.meta.clone();
-        self.unindex(fnv);
-        if m.inode != 0 && self.latest.get(&(m.inode, m.offset / CHUNK)) == Some(&fnv) {
+    /// Takes one indexed write chunk with checksum `sum` (Sky removes matched sums).
+    fn take_write(&mut self, sum: u64) -> Option<ChunkMeta> {
+        let m = self.writes.get(&sum)?.meta.clone();
+        self.unindex(sum);
+        if m.inode != 0 && self.latest.get(&(m.inode, m.offset / CHUNK)) == Some(&sum) {
             self.latest.remove(&(m.inode, m.offset / CHUNK));
         }
         Some(m)
     }
 
-    /// Marks the first pending block request (of the given direction) waiting for `fnv`.
-    fn match_pending(&mut self, fnv: u64, m: &ChunkMeta, write: bool) -> bool {
-        let Some(ids) = self.pending_by_fnv.get(&fnv).cloned() else {
+    /// Marks the first pending block request (of the given direction) waiting for `sum`.
+    fn match_pending(&mut self, sum: u64, m: &ChunkMeta, write: bool) -> bool {
+        let Some(ids) = self.pending_by_fnv.get(&sum).cloned() else {
             return false;
         };
         for id in ids {
@@ -543,7 +543,7 @@ impl Engine {
                 if let Some(slot) = p
                     .chunks
                     .iter_mut()
-                    .find(|(f, mm)| *f == fnv && mm.is_none())
+                    .find(|(f, mm)| *f == sum && mm.is_none())
                 {
                     slot.1 = Some(m.clone());
                     self.counters.late_matches += u64::from(write);
@@ -557,16 +557,16 @@ impl Engine {
         false
     }
 
-    fn remember_known(&mut self, fnv: u64, m: ChunkMeta) {
+    fn remember_known(&mut self, sum: u64, m: ChunkMeta) {
         let at = m.file.clone().map(|f| (f, m.offset));
-        match self.known.insert(fnv, m) {
+        match self.known.insert(sum, m) {
             Some(old) => {
                 if old.file.as_ref().map(|f| (f, old.offset)) != at.as_ref().map(|(f, o)| (f, *o)) {
-                    self.forget_known_at(&old, fnv);
+                    self.forget_known_at(&old, sum);
                 }
             }
             None => {
-                self.known_order.push_back(fnv);
+                self.known_order.push_back(sum);
                 while self.known_order.len() > self.cfg.max_read_sums {
                     if let Some(old) = self.known_order.pop_front() {
                         if let Some(m) = self.known.remove(&old) {
@@ -577,16 +577,16 @@ impl Engine {
             }
         }
         if let Some((f, o)) = at {
-            self.known_at.entry(f).or_default().insert(o, fnv);
+            self.known_at.entry(f).or_default().insert(o, sum);
         }
     }
 
-    /// Drops the by-place entry of known chunk `fnv` (described by `m`), if it is still the
+    /// Drops the by-place entry of known chunk `sum` (described by `m`), if it is still the
     /// content known there.
-    fn forget_known_at(&mut self, m: &ChunkMeta, fnv: u64) {
+    fn forget_known_at(&mut self, m: &ChunkMeta, sum: u64) {
         let Some(f) = &m.file else { return };
         if let Some(t) = self.known_at.get_mut(f) {
-            if t.get(&m.offset) == Some(&fnv) {
+            if t.get(&m.offset) == Some(&sum) {
                 t.remove(&m.offset);
                 if t.is_empty() {
                     self.known_at.remove(f);
@@ -621,9 +621,9 @@ impl Engine {
         for c in &io.chunks {
             let mut m = base.clone();
             m.offset = c.offset;
-            self.match_pending(c.fnv, &m, false);
-            self.remember_known(c.fnv, m);
-            self.proc_mut(pid, None).note_read(c.fnv);
+            self.match_pending(c.sum, &m, false);
+            self.remember_known(c.sum, m);
+            self.proc_mut(pid, None).note_read(c.sum);
         }
     }
 
@@ -933,9 +933,9 @@ impl Engine {
         let now = self.now();
         let mut chunks = Vec::with_capacity(data.len() / CHUNK as usize + 1);
         for (i, c) in data.chunks(CHUNK as usize).enumerate() {
-            let fnv = fnv1a64(c);
+            let sum = chunk_sum(c);
             let m = if c.len() == CHUNK as usize {
-                self.take_write(fnv)
+                self.take_write(sum)
             } else {
                 None
             };
@@ -944,10 +944,10 @@ impl Engine {
                 if m.inode != 0 {
                     self.cache_chunk(m.inode, m.offset / CHUNK, c.to_vec().into_boxed_slice());
                 }
-                self.remember_known(fnv, m.clone());
+                self.remember_known(sum, m.clone());
             }
             let _ = i;
-            chunks.push((fnv, m));
+            chunks.push((sum, m));
         }
         let insight = self.insight_of(&chunks, journal);
         let record = BlockRecord {
@@ -981,8 +981,8 @@ impl Engine {
         let mut chunks: Vec<(u64, Option<ChunkMeta>)> = data
             .chunks(CHUNK as usize)
             .map(|c| {
-                let fnv = fnv1a64(c);
-                (fnv, self.known.get(&fnv).cloned())
+                let sum = chunk_sum(c);
+                (sum, self.known.get(&sum).cloned())
             })
             .collect();
         // Data of a file being copied without a user buffer (no read syscall will match it).

@@ -22,7 +22,7 @@ use vmsight_introspect::syscall::{
     ArgData, ChunkSum, EntryEvent, IoSums, PosSource, ReturnEvent, ReturnVia, SumsPiece,
     SyscallObserver, Tracker,
 };
-use vmsight_ring::fnv1a64;
+use vmsight_ring::chunk_sum;
 
 use crate::{DiskRange, FileBlocks, InsightConfig, InsightEngine, InsightLog, CHUNK};
 
@@ -127,7 +127,7 @@ struct Layout;
 
 impl FileBlocks for Layout {
     fn ranges(&self, guest_path: &str, off: u64, len: u64) -> Vec<DiskRange> {
-        let base = (fnv1a64(guest_path.as_bytes()) % 1024) * CHUNK * 16;
+        let base = (chunk_sum(guest_path.as_bytes()) % 1024) * CHUNK * 16;
         let len = len.min(16 * CHUNK);
         let start = base.saturating_add(off % (16 * CHUNK));
         vec![DiskRange {
@@ -302,7 +302,7 @@ fn sums_piece(s: &Sums, last: bool) -> SumsPiece {
         .enumerate()
         .map(|(i, &k)| ChunkSum {
             offset: pos + i as u64 * CHUNK,
-            fnv: fnv1a64(&pool_chunk(k)),
+            sum: chunk_sum(&pool_chunk(k)),
         })
         .collect();
     let header = IoSums {
@@ -325,7 +325,7 @@ fn sums_piece(s: &Sums, last: bool) -> SumsPiece {
     };
     SumsPiece {
         header,
-        sums: chunks.iter().map(|c| (c.offset / CHUNK, c.fnv)).collect(),
+        sums: chunks.iter().map(|c| (c.offset / CHUNK, c.sum)).collect(),
         last,
     }
 }

@@ -1618,7 +1618,7 @@ impl Ctx<'_> {
                 let off = plan.first_buf + (i + k as u64) * CHUNK;
                 let h = &mut *self.hot;
                 if h.membuf.read_segments(&h.segs, off, &mut h.chunk[..]) == h.chunk.len() {
-                    *v = vmsight_ring::fnv1a64(&h.chunk[..]);
+                    *v = vmsight_ring::chunk_sum(&h.chunk[..]);
                     valid |= 1 << k;
                 } else {
                     end_flags |= flags::FAULT;

@@ -48,7 +48,7 @@ pub use control::{
 };
 use layout::{consumer_state, producer_state, Geometry, HEADER_SIZE, LAYOUT_VERSION, MAGIC};
 use map::{CounterBlock, Mapping};
-pub use record::{data, flags, fnv1a64, kind, ret, sums, syscall, Record, ReturnVia, SumsHeader};
+pub use record::{chunk_sum, data, flags, kind, ret, sums, syscall, Record, ReturnVia, SumsHeader};
 
 /// Errors of creating or attaching a channel.
 #[derive(Debug, thiserror::Error)]

@@ -26,7 +26,7 @@ pub mod kind {
     pub const SYSCALL_RETURN: u16 = 2;
     /// A piece of a string or buffer argument of the preceding [`SYSCALL_ENTRY`].
     pub const DATA: u16 = 3;
-    /// FNV-1a 64 checksums of the 4 KiB file-offset-aligned chunks of a `write`/`pwrite64`
+    /// [`super::chunk_sum`] checksums of the 4 KiB file-offset-aligned chunks of a `write`/`pwrite64`
     /// buffer (at entry, following the entry like DATA) or of a `read`/`pread64` buffer (at
     /// the return, flagged [`super::flags::LATE`]). Layout version 3. See [`super::sums`].
     pub const SUMS: u16 = 4;
@@ -148,16 +148,14 @@ pub mod sums {
     pub const POS_ISIZE: u8 = 3;
 }
 
-/// FNV-1a 64 of `bytes` (the checksum of Sky §3.4, used by the plugin and the classifier).
-pub fn fnv1a64(bytes: &[u8]) -> u64 {
-    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-    const PRIME: u64 = 0x0000_0100_0000_01b3;
-    let mut h = OFFSET;
-    for &b in bytes {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(PRIME);
-    }
-    h
+/// The checksum of a 4 KiB chunk that matches a write syscall's buffer to the disk block it
+/// lands in (Sky §3.4), computed by the plugin at the syscall and by the classifier at the
+/// block request: XXH3-64 (`xxhash-rust`). It replaced FNV-1a 64, whose multiply chain per
+/// byte hashed 4 KiB chunks at 0.87 GB/s on the 2-core test machine, against 28 GB/s for
+/// XXH3 (one-off loop over 4 KiB chunks): under insights every byte a monitored process
+/// reads or writes is hashed twice, at the syscall and at the block request.
+pub fn chunk_sum(bytes: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(bytes)
 }
 
 /// Decoded [`kind::SUMS`] record.
@@ -641,10 +639,12 @@ mod tests {
     }
 
     #[test]
-    fn fnv1a64_matches_reference_vectors() {
-        assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
-        assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
-        assert_eq!(fnv1a64(b"foobar"), 0x8594_4171_f739_67e8);
+    fn chunk_sum_is_xxh3_64() {
+        // Reference values of XXH3-64 with seed 0 (xxhash's own test vectors).
+        assert_eq!(chunk_sum(b""), 0x2d06_8005_38d3_94c2);
+        assert_eq!(chunk_sum(b"a"), 0xe6c6_32b6_1e96_4e1f);
+        let chunk = [0xa5u8; 4096];
+        assert_ne!(chunk_sum(&chunk), chunk_sum(&chunk[..4095]));
     }
 
     #[test]

@@ -14,7 +14,7 @@ use vmsight_introspect::syscall::event::{ArgData, HEAD_ARG, TAIL_ARG};
 use vmsight_introspect::syscall::{
     ChunkSum, Completed, EntryEvent, IoSums, Outcome, PosSource, SyscallObserver,
 };
-use vmsight_ring::fnv1a64;
+use vmsight_ring::chunk_sum;
 
 use super::*;
 use crate::config::InsightConfig;
@@ -132,7 +132,7 @@ impl World {
             let s = (off - pos) as usize;
             chunks.push(ChunkSum {
                 offset: off,
-                fnv: fnv1a64(&buf[s..s + 4096]),
+                sum: chunk_sum(&buf[s..s + 4096]),
             });
             off += 4096;
         }

@@ -335,21 +335,21 @@ impl Engine {
         };
         let expected: Vec<(u64, ChunkMeta)> = t
             .range(call.src_start..call.src_end)
-            .filter_map(|(&fo, &fnv)| call.dst_meta(fo, now).map(|d| (fnv, d)))
+            .filter_map(|(&fo, &sum)| call.dst_meta(fo, now).map(|d| (sum, d)))
             .collect();
-        for (fnv, d) in expected {
-            self.expect_copy(fnv, d);
+        for (sum, d) in expected {
+            self.expect_copy(sum, d);
         }
     }
 
-    /// Indexes `d` as an expected write of chunk `fnv`, unless exactly that is expected
+    /// Indexes `d` as an expected write of chunk `sum`, unless exactly that is expected
     /// already (the source's chunk read twice, or known and read).
-    fn expect_copy(&mut self, fnv: u64, d: ChunkMeta) {
-        let dup = self.writes.get(&fnv).is_some_and(|ix| {
+    fn expect_copy(&mut self, sum: u64, d: ChunkMeta) {
+        let dup = self.writes.get(&sum).is_some_and(|ix| {
             ix.meta.copied && ix.meta.file == d.file && ix.meta.offset == d.offset
         });
         if !dup {
-            self.index_write(fnv, d);
+            self.index_write(sum, d);
             self.counters.copy_expected_chunks += 1;
         }
     }
@@ -484,7 +484,7 @@ impl Engine {
         }
         let mut expected = Vec::new();
         let mut hinted = false;
-        for (i, (fnv, m)) in chunks.iter_mut().enumerate() {
+        for (i, (sum, m)) in chunks.iter_mut().enumerate() {
             let start = offset.saturating_add(i as u64 * CHUNK);
             let clen = (len - i as u64 * CHUNK).min(CHUNK);
             let hit = match self.copy_at(disk, start, start.saturating_add(clen)) {
@@ -506,12 +506,12 @@ impl Engine {
             hinted = true;
             if clen == CHUNK {
                 if let Some(d) = call.dst_meta(fo, now) {
-                    expected.push((*fnv, d));
+                    expected.push((*sum, d));
                 }
             }
         }
-        for (fnv, d) in expected {
-            self.expect_copy(fnv, d);
+        for (sum, d) in expected {
+            self.expect_copy(sum, d);
         }
         hinted
     }
@@ -541,7 +541,7 @@ impl Engine {
                     continue;
                 };
                 let (off, len) = (p.record.offset, p.record.len);
-                for (i, (fnv, m)) in p.chunks.iter_mut().enumerate() {
+                for (i, (sum, m)) in p.chunks.iter_mut().enumerate() {
                     let start = off.saturating_add(i as u64 * CHUNK);
                     let clen = len.saturating_sub(i as u64 * CHUNK).min(CHUNK);
                     if m.is_some() || start < r.bytes.start || start + clen > r.bytes.end {
@@ -552,7 +552,7 @@ impl Engine {
                     changed = true;
                     if clen == CHUNK {
                         if let Some(d) = call.dst_meta(fo, now) {
-                            expected.push((*fnv, d));
+                            expected.push((*sum, d));
                         }
                     }
                 }
@@ -563,8 +563,8 @@ impl Engine {
                 if all {
                     self.finish_pending(pid);
                 }
-                for (fnv, d) in expected {
-                    self.expect_copy(fnv, d);
+                for (sum, d) in expected {
+                    self.expect_copy(sum, d);
                 }
             }
         }

@@ -57,12 +57,13 @@ pub enum PosSource {
     InodeSize,
 }
 
-/// FNV-1a 64 of one 4 KiB file-offset-aligned chunk of an I/O buffer.
+/// The checksum (`vmsight_ring::chunk_sum`) of one 4 KiB file-offset-aligned chunk of an I/O
+/// buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct ChunkSum {
     /// File offset of the chunk (multiple of 4096).
     pub offset: u64,
-    pub fnv: u64,
+    pub sum: u64,
 }
 
 /// The checksums the plugin computed for one read/write call (Sky §3.4), and what it read
@@ -150,11 +151,11 @@ pub fn append_sums(e: &mut EntryEvent, p: SumsPiece) {
     if io.fd != p.header.fd || io.read != p.header.read {
         return;
     }
-    for (idx, fnv) in p.sums {
+    for (idx, sum) in p.sums {
         if io.chunks.len() < MAX_CHUNKS {
             io.chunks.push(ChunkSum {
                 offset: idx.saturating_mul(4096),
-                fnv,
+                sum,
             });
         }
     }
