@@ -800,7 +800,13 @@ pub struct EngineSink {
     overloaded: bool,
     stats: Arc<Mutex<InferStats>>,
     out: Vec<FsEvent>,
+    /// When the overlay's heap bytes were last walked (at most once per
+    /// [`OVERLAY_REFRESH`]: the walk is O(overlay), the other counters are cheap).
+    overlay_walked: Option<std::time::Instant>,
 }
+
+/// How often the stream consumer walks the overlay for its heap bytes (`overlay_bytes`).
+const OVERLAY_REFRESH: Duration = Duration::from_secs(1);
 
 impl EngineSink {
     /// A sink for disk image `image` whose engine lives in `slot` (already filled when
@@ -828,6 +834,7 @@ impl EngineSink {
             overloaded: false,
             stats,
             out: Vec::new(),
+            overlay_walked: None,
         }
     }
 
@@ -905,8 +912,15 @@ impl EngineSink {
         }
     }
 
-    fn update_stats(&self, engine: &Engine) {
-        let e = engine.stats();
+    fn update_stats(&mut self, engine: &Engine) {
+        let e = engine.counters();
+        let walk = self
+            .overlay_walked
+            .is_none_or(|t| t.elapsed() >= OVERLAY_REFRESH);
+        let overlay = walk.then(|| engine.overlay_bytes());
+        if walk {
+            self.overlay_walked = Some(std::time::Instant::now());
+        }
         if let Ok(mut s) = self.stats.lock() {
             s.events = e.events;
             s.events_by_kind = e
@@ -924,7 +938,9 @@ impl EngineSink {
             s.dropped_data_writes = e.dropped_data_writes;
             s.dropped_data_bytes = e.dropped_data_bytes;
             s.metadata_errors = e.metadata_errors;
-            s.overlay_bytes = e.overlay_bytes;
+            if let Some(bytes) = overlay {
+                s.overlay_bytes = bytes;
+            }
         }
     }
 
@@ -993,6 +1009,7 @@ impl TapSink for EngineSink {
     }
 
     fn finish(&mut self) {
+        self.overlay_walked = None; // the final numbers walk the overlay once more
         self.tick();
         self.delivery.flush();
     }

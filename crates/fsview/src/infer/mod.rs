@@ -358,24 +358,21 @@ impl Engine {
 
     /// Counters.
     pub fn stats(&self) -> EngineStats {
+        EngineStats {
+            overlay_bytes: self.overlay_bytes(),
+            ..self.counters()
+        }
+    }
+
+    /// The counters of [`Engine::stats`] without its walk over the overlay: `overlay_bytes`
+    /// is 0. Cheap (no walk), so a consumer can call it after every batch of writes; the
+    /// walk over 100 000 changed inodes after every batch took 9 % of the host's CPU time
+    /// in a `tar x` of 100 000 files (perf).
+    pub fn counters(&self) -> EngineStats {
         let j = self.journal.as_ref().map(|j| j.stats).unwrap_or_default();
         let mut by_kind: Vec<(EventKind, u64)> =
             self.c.by_kind.iter().map(|(k, v)| (*k, *v)).collect();
         by_kind.sort_by_key(|(k, _)| format!("{k:?}"));
-        let overlay_bytes = self
-            .inodes
-            .values()
-            .map(|i| 64 + i.as_ref().map_or(0, Inode::heap_bytes))
-            .sum::<usize>()
-            + self
-                .dirs
-                .values()
-                .map(|d| d.keys().map(|n| n.len() + 48).sum::<usize>())
-                .sum::<usize>()
-                * 2
-            + self.rev.len() * 48
-            + self.links.len() * 48
-            + self.fps.len() * 16;
         EngineStats {
             writes: self.c.writes,
             write_bytes: self.c.write_bytes,
@@ -402,11 +399,29 @@ impl Engine {
             unnamed: self.c.unnamed,
             overlay_inodes: self.inodes.len() as u64,
             overlay_dirs: self.dirs.len() as u64,
-            overlay_bytes: (overlay_bytes as u64)
-                + self.cache_bytes
-                + j.buffered_bytes
-                + self.pending.bytes(),
+            overlay_bytes: 0,
         }
+    }
+
+    /// Approximate heap bytes of the overlay, caches and buffers: a walk over every inode and
+    /// directory entry the overlay holds (O(overlay)).
+    pub fn overlay_bytes(&self) -> u64 {
+        let j = self.journal.as_ref().map(|j| j.stats).unwrap_or_default();
+        let overlay = self
+            .inodes
+            .values()
+            .map(|i| 64 + i.as_ref().map_or(0, Inode::heap_bytes))
+            .sum::<usize>()
+            + self
+                .dirs
+                .values()
+                .map(|d| d.keys().map(|n| n.len() + 48).sum::<usize>())
+                .sum::<usize>()
+                * 2
+            + self.rev.len() * 48
+            + self.links.len() * 48
+            + self.fps.len() * 16;
+        overlay as u64 + self.cache_bytes + j.buffered_bytes + self.pending.bytes()
     }
 
     fn count(&mut self, before: usize, out: &[FsEvent]) {
