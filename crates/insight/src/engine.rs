@@ -8,7 +8,8 @@
 //! resolver of copies without a user buffer (module `copy`) and the [`Lookup`] source of what
 //! no seen syscall said (module `facts`) are called without that lock.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use serde::Serialize;
@@ -192,7 +193,6 @@ struct Pending {
     record: BlockRecord,
     /// Per 4 KiB chunk: checksum and the match, once known.
     chunks: Vec<(u64, Option<ChunkMeta>)>,
-    deadline: u64,
 }
 
 const O_APPEND: u64 = 0o2000;
@@ -227,6 +227,11 @@ pub struct Engine {
     /// The same by place: file → file offset → checksum (a copy's source content).
     known_at: HashMap<Arc<str>, BTreeMap<u64, u64>>,
     pending: BTreeMap<u64, Pending>,
+    /// (deadline, id) of every pending request, soonest first: `expire` pops the due ones
+    /// instead of scanning `pending` at every call (a scan per syscall and per block request
+    /// was 8 % of vmsight's CPU time in a tar x of 100 000 files, perf). Ids already finished
+    /// (matched, or evicted by the cap) are skipped when they come up.
+    deadlines: BinaryHeap<Reverse<(u64, u64)>>,
     pending_by_fnv: HashMap<u64, Vec<u64>>,
     next_pending: u64,
     /// Recent-I/O cache: last known contents of file chunks (Sky §3.4.4).
@@ -277,6 +282,7 @@ impl Engine {
             known_order: VecDeque::new(),
             known_at: HashMap::new(),
             pending: BTreeMap::new(),
+            deadlines: BinaryHeap::new(),
             pending_by_fnv: HashMap::new(),
             next_pending: 0,
             chunks: HashMap::new(),
@@ -1037,9 +1043,9 @@ impl Engine {
                 write,
                 record,
                 chunks,
-                deadline,
             },
         );
+        self.deadlines.push(Reverse((deadline, id)));
         let max = if write {
             self.cfg.max_write_sums
         } else {
@@ -1076,12 +1082,16 @@ impl Engine {
     /// Finalises pending requests whose window or grace has passed.
     pub fn expire(&mut self, now: u64) {
         self.expire_copies(now);
-        let due: Vec<u64> = self
-            .pending
-            .iter()
-            .filter(|(_, p)| p.deadline <= now)
-            .map(|(&id, _)| id)
-            .collect();
+        let mut due = Vec::new();
+        while let Some(&Reverse((deadline, id))) = self.deadlines.peek() {
+            if deadline > now {
+                break;
+            }
+            self.deadlines.pop();
+            due.push(id);
+        }
+        // In classification order, as the log always had them.
+        due.sort_unstable();
         for id in due {
             self.finish_pending(id);
         }
@@ -1110,6 +1120,7 @@ impl Engine {
         for id in ids {
             self.finish_pending(id);
         }
+        self.deadlines.clear();
     }
 
     fn emit(&mut self, write: bool, r: BlockRecord, chunks: &[(u64, Option<ChunkMeta>)]) {
