@@ -20,43 +20,20 @@ Prints a Markdown table: phase times, the speedup of priority over lru, hit rate
                   [--configs nocache,lru,lru+insights,priority] [--reps N] [--verbose]
 """
 import argparse
-import io
 import json
 import os
-import random
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
+from trees import ext4, make_tree_tar  # noqa: E402
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 VMSIGHT = os.environ.get("VMSIGHT", os.path.join(REPO, "target", "release", "vmsight"))
 PRELOAD = "LD_PRELOAD=/usr/local/lib/libvmsight-preload.so"
-
-
-def make_tree_tar(path, files, seed=1):
-    """A source-tree-like tar: dirs of ~40 files, sizes log-normal (median 2 KiB, capped)."""
-    rng = random.Random(seed)
-    total = 0
-    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tar:
-        per_dir = 40
-        for i in range(files):
-            d = f"src/d{i // (per_dir * 50)}/s{(i // per_dir) % 50}"
-            size = min(int(rng.lognormvariate(7.6, 1.1)), 256 * 1024)
-            data = rng.randbytes(size)
-            ti = tarfile.TarInfo(f"{d}/f{i}.c")
-            ti.size = size
-            tar.addfile(ti, io.BytesIO(data))
-            total += size
-    return total
-
-
-def ext4(path, mib):
-    with open(path, "wb") as f:
-        f.truncate(mib << 20)
-    subprocess.run(["mkfs.ext4", "-q", "-F", "-b", "4096", path], check=True)
 
 
 FIND_SCRIPT = """set -e

@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""What interception with insights costs, in host CPU time and guest wall time (issue 17).
+
+Every boot runs all workloads once, on an empty ext4 extra disk (host-made, 4 KiB blocks),
+between marker lines; the host CPU time (utime + stime of `vmsight run`'s whole process tree:
+vmsight, QEMU and its threads) is read from /proc when each marker arrives, the guest's own
+wall time is printed beside it. Inputs are made before the first marker (untimed).
+
+Workloads (the issue's "tar x of 100 000 files" and cp/find/tar/gpg):
+  tarx    tar xf of a FILES-file source-like tree (read from a raw read-only extra disk) + sync
+  find    find over the unpacked tree, page cache dropped first
+  cp      cp of a 200 MiB file + sync (coreutils 9: copy_file_range)
+  tar     tar cf of 20 x 10 MiB files + sync
+  gpg     gpg --symmetric of 100 MiB
+
+Configurations, rotated within each repetition:
+  no-plugin  `--no-plugin` (plain QEMU TCG, the baseline)
+  insights   `--insights FILE`: every process's file syscalls intercepted, read/write buffers
+             checksummed, every block request classified, the log written
+  traced     `--trace wl --trace-out /dev/null`: only the workload (/tmp/wl and children)
+             (`--configs` to add it)
+
+Prints, per workload, the medians and the median of the per-repetition ratios to the
+no-plugin boot of the same repetition.
+
+  bench/interception_cost.py [--reps N] [--files N] [--configs no-plugin,insights]
+"""
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
+from trees import ext4, make_tree_tar  # noqa: E402
+from vmproc import TICK, cpu_ticks, descendants  # noqa: E402
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+VMSIGHT = os.environ.get("VMSIGHT", os.path.join(REPO, "target", "release", "vmsight"))
+
+PREP = """set -e
+mount /dev/vdb /mnt
+cp /bin/dash /tmp/wl
+mkdir -p /mnt/data /mnt/x -m 700 /root/.gnupg
+dd if=/dev/urandom of=/mnt/src bs=1M count=200 status=none
+for i in $(seq 1 20); do dd if=/dev/urandom of=/mnt/data/f$i bs=1M count=10 status=none; done
+dd if=/dev/urandom of=/mnt/secret bs=1M count=100 status=none
+gpgconf --launch gpg-agent
+sync
+"""
+# name: (untimed set-up, timed command run by /tmp/wl, a copy of dash)
+WORKLOADS = {
+    "tarx": ("true", "tar xf /dev/vdc -C /mnt/x && sync"),
+    "find": ("echo 3 > /proc/sys/vm/drop_caches", "find /mnt/x -name no-such-file"),
+    "cp": ("true", "cp /mnt/src /mnt/dst && sync"),
+    "tar": ("true", "tar cf /mnt/out.tar /mnt/data && sync"),
+    "gpg": ("true", "gpg --batch --yes --pinentry-mode loopback --passphrase pw "
+                    "--symmetric -o /mnt/secret.gpg /mnt/secret && sync"),
+}
+CONFIGS = ["no-plugin", "insights", "traced"]
+
+
+def guest_script():
+    parts = [PREP]
+    for name, (setup, work) in WORKLOADS.items():
+        parts.append(f"{setup}; echo BEGIN {name}; s=$(date +%s%N); /tmp/wl -c '{work}'; "
+                     f"e=$(date +%s%N); echo END {name} $((e-s))")
+    parts.append("umount /mnt")
+    return "\n".join(parts)
+
+
+def flags(config, work):
+    if config == "no-plugin":
+        return ["--no-plugin"]
+    if config == "insights":
+        return ["--insights", os.path.join(work, "insights.jsonl")]
+    return ["--trace", "wl", "--trace-out", "/dev/null"]
+
+
+def run_once(config, tree_tar, tmp):
+    """One boot: per workload (host CPU seconds of the vmsight tree, guest wall seconds)."""
+    work = tempfile.mkdtemp(dir=tmp)
+    disk = os.path.join(work, "x.img")
+    ext4(disk, 4096)
+    args = [VMSIGHT, "run", "--vcpus", "2", "--mem", "2G", "--disk", disk,
+            "--disk", tree_tar + ",ro"] + flags(config, work)
+    args += ["--", "sh", "-c", guest_script()]
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         stdin=subprocess.DEVNULL)
+    out, begin = {}, {}
+    for line in p.stdout:
+        w = line.split()
+        if len(w) >= 2 and w[0] == "BEGIN":
+            begin[w[1]] = cpu_ticks(descendants(p.pid))
+        elif len(w) == 3 and w[0] == "END":
+            ticks = cpu_ticks(descendants(p.pid)) - begin[w[1]]
+            out[w[1]] = (ticks / TICK, int(w[2]) / 1e9)
+    err = p.stderr.read()
+    subprocess.run(["rm", "-rf", work])
+    if p.wait() != 0 or len(out) != len(WORKLOADS):
+        raise RuntimeError(f"{config} failed ({p.returncode}): {err[-2000:]}")
+    return out
+
+
+def pct(x):
+    return f"{(x - 1) * 100:+.1f}%"
+
+
+def report(res, configs, reps):
+    load = os.getloadavg()
+    print(f"\n### Interception cost ({time.strftime('%Y-%m-%d')}, medians of {reps} "
+          f"interleaved runs, 2 vCPUs, TCG, load after {load[0]:.2f})\n")
+    others = [c for c in configs if c != "no-plugin"]
+    head = "".join(f" {c} (s) | {c} overhead (paired) |" for c in others)
+    print(f"| workload | metric | no plugin (s) |{head}")
+    print("|---|---|---|" + "---|---|" * len(others))
+    for n in WORKLOADS:
+        for m, name in ((0, "host CPU"), (1, "guest wall")):
+            base = res["no-plugin"][n]
+            b = statistics.median(x[m] for x in base)
+            row = f"| {n} | {name} | {b:.2f} |"
+            for c in others:
+                med = statistics.median(x[m] for x in res[c][n])
+                paired = statistics.median(x[m] / y[m] for x, y in zip(res[c][n], base))
+                row += f" {med:.2f} | {pct(med / b)} ({pct(paired)}) |"
+            print(row)
+    print("\nraw (cpu s, wall s):", res)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--files", type=int, default=100000)
+    ap.add_argument("--configs", default="no-plugin,insights")
+    a = ap.parse_args()
+    configs = a.configs.split(",")
+    if "no-plugin" not in configs or any(c not in CONFIGS for c in configs):
+        sys.exit(f"--configs: a list of {CONFIGS} that includes no-plugin")
+    res = {c: {n: [] for n in WORKLOADS} for c in configs}
+    with tempfile.TemporaryDirectory(prefix="bench-icost-") as tmp:
+        tree = os.path.join(tmp, "tree.tar")
+        total = make_tree_tar(tree, a.files)
+        print(f"tree: {a.files} files, {total / 2**20:.0f} MiB of file data", file=sys.stderr)
+        for rep in range(a.reps):
+            k = rep % len(configs)
+            for c in configs[k:] + configs[:k]:
+                for n, v in run_once(c, tree, tmp).items():
+                    res[c][n].append(v)
+                print(f"[rep {rep}] {c}: " + ", ".join(
+                    f"{n} cpu {res[c][n][-1][0]:.2f}s wall {res[c][n][-1][1]:.2f}s"
+                    for n in WORKLOADS), file=sys.stderr)
+    report(res, configs, a.reps)
+
+
+if __name__ == "__main__":
+    main()
