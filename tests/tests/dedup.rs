@@ -327,7 +327,16 @@ fn run_and_kill(disk: &str, round: u32, delay: Duration, dir: &Path) -> Vec<(Str
     let name = format!("dedup-kill-{}-{round}", std::process::id());
     let console = dir.join(format!("console-{round}.log"));
     let mut child = vmsight()
-        .args(["run", "--name", &name, "--disk", disk, "--console-log"])
+        // -v: the phase lines on stderr say how far vmsight got if a round never syncs.
+        .args([
+            "-v",
+            "run",
+            "--name",
+            &name,
+            "--disk",
+            disk,
+            "--console-log",
+        ])
         .arg(&console)
         .args(["--", "sh", "-c", &script])
         .stdout(Stdio::piped())
