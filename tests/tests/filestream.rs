@@ -13,6 +13,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use vmsight_tests::oracle::{find_listing, sh_out, whole_seconds};
 use vmsight_tests::*;
 
 // ---------------------------------------------------------------------------------------------
@@ -1324,44 +1325,6 @@ echo ===WAIT
 read x
 echo ===BYE
 "#;
-
-/// `find -printf '%P %s %m %U %G %T@ %y %l'` with times cut to whole seconds (the view's
-/// resolution).
-fn find_listing(root: &Path) -> Vec<String> {
-    let o = Command::new("find")
-        .arg(root)
-        .args(["-printf", "%P %s %m %U %G %T@ %y %l\\n"])
-        .output()
-        .unwrap();
-    let mut v: Vec<String> = String::from_utf8_lossy(&o.stdout)
-        .lines()
-        .map(whole_seconds)
-        .collect();
-    v.sort();
-    v
-}
-
-fn whole_seconds(line: &str) -> String {
-    // Fields: path size mode uid gid time type [target]; the path never has spaces here.
-    let mut f: Vec<String> = line.split(' ').map(str::to_string).collect();
-    if f.len() > 5 {
-        f[5] = f[5].split('.').next().unwrap_or("").to_string();
-    }
-    f.join(" ")
-}
-
-fn sh_out(cmd: &str, dir: &Path) -> Vec<String> {
-    let o = Command::new("sh")
-        .arg("-c")
-        .arg(cmd)
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&o.stdout)
-        .lines()
-        .map(str::to_string)
-        .collect()
-}
 
 #[test]
 fn mounted_view_of_the_running_guest_equals_its_own_find_and_sha256() {

@@ -22,6 +22,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use vmsight_tests::oracle::{insight_log, json_file, section};
 use vmsight_tests::*;
 
 const PRELOAD: &str = "LD_PRELOAD=/usr/local/lib/libvmsight-preload.so";
@@ -40,19 +41,6 @@ fn image(path: &Path, mib: u64, ext4_block: Option<u32>) {
             .expect("mkfs.ext4 must be installed");
         assert!(st.success(), "mkfs.ext4 failed");
     }
-}
-
-fn stats(path: &Path) -> Value {
-    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
-}
-
-/// Lines of the insight log.
-fn insight_log(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
 }
 
 /// 4 KiB chunks a block record covers.
@@ -193,19 +181,6 @@ fn btrfs_chunks(out: &str) -> Vec<(String, u64, u64)> {
     }
     chunks.sort_unstable_by_key(|c| c.1);
     chunks
-}
-
-/// The lines of `stdout` between `BEGIN <tag>` and `END <tag>`.
-fn section<'a>(stdout: &'a str, tag: &str) -> &'a str {
-    let begin = format!("BEGIN {tag}\n");
-    let start = stdout
-        .find(&begin)
-        .unwrap_or_else(|| panic!("no {begin:?}"))
-        + begin.len();
-    let len = stdout[start..]
-        .find(&format!("END {tag}\n"))
-        .unwrap_or_else(|| panic!("no END {tag}"));
-    &stdout[start..start + len]
 }
 
 /// 4 KiB disk blocks the write records cover.
@@ -913,7 +888,7 @@ echo done"
     );
     assert_eq!(r.code, Some(0), "{what}: {r:?}");
     assert!(r.stdout.contains("done"), "{what}: {r:?}");
-    let s = stats(&st);
+    let s = json_file(&st);
     for (i, img) in imgs.iter().enumerate() {
         let c = &s["disks"][i + 1]["cache"];
         println!("{what} disk {}: cache {c}", i + 1);

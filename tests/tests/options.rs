@@ -18,6 +18,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
+use vmsight_tests::oracle::json_file;
 use vmsight_tests::*;
 
 // ---------------------------------------------------------------------------------------------
@@ -42,10 +43,6 @@ fn ext4_image(path: &Path, mib: u64) {
         .status()
         .expect("mkfs.ext4 must be installed");
     assert!(st.success(), "mkfs.ext4 failed");
-}
-
-fn read_json(path: &Path) -> Value {
-    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
 }
 
 fn json_lines(text: &str) -> Vec<Value> {
@@ -254,7 +251,7 @@ fn disk_model_makes_guest_writes_take_at_least_the_modelled_transfer_time() {
         "the guest wrote {MODEL_BYTES} bytes in {elapsed} ns, below the modelled {bound} ns"
     );
     let guest_writes: u64 = field(&r.stdout, "stat")[4].parse().unwrap();
-    let v = read_json(&st);
+    let v = json_file(&st);
     let disk = &v["disks"][1];
     let m = &disk["model"];
     assert!(
@@ -437,7 +434,7 @@ fn queues_option_sets_the_guest_s_queue_count_and_every_queue_is_served() {
         let on_host = file_range(&two, q << 20, 1 << 20);
         assert_eq!(&sha256_hex(&on_host), sha, "the write through queue {q}");
     }
-    let m = &read_json(&st)["disks"][2]["metrics"];
+    let m = &json_file(&st)["disks"][2]["metrics"];
     assert!(m["bytes_written"].as_u64().unwrap() >= 2 << 20, "{m}");
 }
 
