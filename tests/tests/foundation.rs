@@ -175,8 +175,7 @@ fn a_plugin_with_nothing_to_do_stays_dormant_and_counts_nothing() {
         args.extend_from_slice(&["--", "getppid_loop", &n]);
         let r = run(&args);
         assert_eq!(r.code, Some(0), "{r:?}");
-        let v: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
         assert_eq!(v["plugin_attached"], true, "the plugin was loaded: {v}");
         let total: u64 = v["vcpus"]
             .as_array()
@@ -188,10 +187,16 @@ fn a_plugin_with_nothing_to_do_stays_dormant_and_counts_nothing() {
     };
     let (translates, counted) = run_with(&[], "dormant.json");
     assert_eq!(translates, false, "nothing was asked of the plugin");
-    assert_eq!(counted, 0, "a dormant plugin instruments nothing, so counts nothing");
+    assert_eq!(
+        counted, 0,
+        "a dormant plugin instruments nothing, so counts nothing"
+    );
     let (translates, counted) = run_with(&["--count-syscalls"], "counting.json");
     assert_eq!(translates, true);
-    assert!(counted >= n, "getppid_loop {n} made at least {n} syscalls: {counted}");
+    assert!(
+        counted >= n,
+        "getppid_loop {n} made at least {n} syscalls: {counted}"
+    );
 }
 
 #[test]
