@@ -35,7 +35,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
 from trees import ext4, make_tree_tar  # noqa: E402
-from vmproc import TICK, cpu_ticks, descendants  # noqa: E402
+from vmproc import marked_run  # noqa: E402
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 VMSIGHT = os.environ.get("VMSIGHT", os.path.join(REPO, "target", "release", "vmsight"))
@@ -87,21 +87,10 @@ def run_once(config, tree_tar, tmp):
     args = [VMSIGHT, "run", "--vcpus", "2", "--mem", "2G", "--disk", disk,
             "--disk", tree_tar + ",ro"] + flags(config, work)
     args += ["--", "sh", "-c", guest_script()]
-    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         stdin=subprocess.DEVNULL)
-    out, begin = {}, {}
-    for line in p.stdout:
-        w = line.split()
-        if len(w) >= 2 and w[0] == "BEGIN":
-            begin[w[1]] = cpu_ticks(descendants(p.pid))
-        elif len(w) == 3 and w[0] == "END":
-            ticks = cpu_ticks(descendants(p.pid)) - begin[w[1]]
-            out[w[1]] = (ticks / TICK, int(w[2]) / 1e9)
-    err = p.stderr.read()
-    subprocess.run(["rm", "-rf", work])
-    if p.wait() != 0 or len(out) != len(WORKLOADS):
-        raise RuntimeError(f"{config} failed ({p.returncode}): {err[-2000:]}")
-    return out
+    try:
+        return marked_run(args, len(WORKLOADS), config)
+    finally:
+        subprocess.run(["rm", "-rf", work])
 
 
 def pct(x):

@@ -25,12 +25,11 @@ Workloads:
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
-from vmproc import TICK, cpu_ticks, descendants  # noqa: E402
+from vmproc import marked_run  # noqa: E402
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 VMSIGHT = os.environ.get("VMSIGHT", os.path.join(REPO, "target", "release", "vmsight"))
@@ -57,19 +56,7 @@ def run_once(config):
     """One boot: per workload (host CPU seconds of the vmsight tree, guest wall seconds)."""
     args = [VMSIGHT, "run", "--vcpus", "2", "--mem", "1G"]
     args += FLAGS[config] + ["--", "sh", "-c", guest_script()]
-    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    out, begin = {}, {}
-    for line in p.stdout:
-        w = line.split()
-        if len(w) >= 2 and w[0] == "BEGIN":
-            begin[w[1]] = cpu_ticks(descendants(p.pid))
-        elif len(w) == 3 and w[0] == "END":
-            ticks = cpu_ticks(descendants(p.pid)) - begin[w[1]]
-            out[w[1]] = (ticks / TICK, int(w[2]) / 1e9)
-    err = p.stderr.read()
-    if p.wait() != 0 or len(out) != len(WORKLOADS):
-        raise RuntimeError(f"{config} failed ({p.returncode}): {err[-2000:]}")
-    return out
+    return marked_run(args, len(WORKLOADS), config)
 
 
 def pct(x):

@@ -39,3 +39,23 @@ def wait_net(vmsight, name):
             return
         time.sleep(0.1)
     sys.exit(f"VM {name} has no network")
+
+
+def marked_run(args, expect, what):
+    """Runs `vmsight run` ARGS whose guest prints `BEGIN name` / `END name NS` around each of
+    the `expect` workloads; returns {name: (host CPU seconds of the vmsight tree between the
+    markers, guest wall seconds)}. Raises if the run fails or a workload is missing."""
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         stdin=subprocess.DEVNULL)
+    out, begin = {}, {}
+    for line in p.stdout:
+        w = line.split()
+        if len(w) >= 2 and w[0] == "BEGIN":
+            begin[w[1]] = cpu_ticks(descendants(p.pid))
+        elif len(w) == 3 and w[0] == "END":
+            ticks = cpu_ticks(descendants(p.pid)) - begin[w[1]]
+            out[w[1]] = (ticks / TICK, int(w[2]) / 1e9)
+    err = p.stderr.read()
+    if p.wait() != 0 or len(out) != expect:
+        raise RuntimeError(f"{what} failed ({p.returncode}): {err[-2000:]}")
+    return out
