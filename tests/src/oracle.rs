@@ -76,9 +76,13 @@ pub fn fiemap_map(out: &str, disk_start: u64) -> HashMap<u64, FileBlock> {
         let logical: u64 = f[1].split("..").next().unwrap().trim().parse().unwrap();
         let physical: u64 = f[2].split("..").next().unwrap().trim().parse().unwrap();
         let len: u64 = f[3].parse().unwrap();
-        for k in 0..len * bs / 4096 {
-            let disk_block = (disk_start + physical * bs) / 4096 + k;
-            let file_offset = logical * bs + k * 4096;
+        // Every 4 KiB block the extent touches (file systems with smaller blocks included).
+        let (first, end) = (
+            disk_start + physical * bs,
+            disk_start + (physical + len) * bs,
+        );
+        for disk_block in first / 4096..end.div_ceil(4096) {
+            let file_offset = logical * bs + (disk_block * 4096).saturating_sub(first);
             map.insert(
                 disk_block,
                 FileBlock {
@@ -158,10 +162,14 @@ ext:     logical_offset:        physical_offset: length:   expected: flags:\n   
 1:        2..       2:      40000..     40000:      1:      34818: last,eof\n\
 /root/a b: 2 extents found\n\
 File size of /x is 4096 (1 block of 1024 bytes)\n   \
-0:        0..       3:       8..       11:      4:             last,eof\n";
+0:        0..       3:       8..       11:      4:             last,eof\n\
+File size of /y is 2048 (2 blocks of 1024 bytes)\n   \
+0:        0..       1:      13..       14:      2:             last,eof\n";
         let m = fiemap_map(out, 1 << 20);
         let at = |b: u64| m.get(&b).cloned().unwrap();
-        assert_eq!(m.len(), 4);
+        assert_eq!(m.len(), 5);
+        // 1 KiB blocks 13..14 lie inside 4 KiB disk block 3: it holds data of /y.
+        assert_eq!(at(256 + 3).file, "/y");
         assert_eq!(at(256 + 34816).file, "/root/a b");
         assert_eq!(at(256 + 34817).file_offset, 4096);
         assert_eq!(at(256 + 40000).file_offset, 8192);

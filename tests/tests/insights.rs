@@ -22,7 +22,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use vmsight_tests::oracle::{insight_log, json_file, section};
+use vmsight_tests::oracle::{fiemap_map, insight_log, json_file, section};
 use vmsight_tests::*;
 
 const PRELOAD: &str = "LD_PRELOAD=/usr/local/lib/libvmsight-preload.so";
@@ -128,38 +128,6 @@ impl Truth {
             Truth::DataChunks(r) => Some(r.iter().any(|&(s, e)| s <= off && off + 4096 <= e)),
         }
     }
-}
-
-/// 4 KiB disk blocks of the file data extents in `filefrag -v` output (inline, delalloc and
-/// unknown-location extents hold no block of their own).
-fn fiemap_blocks(out: &str) -> HashSet<u64> {
-    let mut blocks = HashSet::new();
-    let mut bs = 0u64;
-    for l in out.lines() {
-        if let Some(rest) = l.strip_prefix("File size of ") {
-            // "File size of PATH is N (B blocks of BS bytes)" ("1 block of" for one)
-            let tail = rest.rsplit_once(" of ").unwrap().1;
-            bs = tail.split_whitespace().next().unwrap().parse().unwrap();
-            continue;
-        }
-        let f: Vec<&str> = l.split(':').map(str::trim).collect();
-        if f.len() < 5 || f[0].parse::<u64>().is_err() || f[2].is_empty() {
-            continue;
-        }
-        let flags = f.get(5).copied().unwrap_or("");
-        if ["inline", "delalloc", "unknown_loc"]
-            .iter()
-            .any(|x| flags.contains(x))
-        {
-            continue;
-        }
-        let start: u64 = f[2].split("..").next().unwrap().trim().parse().unwrap();
-        let len: u64 = f[3].parse().unwrap();
-        assert!(bs > 0, "extent before a file header: {l}");
-        let (first, end) = (start * bs, (start + len) * bs);
-        blocks.extend(first / 4096..end.div_ceil(4096));
-    }
-    blocks
 }
 
 /// btrfs chunks of `btrfs inspect-internal dump-tree -t chunk`: (type, physical start, end) of
@@ -352,7 +320,9 @@ fn kept_files_truth(
         linked * 100 >= created * 99,
         "{fs}: only {linked} of {created} files kept: the truth would miss their blocks"
     );
-    let data = fiemap_blocks(section(stdout, "fiemap"));
+    let data: HashSet<u64> = fiemap_map(section(stdout, "fiemap"), 0)
+        .into_keys()
+        .collect();
     let unknown = if fs.starts_with("ext") {
         ext_free_blocks(img, &written_blocks(writes))
     } else {
