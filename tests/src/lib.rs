@@ -155,4 +155,4 @@ pub mod live;
 pub mod oracle;
 pub mod trace_compare;
 
-pub use live::{collect_lines, wait_until, Bg, LiveVm};
+pub use live::{collect_lines, mount_view, unmount_view, wait_until, Bg, LiveVm};

@@ -196,3 +196,30 @@ pub fn wait_until(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
     }
     panic!("timed out waiting for {what}");
 }
+
+/// `vmsight mount DIR --vm VM --host h` in the background: VM's view at `DIR/h/VM`.
+pub fn mount_view(dir: &std::path::Path, vm: &str) -> Bg {
+    Bg(vmsight()
+        .arg("mount")
+        .arg(dir)
+        .args(["--vm", vm, "--host", "h"])
+        .spawn()
+        .unwrap())
+}
+
+/// Unmounts the view at `dir` with `fusermount3 -u` and asserts that an external unmount ends
+/// `vmsight mount` cleanly.
+pub fn unmount_view(dir: &std::path::Path, mount: &mut Bg) {
+    let st = std::process::Command::new("fusermount3")
+        .arg("-u")
+        .arg(dir)
+        .status()
+        .unwrap();
+    assert!(st.success(), "unmount");
+    let mut status = None;
+    wait_until("vmsight mount to exit after fusermount3 -u", 30, || {
+        status = mount.0.try_wait().unwrap();
+        status.is_some()
+    });
+    assert!(status.unwrap().success(), "vmsight mount: {status:?}");
+}

@@ -13,7 +13,6 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -410,12 +409,7 @@ fn the_view_shows_every_disk_at_its_guest_mount_point() {
     );
 
     let mnt = tempfile::tempdir().unwrap();
-    let mut mount = Bg(vmsight()
-        .arg("mount")
-        .arg(mnt.path())
-        .args(["--vm", &name, "--host", "h"])
-        .spawn()
-        .unwrap());
+    let mut mount = mount_view(mnt.path(), &name);
     let top = mnt.path().join("h").join(&name);
     wait_until("the view to show /mnt/data/one.txt", 60, || {
         top.join("mnt/data/one.txt").exists()
@@ -445,18 +439,7 @@ fn the_view_shows_every_disk_at_its_guest_mount_point() {
     assert!(names_in(&top.join("mnt")).contains("data"));
     assert!(!top.join("mnt/data/hidden-on-root").exists());
 
-    let st = Command::new("fusermount3")
-        .arg("-u")
-        .arg(mnt.path())
-        .status()
-        .unwrap();
-    assert!(st.success(), "unmount");
-    let mut status = None;
-    wait_until("vmsight mount to exit after fusermount3 -u", 30, || {
-        status = mount.0.try_wait().unwrap();
-        status.is_some()
-    });
-    assert!(status.unwrap().success(), "vmsight mount: {status:?}");
+    unmount_view(mnt.path(), &mut mount);
     vm.send("go");
     let (code, out, err) = vm.finish();
     assert_eq!(code, Some(0), "{out:?} {err}");

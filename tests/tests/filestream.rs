@@ -1347,12 +1347,7 @@ fn mounted_view_of_the_running_guest_equals_its_own_find_and_sha256() {
     assert_eq!(guest_grep, ["sub/auth.log"]);
 
     let mnt = tempfile::tempdir().unwrap();
-    let mut mount = Bg(vmsight()
-        .arg("mount")
-        .arg(mnt.path())
-        .args(["--vm", &name, "--host", "h"])
-        .spawn()
-        .unwrap());
+    let mut mount = mount_view(mnt.path(), &name);
     let tree = mnt.path().join("h").join(&name).join("srv/view");
     wait_until("the view to show /srv/view", 60, || {
         tree.join("a.txt").exists()
@@ -1400,19 +1395,7 @@ fn mounted_view_of_the_running_guest_equals_its_own_find_and_sha256() {
     assert_eq!(perm, guest_perm);
     assert!(perm.contains(&"r5000".to_string()) && perm.contains(&"sub/deep/x".to_string()));
 
-    let st = Command::new("fusermount3")
-        .arg("-u")
-        .arg(mnt.path())
-        .status()
-        .unwrap();
-    assert!(st.success(), "unmount");
-    // An external unmount ends `vmsight mount` cleanly.
-    let mut status = None;
-    wait_until("vmsight mount to exit after fusermount3 -u", 30, || {
-        status = mount.0.try_wait().unwrap();
-        status.is_some()
-    });
-    assert!(status.unwrap().success(), "vmsight mount: {status:?}");
+    unmount_view(mnt.path(), &mut mount);
     vm.send("go");
     let (code, out, err) = vm.finish();
     assert_eq!(code, Some(0), "{out:?} {err}");
