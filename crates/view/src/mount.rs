@@ -681,6 +681,20 @@ pub fn mount(dir: &Path, opts: MountOptions) -> Result<(), ViewError> {
 mod tests {
     use super::*;
 
+    /// VM slot 1 named `vm` whose runtime files are `paths`, nothing asked of it yet.
+    fn test_vm(paths: VmPaths) -> Vm {
+        Vm {
+            slot: 1,
+            name: "vm".into(),
+            paths,
+            pid: 1,
+            client: None,
+            table: MountTable::default(),
+            grafts: HashMap::new(),
+            made_up: Vec::new(),
+        }
+    }
+
     #[test]
     fn inode_numbers_split_and_join() {
         let n = |disk, ino| Node { disk, ino };
@@ -774,16 +788,7 @@ mod tests {
             ],
         )
         .unwrap();
-        let mut vm = Vm {
-            slot: 1,
-            name: "vm".into(),
-            paths,
-            pid: 1,
-            client: None,
-            table: MountTable::default(),
-            grafts: HashMap::new(),
-            made_up: Vec::new(),
-        };
+        let mut vm = test_vm(paths);
         vm.refresh_mounts().unwrap();
         let root = vm.root();
         assert_eq!(root, Node::root_of(0));
@@ -822,16 +827,7 @@ mod tests {
         let _server =
             ViewServer::bind_disks(paths.view_socket(), vec![disk(0, "/"), disk(1, "/srv/a")])
                 .unwrap();
-        let mut vm = Vm {
-            slot: 1,
-            name: "vm".into(),
-            paths,
-            pid: 1,
-            client: None,
-            table: MountTable::default(),
-            grafts: HashMap::new(),
-            made_up: Vec::new(),
-        };
+        let mut vm = test_vm(paths);
         vm.refresh_mounts().unwrap();
         let root = vm.root();
         let srv = vm.lookup(root, b"srv").unwrap();
@@ -846,43 +842,15 @@ mod tests {
     #[test]
     fn a_vm_without_a_readable_disk_shows_an_empty_directory() {
         use crate::server::{ServedDisk, ViewServer};
-        /// A disk not crawled yet.
-        struct NotYet;
-        impl vmsight_fsview::FsRead for NotYet {
-            fn stat(&self, _: u32) -> Option<vmsight_fsview::InodeMeta> {
-                None
-            }
-            fn read_dir(&self, _: u32) -> Option<Vec<vmsight_fsview::ViewEntry>> {
-                None
-            }
-            fn lookup_in(&self, _: u32, _: &[u8]) -> Option<u32> {
-                None
-            }
-            fn read_link(&self, _: u32) -> Option<Vec<u8>> {
-                None
-            }
-            fn read(&self, _: u32, _: u64, _: &mut [u8]) -> vmsight_fsview::Result<usize> {
-                Ok(0)
-            }
-        }
         let dir = tempfile::tempdir().unwrap();
         let paths = VmPaths::new(dir.path());
         let root_disk = ServedDisk {
             disk: 0,
             mount: "/".into(),
-            source: std::sync::RwLock::new(NotYet),
+            source: std::sync::RwLock::new(crate::server::Empty),
         };
         let server = ViewServer::bind_disks(paths.view_socket(), vec![root_disk]).unwrap();
-        let mut vm = Vm {
-            slot: 1,
-            name: "vm".into(),
-            paths,
-            pid: 1,
-            client: None,
-            table: MountTable::default(),
-            grafts: HashMap::new(),
-            made_up: Vec::new(),
-        };
+        let mut vm = test_vm(paths);
         vm.refresh_mounts().unwrap();
         let root = vm.root();
         assert_eq!(root.disk, MADE_UP);

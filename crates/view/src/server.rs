@@ -440,6 +440,30 @@ impl ViewClient {
     }
 }
 
+/// A disk not crawled yet (no root): a test fixture, also of the mount tests.
+#[cfg(test)]
+pub(crate) struct Empty;
+
+#[cfg(test)]
+
+impl FsRead for Empty {
+    fn stat(&self, _: u32) -> Option<vmsight_fsview::InodeMeta> {
+        None
+    }
+    fn read_dir(&self, _: u32) -> Option<Vec<vmsight_fsview::ViewEntry>> {
+        None
+    }
+    fn lookup_in(&self, _: u32, _: &[u8]) -> Option<u32> {
+        None
+    }
+    fn read_link(&self, _: u32) -> Option<Vec<u8>> {
+        None
+    }
+    fn read(&self, _: u32, _: u64, _: &mut [u8]) -> vmsight_fsview::Result<usize> {
+        Ok(0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -646,27 +670,6 @@ mod tests {
             c.fs(0, FsRequest::Stat(2)).unwrap(),
             Response::Attr(_)
         ));
-    }
-
-    /// A disk not crawled yet: no root.
-    struct Empty;
-
-    impl FsRead for Empty {
-        fn stat(&self, _: u32) -> Option<InodeMeta> {
-            None
-        }
-        fn read_dir(&self, _: u32) -> Option<Vec<ViewEntry>> {
-            None
-        }
-        fn lookup_in(&self, _: u32, _: &[u8]) -> Option<u32> {
-            None
-        }
-        fn read_link(&self, _: u32) -> Option<Vec<u8>> {
-            None
-        }
-        fn read(&self, _: u32, _: u64, _: &mut [u8]) -> vmsight_fsview::Result<usize> {
-            Ok(0)
-        }
     }
 
     #[test]
