@@ -445,7 +445,6 @@ impl ViewClient {
 pub(crate) struct Empty;
 
 #[cfg(test)]
-
 impl FsRead for Empty {
     fn stat(&self, _: u32) -> Option<vmsight_fsview::InodeMeta> {
         None
