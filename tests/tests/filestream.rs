@@ -1097,6 +1097,12 @@ trunc() {
 blocksizes() { for t in $TREES; do echo "B $t $(stat -f -c %S $t)"; done >> /run/oracle.log; }
 "#;
 
+/// Attribute changes [`TREE_WORKLOAD`] makes on every tree whatever the guest's speed: the
+/// sizes of `a` and `blob` (step 2), the truncate, two chmods and a chown (step 4), `touch -d`
+/// and a chown (step 8). More are usually checked, but mtimes compare at whole seconds, so how
+/// many other mtime changes a step shows depends on how fast the guest ran (13 to 25 seen).
+const MIN_ATTRS: usize = 8;
+
 /// The workload on tree `$T` (with [`ORACLE_FNS`]); `mark` separates steps. Writes go
 /// through `app` and `wr` (known offsets: inside a block, across blocks, an append of whole
 /// blocks and one far past the end, leaving a hole), so the guest logs every byte range.
@@ -1241,7 +1247,7 @@ fn vmsight_events_equal_what_inotify_and_the_guests_own_record_saw() {
     assert!(compared >= 60, "only {compared} changes compared");
     for (what, c) in [("extra disk", extra), ("root disk", root)] {
         assert!(
-            c.names >= 30 && c.attrs >= 15 && c.blocks >= 20,
+            c.names >= 30 && c.attrs >= MIN_ATTRS && c.blocks >= 20,
             "{what}: too few changes checked against the guest's record: {c:?}"
         );
     }
@@ -1575,7 +1581,7 @@ fn redis_subscriber_receives_what_the_guest_did_and_the_same_as_watch() {
     let c = compare_with_guest(&ino, &vm_steps, &unwatched, &log, &trees);
     eprintln!("checked against the guest: {c:?}");
     assert!(
-        c.names >= 30 && c.attrs >= 15 && c.blocks >= 20,
+        c.names >= 30 && c.attrs >= MIN_ATTRS && c.blocks >= 20,
         "too few changes checked against the guest's record: {c:?}"
     );
     // The Redis subscriber had every message from the first on (it subscribed before the VM
