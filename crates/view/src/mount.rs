@@ -101,6 +101,20 @@ struct Vm {
 }
 
 impl Vm {
+    /// VM `name` in inode slot `slot`, its runtime files at `paths`, nothing asked of it yet.
+    fn new(slot: u32, name: String, paths: VmPaths, pid: u32) -> Vm {
+        Vm {
+            slot,
+            name,
+            paths,
+            pid,
+            client: None,
+            table: MountTable::default(),
+            grafts: HashMap::new(),
+            made_up: Vec::new(),
+        }
+    }
+
     fn call(&mut self, req: &Request) -> Result<Response, i32> {
         if self.client.is_none() {
             self.client = Some(
@@ -377,16 +391,7 @@ impl ViewFs {
             self.next_slot += 1;
             self.vms.insert(
                 f.record.name.clone(),
-                Vm {
-                    slot,
-                    name: f.record.name,
-                    paths: f.paths,
-                    pid: f.record.pid,
-                    client: None,
-                    table: MountTable::default(),
-                    grafts: HashMap::new(),
-                    made_up: Vec::new(),
-                },
+                Vm::new(slot, f.record.name, f.paths, f.record.pid),
             );
         }
         self.by_slot = self
@@ -681,18 +686,9 @@ pub fn mount(dir: &Path, opts: MountOptions) -> Result<(), ViewError> {
 mod tests {
     use super::*;
 
-    /// VM slot 1 named `vm` whose runtime files are `paths`, nothing asked of it yet.
+    /// VM slot 1 named `vm` whose runtime files are `paths`.
     fn test_vm(paths: VmPaths) -> Vm {
-        Vm {
-            slot: 1,
-            name: "vm".into(),
-            paths,
-            pid: 1,
-            client: None,
-            table: MountTable::default(),
-            grafts: HashMap::new(),
-            made_up: Vec::new(),
-        }
+        Vm::new(1, "vm".into(), paths, 1)
     }
 
     #[test]
