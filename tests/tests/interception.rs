@@ -443,9 +443,14 @@ fn unmonitored_processes_cause_no_syscall_callbacks() {
         callbacks < 25_000,
         "the unmonitored loop's million syscalls must not call back: {callbacks} callbacks"
     );
+    // The trace thread may fall behind on a loaded host and the plugin then drops records
+    // (counted per vCPU): each dropped entry or return loses at most one completed call.
+    let completed = v["trace"]["tracker"]["completed"].as_u64().unwrap_or(0);
+    let dropped = vcpu_sum(&v, "dropped");
     assert!(
-        v["trace"]["tracker"]["completed"].as_u64().unwrap_or(0) >= 20_000,
-        "{v}"
+        completed + dropped >= 20_000,
+        "every monitored call completed or was counted as dropped: {completed} completed, \
+         {dropped} dropped: {v}"
     );
 }
 
