@@ -13,6 +13,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::error::LaunchError;
+use crate::supervisor::DownAction;
 use crate::vm::Event;
 
 /// Binds a listener, replacing a stale socket file.
@@ -83,7 +84,7 @@ pub fn spawn_output_pump(
     })
 }
 
-/// Reads the control port's lines (`ready <uptime>`, `exit <status>`) into events.
+/// Reads the control port's lines (`ready <uptime>`, `exit <status>`, `down`) into events.
 /// `writer` receives a clone of the connection, for the host's `go` in hold mode.
 pub fn spawn_ctl_reader(
     listener: UnixListener,
@@ -133,6 +134,7 @@ pub fn parse_ctl_line(line: &str) -> Option<Event> {
             let c: i32 = code.parse().ok()?;
             (0..=255).contains(&c).then_some(Event::GuestExit(c))
         }
+        ("down", a) => Some(Event::GuestDown(DownAction::parse(a))),
         _ => None,
     }
 }
@@ -273,6 +275,18 @@ mod tests {
         assert!(parse_ctl_line("exit 256").is_none());
         assert!(parse_ctl_line("exit -1").is_none());
         assert!(parse_ctl_line("exit x").is_none());
+        for (line, a) in [
+            ("down poweroff\n", DownAction::Poweroff),
+            ("down halt", DownAction::Halt),
+            ("down reboot", DownAction::Reboot),
+            ("down", DownAction::Poweroff),
+            ("down \u{1b}[2J", DownAction::Poweroff),
+        ] {
+            assert!(
+                matches!(parse_ctl_line(line), Some(Event::GuestDown(x)) if x == a),
+                "{line:?}"
+            );
+        }
         assert!(parse_ctl_line("ready NaN").is_none());
         assert!(matches!(
             parse_ctl_line("cmdpid 153\n"),

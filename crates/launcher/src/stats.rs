@@ -94,6 +94,9 @@ pub struct RunStats {
     /// The guest kernel's own uptime at `ready`.
     pub guest_uptime_at_ready: Option<f64>,
     pub run_seconds: f64,
+    /// vmsight stopped QEMU because the guest had synced and reported `down` but QEMU was
+    /// still running [`crate::supervisor::POWEROFF_TIMEOUT`] later (a guest kernel hung in its device shutdown).
+    pub poweroff_forced: bool,
     /// `None` when the plugin was not loaded (KVM, or `--no-plugin`).
     pub plugin_attached: Option<bool>,
     /// Whether the plugin instrumented translated code (`None` when not loaded); `false`: it
@@ -207,6 +210,7 @@ impl RunStats {
             boot_seconds: boot.map(|d| d.as_secs_f64()),
             guest_uptime_at_ready: guest_uptime,
             run_seconds: run.as_secs_f64(),
+            poweroff_forced: false,
             plugin_attached: channel.map(|c| c.plugin_attached()),
             plugin_translates: channel.map(|c| {
                 c.plugin_status().flags & vmsight_ring::layout::plugin_flags::TRANSLATES != 0
@@ -263,6 +267,14 @@ impl fmt::Display for RunStats {
                 "  guest never reported ready; total run: {:.2}s",
                 self.run_seconds
             )?,
+        }
+        if self.poweroff_forced {
+            writeln!(
+                f,
+                "  poweroff: forced (the guest synced and asked to power off, but QEMU was \
+                 still running {} s later)",
+                crate::supervisor::POWEROFF_TIMEOUT.as_secs()
+            )?;
         }
         match self.plugin_attached {
             None => writeln!(f, "  plugin: not loaded")?,

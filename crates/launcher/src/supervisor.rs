@@ -20,6 +20,11 @@ use crate::qmp::QmpEvent;
 pub const BACKEND_GRACE: Duration = Duration::from_secs(3);
 /// How long QEMU gets to quit after a `quit` before it is killed.
 pub const QUIT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long QEMU gets to exit after the guest init reported `down` (its file systems synced
+/// and read-only, the power-off call next) before vmsight stops it. A guest kernel can hang in
+/// its device shutdown (Debian 6.1's virtio_net spins on a broken TX queue: see
+/// docs/guest-protocol.md); nothing of the guest's is lost by stopping it then.
+pub const POWEROFF_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Something that happened during the run, delivered to the supervising loop.
 #[derive(Debug)]
@@ -28,6 +33,9 @@ pub enum Event {
     Ready(f64),
     /// The command exited with this status.
     GuestExit(i32),
+    /// The guest init synced its file systems, made `/` read-only and is about to end the VM
+    /// this way.
+    GuestDown(DownAction),
     /// "Kernel panic" appeared on the console.
     ConsolePanic,
     /// An event from QMP (`SHUTDOWN`, `GUEST_PANICKED`, ...).
@@ -44,6 +52,34 @@ pub enum Event {
     BackendStopped(String),
     /// Nothing happened for a while (lets time-outs fire).
     Tick,
+}
+
+/// How the guest init ends the VM after `down`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DownAction {
+    Poweroff,
+    Reboot,
+    Halt,
+}
+
+impl DownAction {
+    /// The action a `down` line names; anything else (the guest is not trusted) is a poweroff.
+    pub fn parse(word: Option<&str>) -> Self {
+        match word {
+            Some("reboot") => DownAction::Reboot,
+            Some("halt") => DownAction::Halt,
+            _ => DownAction::Poweroff,
+        }
+    }
+
+    /// What the guest asked for, as a verb.
+    pub fn verb(self) -> &'static str {
+        match self {
+            DownAction::Poweroff => "power off",
+            DownAction::Reboot => "reboot",
+            DownAction::Halt => "halt",
+        }
+    }
 }
 
 /// How the run ended.
@@ -130,6 +166,10 @@ pub struct Ending {
     guest_exit: Option<i32>,
     panicked: bool,
     guest_shutdown: bool,
+    /// The init reported `down`, and how it ends the VM.
+    guest_down: Option<DownAction>,
+    /// vmsight stopped QEMU because it was still running [`POWEROFF_TIMEOUT`] after `down`.
+    poweroff_forced: bool,
     interrupted: Option<i32>,
     backend_failed: Option<String>,
     qemu_status: Option<String>,
@@ -157,10 +197,20 @@ impl Ending {
         if let Some(c) = self.guest_exit {
             return EndReason::CommandExited(c);
         }
-        if self.guest_shutdown {
+        if self.guest_shutdown || self.guest_down.is_some() {
             return EndReason::GuestPoweroff;
         }
         EndReason::QemuFailed(self.qemu_failure(late))
+    }
+
+    /// Whether vmsight had to stop QEMU after the guest's `down` (see [`POWEROFF_TIMEOUT`]).
+    pub fn poweroff_forced(&self) -> bool {
+        self.poweroff_forced
+    }
+
+    /// How the guest init said it would end the VM, if it got that far.
+    pub fn down_action(&self) -> Option<DownAction> {
+        self.guest_down
     }
 
     fn qemu_failure(&self, late: &LateFacts) -> String {
@@ -184,6 +234,7 @@ pub struct Supervisor {
     state: Ending,
     quit_sent_at: Option<Instant>,
     backend_gone_at: Option<Instant>,
+    down_at: Option<Instant>,
     killed: bool,
 }
 
@@ -195,6 +246,7 @@ impl Supervisor {
             state: Ending::default(),
             quit_sent_at: None,
             backend_gone_at: None,
+            down_at: None,
             killed: false,
         }
     }
@@ -213,6 +265,11 @@ impl Supervisor {
             }
             Event::GuestExit(c) => {
                 self.state.guest_exit = Some(c);
+                Vec::new()
+            }
+            Event::GuestDown(a) => {
+                self.state.guest_down = Some(a);
+                self.down_at.get_or_insert(now);
                 Vec::new()
             }
             Event::CmdPid(pid) => vec![Effect::LetCommandRun(pid)],
@@ -276,8 +333,13 @@ impl Supervisor {
     }
 
     fn timeouts(&mut self, now: Instant) -> Vec<Effect> {
-        match self.quit_sent_at {
-            Some(t) if now.saturating_duration_since(t) > QUIT_TIMEOUT => self.kill(),
+        match (self.quit_sent_at, self.down_at) {
+            (Some(t), _) if now.saturating_duration_since(t) > QUIT_TIMEOUT => self.kill(),
+            (None, Some(t)) if now.saturating_duration_since(t) > POWEROFF_TIMEOUT => {
+                self.state.poweroff_forced = true;
+                self.quit_sent_at = Some(now);
+                vec![Effect::RequestQuit]
+            }
             _ => Vec::new(),
         }
     }
@@ -482,6 +544,39 @@ mod tests {
             end.reason(&late),
             EndReason::BackendFailed("disk0: I/O error".into())
         );
+    }
+
+    #[test]
+    fn a_guest_that_does_not_power_off_after_down_is_stopped_then_killed() {
+        let (effects, end) = script(vec![
+            (0, Event::GuestExit(4)),
+            (10, Event::GuestDown(DownAction::Poweroff)),
+            (19_000, Event::Tick),
+            (20_011, Event::Tick),
+            (25_000, Event::Tick),
+            (30_012, Event::Tick),
+            (30_013, exited(9)),
+        ]);
+        assert_eq!(effects, vec![Effect::RequestQuit, Effect::KillQemu]);
+        assert!(end.poweroff_forced());
+        // The command's status stands: the guest had synced and was powering off.
+        assert_eq!(
+            end.reason(&LateFacts::default()),
+            EndReason::CommandExited(4)
+        );
+    }
+
+    #[test]
+    fn a_guest_that_powers_off_in_time_after_down_is_left_alone() {
+        let (effects, end) = script(vec![
+            (0, Event::GuestDown(DownAction::Poweroff)),
+            (15_000, Event::Tick),
+            (19_999, exited(0)),
+        ]);
+        assert!(effects.is_empty(), "{effects:?}");
+        assert!(!end.poweroff_forced());
+        // A command that ran poweroff itself: no exit line, but the init said down.
+        assert_eq!(end.reason(&LateFacts::default()), EndReason::GuestPoweroff);
     }
 
     #[test]

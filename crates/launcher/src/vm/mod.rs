@@ -31,7 +31,7 @@ use crate::guestio::ConsoleTail;
 use crate::qmp::Qmp;
 use crate::stats::{DiskStats, NetStats, RunStats};
 use crate::stream::DiskStream;
-use crate::supervisor::{Effect, Ending, Flow, LateFacts, Supervisor};
+use crate::supervisor::{DownAction, Effect, Ending, Flow, LateFacts, Supervisor};
 
 use prepare::Prepared;
 use services::{Insight, Services};
@@ -242,6 +242,20 @@ fn teardown(cfg: &VmConfig, prep: &Prepared, t: Teardown) -> RunOutcome {
         disk_stats,
         trace_summary,
     );
+    stats.poweroff_forced = ending.poweroff_forced();
+    if stats.poweroff_forced {
+        let action = ending.down_action().unwrap_or(DownAction::Poweroff);
+        eprintln!(
+            "vmsight: the guest synced its disks and asked to {}, but QEMU was still running {} \
+             s later, so vmsight stopped it ({}: docs/guest-protocol.md)",
+            action.verb(),
+            crate::supervisor::POWEROFF_TIMEOUT.as_secs(),
+            match action {
+                DownAction::Halt => "a halted guest stays halted",
+                _ => "a guest kernel can hang in its device shutdown",
+            }
+        );
+    }
     stats.insights = insight_counters;
     stats.nics = nic_stats;
     stats.share = share_info;
