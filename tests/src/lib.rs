@@ -1,8 +1,11 @@
 //! Helpers for the real-guest integration tests: locate the built `vmsight`, run it, and make
 //! disk images on the host. A missing binary or guest image is a test failure, never a skip.
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc::Receiver;
+use std::time::{Duration, Instant};
 
 /// The `vmsight` binary under test: `$VMSIGHT_BIN`, else the workspace's release build.
 pub fn vmsight_bin() -> PathBuf {
@@ -56,13 +59,92 @@ impl Run {
     }
 }
 
-/// Runs `vmsight` with `args` to completion.
+/// How long one `vmsight` run may take in a test: `VMSIGHT_TEST_RUN_TIMEOUT` seconds, else 20
+/// minutes (the longest test run takes a few). A hung guest then fails its own test, with
+/// vmsight's output, instead of holding the whole suite until CI's limit.
+pub fn run_timeout() -> Duration {
+    std::env::var("VMSIGHT_TEST_RUN_TIMEOUT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map(Duration::from_secs)
+        .unwrap_or(Duration::from_secs(1200))
+}
+
+/// Runs `vmsight` with `args` to completion, at most [`run_timeout`].
 pub fn run(args: &[&str]) -> Run {
-    let out = vmsight()
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot start {}: {e}", vmsight_bin().display()));
-    Run::from(out)
+    let mut c = vmsight();
+    c.args(args);
+    output_within(c, run_timeout(), &args.join(" "))
+}
+
+/// Runs `cmd` (stdout and stderr captured) for at most `limit`. Past it, the command gets
+/// SIGTERM (vmsight then stops its QEMU), SIGKILL 20 s later, and the test fails with what it
+/// printed. `what` names the command in that failure.
+pub fn output_within(mut cmd: Command, limit: Duration, what: &str) -> Run {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
+    let stdout = drain(child.stdout.take());
+    let stderr = drain(child.stderr.take());
+    let start = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(st)) => break Some(st),
+            Ok(None) if start.elapsed() < limit => std::thread::sleep(Duration::from_millis(50)),
+            _ => break None,
+        }
+    };
+    let Some(status) = status else {
+        stop(&mut child);
+        let (out, err) = (collect(stdout), collect(stderr));
+        panic!(
+            "`{what}` was still running after {} s and was stopped\n--- stdout:\n{out}\n--- \
+             stderr:\n{err}",
+            limit.as_secs()
+        );
+    };
+    Run {
+        code: status.code(),
+        stdout: collect(stdout),
+        stderr: collect(stderr),
+    }
+}
+
+/// Reads a pipe to its end on a thread.
+fn drain<R: Read + Send + 'static>(pipe: Option<R>) -> Receiver<Vec<u8>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        if let Some(mut p) = pipe {
+            let _ = p.read_to_end(&mut buf);
+        }
+        let _ = tx.send(buf);
+    });
+    rx
+}
+
+/// What a [`drain`] read; at most 30 s after the process ended (a grandchild holding the pipe
+/// must not hang the test).
+fn collect(rx: Receiver<Vec<u8>>) -> String {
+    let bytes = rx.recv_timeout(Duration::from_secs(30)).unwrap_or_default();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// SIGTERM, then SIGKILL if the child is still there 20 s later.
+fn stop(child: &mut Child) {
+    // SAFETY: kill(2) on our own child's PID, which has not been reaped (try_wait saw it run).
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(20) {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 /// Runs a shell command line in a fresh default guest with `extra` vmsight options.
@@ -156,3 +238,25 @@ pub mod oracle;
 pub mod trace_compare;
 
 pub use live::{collect_lines, mount_view, unmount_view, wait_until, Bg, LiveVm};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bounded_run_returns_status_and_both_streams() {
+        let mut c = Command::new("sh");
+        c.args(["-c", "echo out; echo err >&2; exit 4"]);
+        let r = output_within(c, Duration::from_secs(60), "sh");
+        assert_eq!(r.code, Some(4));
+        assert_eq!((r.stdout.as_str(), r.stderr.as_str()), ("out\n", "err\n"));
+    }
+
+    #[test]
+    #[should_panic(expected = "was still running after 1 s and was stopped")]
+    fn a_run_past_its_bound_is_stopped_and_fails_with_its_output() {
+        let mut c = Command::new("sh");
+        c.args(["-c", "echo started; exec sleep 600"]);
+        output_within(c, Duration::from_secs(1), "sleeper");
+    }
+}
