@@ -357,3 +357,27 @@ fn a_qemu_failure_exits_nonzero_with_qemus_reason() {
     assert!(r.stderr.contains("QEMU failed"), "{r:?}");
     assert!(!r.stderr.trim().is_empty());
 }
+
+/// A guest that never reaches vmsight's init (here PID 1 is a shell waiting on the console)
+/// is stopped at `--boot-timeout` with status 125 and the console's last lines.
+#[test]
+fn a_guest_that_never_reports_ready_is_stopped_at_the_boot_timeout() {
+    let start = Instant::now();
+    let r = run(&[
+        "run",
+        "--boot-timeout",
+        "10",
+        "--append",
+        "init=/bin/sh",
+        "--",
+        "true",
+    ]);
+    assert_eq!(r.code, Some(125), "{r:?}");
+    assert!(
+        r.stderr
+            .contains("the guest did not report ready within 10 s (--boot-timeout)"),
+        "{r:?}"
+    );
+    assert!(r.stderr.contains("last console lines:"), "{r:?}");
+    assert!(start.elapsed() >= Duration::from_secs(10), "{r:?}");
+}

@@ -174,6 +174,11 @@ struct RunArgs {
     /// Save the guest's serial console to FILE.
     #[arg(long, value_name = "FILE")]
     console_log: Option<PathBuf>,
+    /// Stop the VM (status 125, with the console's last lines) if its guest init has not
+    /// reported `ready` this many seconds after the start; 0: no limit. Only for a command:
+    /// an interactive console has no limit.
+    #[arg(long, value_name = "SECS", default_value_t = 600)]
+    boot_timeout: u64,
     /// Trace syscalls of TARGET and its descendants: `@cmd` (the command run; the default), a
     /// guest PID, or a command name (comm). Lines `pid tid name(args) = ret` go to stderr.
     #[arg(long, value_name = "TARGET", num_args = 0..=1, default_missing_value = "@cmd")]
@@ -491,6 +496,8 @@ impl TryFrom<RunArgs> for VmConfig {
                 option: "--hylics-slo",
                 reason: e.to_string(),
             })?;
+        let boot_timeout = (a.boot_timeout > 0 && !a.command.is_empty())
+            .then(|| std::time::Duration::from_secs(a.boot_timeout));
         let swap = a
             .swap
             .as_deref()
@@ -523,6 +530,7 @@ impl TryFrom<RunArgs> for VmConfig {
             stats: a.stats,
             show_console: a.console,
             console_log: a.console_log,
+            boot_timeout,
             trace,
             profile: None,
             insights,

@@ -261,6 +261,9 @@ pub struct VmConfig {
     pub show_console: bool,
     /// Where to keep the console log (always written in the runtime directory too).
     pub console_log: Option<PathBuf>,
+    /// How long a VM that runs a command may take to report `ready` before vmsight stops it
+    /// (`--boot-timeout`; `None`: no limit). Interactive consoles have no limit.
+    pub boot_timeout: Option<std::time::Duration>,
     /// Syscall tracing (`--trace*`); needs the plugin and the kernel profile.
     pub trace: Option<crate::trace::TraceConfig>,
     /// The guest kernel's profile (symbols and struct offsets), for task identification;

@@ -95,6 +95,8 @@ pub enum EndReason {
     QemuFailed(String),
     /// A disk backend failed.
     BackendFailed(String),
+    /// The guest init did not report `ready` within the boot timeout; the console's last lines.
+    BootTimeout(Duration, String),
     /// vmsight was told to stop (SIGINT/SIGTERM/SIGHUP or the console escape).
     Interrupted(i32),
 }
@@ -107,9 +109,10 @@ impl EndReason {
             EndReason::CommandExited(c) => *c,
             EndReason::GuestPoweroff => 0,
             EndReason::Interrupted(sig) => 128 + sig,
-            EndReason::GuestPanic(_) | EndReason::QemuFailed(_) | EndReason::BackendFailed(_) => {
-                125
-            }
+            EndReason::GuestPanic(_)
+            | EndReason::QemuFailed(_)
+            | EndReason::BackendFailed(_)
+            | EndReason::BootTimeout(..) => 125,
         }
     }
 
@@ -120,6 +123,17 @@ impl EndReason {
             EndReason::GuestPanic(t) => Some(format!("guest kernel panic:\n{t}")),
             EndReason::QemuFailed(t) => Some(format!("QEMU failed: {t}")),
             EndReason::BackendFailed(t) => Some(format!("disk backend failed: {t}")),
+            EndReason::BootTimeout(d, tail) => Some(format!(
+                "the guest did not report ready within {} s (--boot-timeout), so vmsight \
+                 stopped it; a custom root image needs vmsight's init (docs/guest-protocol.md); \
+                 last console lines:\n{}",
+                d.as_secs(),
+                if tail.trim().is_empty() {
+                    "(none)"
+                } else {
+                    tail
+                }
+            )),
             EndReason::Interrupted(sig) => Some(format!("interrupted by signal {sig}; VM stopped")),
         }
     }
@@ -170,6 +184,8 @@ pub struct Ending {
     guest_down: Option<DownAction>,
     /// vmsight stopped QEMU because it was still running [`POWEROFF_TIMEOUT`] after `down`.
     poweroff_forced: bool,
+    /// vmsight stopped QEMU because `ready` had not come within this boot timeout.
+    boot_timed_out: Option<Duration>,
     interrupted: Option<i32>,
     backend_failed: Option<String>,
     qemu_status: Option<String>,
@@ -193,6 +209,9 @@ impl Ending {
         }
         if let Some(e) = self.backend_failed.clone().or(late.backend_error.clone()) {
             return EndReason::BackendFailed(e);
+        }
+        if let Some(d) = self.boot_timed_out {
+            return EndReason::BootTimeout(d, late.console_tail.clone());
         }
         if let Some(c) = self.guest_exit {
             return EndReason::CommandExited(c);
@@ -235,11 +254,12 @@ pub struct Supervisor {
     quit_sent_at: Option<Instant>,
     backend_gone_at: Option<Instant>,
     down_at: Option<Instant>,
+    boot_timeout: Option<Duration>,
     killed: bool,
 }
 
 impl Supervisor {
-    /// A supervisor whose boot time counts from `started`.
+    /// A supervisor whose boot time counts from `started`, with no boot timeout.
     pub fn new(started: Instant) -> Self {
         Self {
             started,
@@ -247,8 +267,15 @@ impl Supervisor {
             quit_sent_at: None,
             backend_gone_at: None,
             down_at: None,
+            boot_timeout: None,
             killed: false,
         }
+    }
+
+    /// Stops the VM if the guest has not reported `ready` within `limit` of the start.
+    pub fn with_boot_timeout(mut self, limit: Option<Duration>) -> Self {
+        self.boot_timeout = limit;
+        self
     }
 
     /// Handles one event that happened at `now`.
@@ -333,14 +360,23 @@ impl Supervisor {
     }
 
     fn timeouts(&mut self, now: Instant) -> Vec<Effect> {
+        let since = |t: Instant| now.saturating_duration_since(t);
         match (self.quit_sent_at, self.down_at) {
-            (Some(t), _) if now.saturating_duration_since(t) > QUIT_TIMEOUT => self.kill(),
-            (None, Some(t)) if now.saturating_duration_since(t) > POWEROFF_TIMEOUT => {
+            (Some(t), _) if since(t) > QUIT_TIMEOUT => self.kill(),
+            (Some(_), _) => Vec::new(),
+            (None, Some(t)) if since(t) > POWEROFF_TIMEOUT => {
                 self.state.poweroff_forced = true;
                 self.quit_sent_at = Some(now);
                 vec![Effect::RequestQuit]
             }
-            _ => Vec::new(),
+            (None, _) => match self.boot_timeout {
+                Some(d) if self.state.boot_time.is_none() && since(self.started) > d => {
+                    self.state.boot_timed_out = Some(d);
+                    self.quit_sent_at = Some(now);
+                    vec![Effect::RequestQuit]
+                }
+                _ => Vec::new(),
+            },
         }
     }
 
@@ -577,6 +613,53 @@ mod tests {
         assert!(!end.poweroff_forced());
         // A command that ran poweroff itself: no exit line, but the init said down.
         assert_eq!(end.reason(&LateFacts::default()), EndReason::GuestPoweroff);
+    }
+
+    #[test]
+    fn a_guest_that_never_reports_ready_is_stopped_at_the_boot_timeout() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let mut s = Supervisor::new(t0).with_boot_timeout(Some(Duration::from_secs(60)));
+        let mut effects = Vec::new();
+        for ms in [1_000, 59_999, 60_001, 60_500, 70_002] {
+            let Flow::Continue(e) = s.on_event(Event::Tick, at(ms)) else {
+                panic!("ended early");
+            };
+            effects.extend(e);
+        }
+        assert_eq!(effects, vec![Effect::RequestQuit, Effect::KillQemu]);
+        let Flow::End(end) = s.on_event(exited(9), at(70_003)) else {
+            panic!("QEMU exited");
+        };
+        let late = LateFacts {
+            console_tail: "SeaBIOS".into(),
+            ..LateFacts::default()
+        };
+        let r = end.reason(&late);
+        assert_eq!(
+            r,
+            EndReason::BootTimeout(Duration::from_secs(60), "SeaBIOS".into())
+        );
+        assert_eq!(r.exit_code(), 125);
+        let msg = r.error_message().unwrap();
+        assert!(
+            msg.contains("within 60 s") && msg.ends_with("SeaBIOS"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn a_guest_that_reports_ready_in_time_has_no_boot_timeout() {
+        let t0 = Instant::now();
+        let mut s = Supervisor::new(t0).with_boot_timeout(Some(Duration::from_secs(60)));
+        let mut effects = Vec::new();
+        for (ms, ev) in [(59_000, Event::Ready(3.0)), (600_000, Event::Tick)] {
+            let Flow::Continue(e) = s.on_event(ev, t0 + Duration::from_millis(ms)) else {
+                panic!("ended early");
+            };
+            effects.extend(e);
+        }
+        assert_eq!(effects, vec![Effect::StartStdin]);
     }
 
     #[test]

@@ -132,7 +132,7 @@ fn supervise(
     } else {
         None
     };
-    let mut supervisor = Supervisor::new(t0);
+    let mut supervisor = Supervisor::new(t0).with_boot_timeout(cfg.boot_timeout);
     let ctx = LoopCtx {
         qmp: &qemu.qmp,
         qemu_pid: qemu.pid,
