@@ -367,13 +367,18 @@ fn start_stream(
         .map_err(|e| LaunchError::Config(format!("disk {}: {e}", ds.index)))
 }
 
+/// Records per vCPU ring (128 bytes each: 8 MiB per vCPU). The trace thread drains every
+/// 5 ms; the slack covers a guest's fastest syscall loop while that thread waits for a core on
+/// a loaded host (with 16 384, CI's loaded host dropped records).
+const RING_RECORDS: u32 = 1 << 16;
+
 /// The plugin's shared-memory channel, with the monitor filter of the trace target.
 fn plugin_channel(cfg: &VmConfig, prep: &Prepared) -> Result<Option<PluginChannel>, LaunchError> {
     if !prep.use_plugin {
         return Ok(None);
     }
     let shm = prep.rt.join(layout::PLUGIN_SHM);
-    let mut host = vmsight_ring::Channel::create(&shm, cfg.vcpus, 1 << 14)
+    let mut host = vmsight_ring::Channel::create(&shm, cfg.vcpus, RING_RECORDS)
         .map_err(|e| LaunchError::Channel(e.to_string()))?;
     if let Some(t) = &prep.trace {
         crate::trace_records::set_target(&mut host, &t.target, None)
