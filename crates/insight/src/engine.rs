@@ -417,11 +417,11 @@ impl Engine {
         let head = e.arg_data(HEAD_ARG).filter(|d| !d.fault);
         let tail = e.arg_data(TAIL_ARG).filter(|d| !d.fault);
         if let Some(h) = head {
-            self.complete_partial(io, io.file_pos, &h.bytes.clone(), size, &base);
+            self.complete_partial(io, io.file_pos, &h.bytes, size, &base);
         }
         if let Some(t) = tail {
             let start = plan_end.saturating_sub(t.bytes.len() as u64);
-            self.complete_partial(io, start, &t.bytes.clone(), size, &base);
+            self.complete_partial(io, start, &t.bytes, size, &base);
         }
     }
 
