@@ -296,9 +296,15 @@ fn sigkill_of_vmsight_takes_qemu_down() {
         !pid_alive(qemu_pid),
         "QEMU {qemu_pid} outlived a SIGKILLed vmsight"
     );
-    // The next VM with the same name cleans up the stale directory and starts.
-    let r = guest_sh(&["--name", &name], "hostname");
-    assert_eq!(r.stdout.trim(), name, "{r:?}");
+    // SIGKILL left the runtime directory (and its megabytes of tmpfs) behind; the next VM,
+    // whatever its name, removes it.
+    let other = vm_name("after-sigkill");
+    let r = guest_sh(&["--name", &other], "hostname");
+    assert_eq!(r.stdout.trim(), other, "{r:?}");
+    assert!(
+        !runtime_dir(&name).exists(),
+        "the stale runtime directory of {name} is still there"
+    );
 }
 
 #[test]

@@ -32,6 +32,7 @@ impl RuntimeDir {
             source,
         };
         fs::create_dir_all(base).map_err(err)?;
+        prune_stale(base);
         if dir.exists() {
             match VmPaths::new(&dir).read_record() {
                 Some(r) if r.owner_alive() && r.pid != std::process::id() => {
@@ -69,6 +70,18 @@ impl RuntimeDir {
         fs::write(&tmp, data)?;
         fs::rename(&tmp, self.paths().record())?;
         Ok(())
+    }
+}
+
+/// Removes the runtime directories that killed `vmsight run`s left behind (their plugin
+/// channel alone is megabytes of tmpfs). Best effort: another vmsight may prune at once.
+fn prune_stale(base: &Path) {
+    for p in RuntimeLayout::at(base).stale() {
+        match fs::remove_dir_all(p.dir()) {
+            Ok(()) => tracing::info!("removed stale runtime directory {}", p.dir().display()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!("cannot remove stale {}: {e}", p.dir().display()),
+        }
     }
 }
 
@@ -378,5 +391,30 @@ mod tests {
         let r = RuntimeDir::create(d.path(), "vm2").unwrap();
         assert!(r.path().exists());
         assert!(list_running(d.path()).is_empty());
+    }
+
+    #[test]
+    fn other_vms_stale_dirs_are_pruned_and_live_or_starting_ones_kept() {
+        let d = tempfile::tempdir().unwrap();
+        let record = |name: &str, pid: u64| {
+            let dir = d.path().join(name);
+            fs::create_dir(&dir).unwrap();
+            fs::write(
+                dir.join("vm.json"),
+                format!(
+                    r#"{{"name":"{name}","pid":{pid},"qemu_pid":null,"started_unix":0,"disks":[],"accel":"tcg"}}"#
+                ),
+            )
+            .unwrap();
+            fs::write(dir.join("plugin.shm"), b"ring").unwrap();
+            dir
+        };
+        let killed = record("killed", 4_000_000_000);
+        let live = record("live", 1); // init is always alive
+        let starting = d.path().join("starting"); // no vm.json yet
+        fs::create_dir(&starting).unwrap();
+        let _r = RuntimeDir::create(d.path(), "new").unwrap();
+        assert!(!killed.exists(), "a dead owner's directory is removed");
+        assert!(live.join("plugin.shm").exists() && starting.exists());
     }
 }

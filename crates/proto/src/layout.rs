@@ -222,6 +222,19 @@ impl RuntimeLayout {
         out.sort_by(|a, b| a.record.name.cmp(&b.record.name));
         out
     }
+
+    /// Directories of VMs whose `vmsight run` is gone (killed with SIGKILL, so its guard never
+    /// ran): their `vm.json` names a dead owner. A directory without `vm.json` is not listed:
+    /// its VM may be starting.
+    pub fn stale(&self) -> Vec<VmPaths> {
+        let Ok(rd) = fs::read_dir(&self.base) else {
+            return Vec::new();
+        };
+        rd.filter_map(Result::ok)
+            .map(|e| VmPaths::new(e.path()))
+            .filter(|p| p.read_record().is_some_and(|r| !r.owner_alive()))
+            .collect()
+    }
 }
 
 impl VmRecord {
