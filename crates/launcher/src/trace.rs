@@ -174,6 +174,7 @@ impl TraceSession {
     /// Drains what is left, ends pending calls and returns the counters.
     pub fn finish(self) -> TraceSummary {
         self.stop.store(true, Ordering::Release);
+        self.handle.thread().unpark();
         self.handle.join().unwrap_or_default()
     }
 }
@@ -203,7 +204,8 @@ fn run(
             break;
         }
         if batch.len() < 1024 {
-            std::thread::sleep(IDLE_SLEEP);
+            // `finish` unparks: the last drain starts at once.
+            std::thread::park_timeout(IDLE_SLEEP);
         }
     }
     s.finish()

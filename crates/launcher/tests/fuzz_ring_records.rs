@@ -156,5 +156,5 @@ fn generated_seeds_are_committed_and_reach_every_outcome() {
 
 #[test]
 fn corpus_and_mutations_neither_panic_nor_break_the_rings_promises() {
-    driver::corpus_and_mutations(TARGET, ring_records, ALL, ALL, 7_000, 4096);
+    driver::corpus_and_mutations(TARGET, ring_records, ALL, ALL, 50_000, 4096);
 }
