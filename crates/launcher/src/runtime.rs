@@ -74,7 +74,8 @@ impl RuntimeDir {
 }
 
 /// Removes the runtime directories that killed `vmsight run`s left behind (their plugin
-/// channel alone is megabytes of tmpfs). Best effort: another vmsight may prune at once.
+/// channel alone is 8 MiB per vCPU, on tmpfs where /run is one). Best effort: another vmsight
+/// may prune at once.
 fn prune_stale(base: &Path) {
     for p in RuntimeLayout::at(base).stale() {
         match fs::remove_dir_all(p.dir()) {
