@@ -3,7 +3,7 @@
 //! or the file system refuses it), `fdatasync`, and discard / write-zeroes with `fallocate`.
 
 use std::fs::{File, OpenOptions};
-use std::io::{self, Seek, SeekFrom};
+use std::io::{self, Read, Seek, SeekFrom};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -542,9 +542,31 @@ fn lock_holders(meta: &std::fs::Metadata) -> Vec<String> {
     let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
     let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
     let key = format!("{major:02x}:{minor:02x}:{}", meta.ino());
-    let Ok(locks) = std::fs::read_to_string("/proc/locks") else {
-        return Vec::new();
+    // A holder found in a torn listing is still a holder; an empty answer is worth a retry.
+    for _ in 0..3 {
+        let out = holders_in(&read_locks(), &key);
+        if !out.is_empty() {
+            return out;
+        }
+    }
+    Vec::new()
+}
+
+/// /proc/locks in one `read`: the kernel lists the locks page by page, walking its lock list
+/// again at each read, so a listing read in several pieces (as `read_to_string` does, starting
+/// with a 32-byte probe) can skip a lock when another one goes away in between.
+fn read_locks() -> String {
+    let Ok(mut f) = std::fs::File::open("/proc/locks") else {
+        return String::new();
     };
+    let mut buf = vec![0u8; 1 << 20];
+    let n = f.read(&mut buf).unwrap_or(0);
+    buf.truncate(n);
+    String::from_utf8_lossy(&buf).into_owned()
+}
+
+/// "pid N (comm)" of the flock holders of the file `key` ("MAJOR:MINOR:INODE") in `locks`.
+fn holders_in(locks: &str, key: &str) -> Vec<String> {
     let mut out = Vec::new();
     for line in locks.lines() {
         let f: Vec<&str> = line.split_whitespace().collect();
@@ -552,7 +574,7 @@ fn lock_holders(meta: &std::fs::Metadata) -> Vec<String> {
         if f.get(1) != Some(&"FLOCK") {
             continue;
         }
-        if f.get(5) != Some(&key.as_str()) {
+        if f.get(5) != Some(&key) {
             continue;
         }
         if let Some(pid) = f.get(4) {
