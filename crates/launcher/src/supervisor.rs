@@ -168,7 +168,8 @@ pub struct LateFacts {
     pub panic_text: Option<String>,
     /// QEMU's last stderr lines.
     pub qemu_stderr: Vec<String>,
-    /// The last console lines (for a QEMU failure without stderr).
+    /// The last console lines (all of them for a boot timeout, the last 5 for a QEMU failure
+    /// without stderr).
     pub console_tail: String,
     /// A backend that ended with an error when joined.
     pub backend_error: Option<String>,
@@ -240,7 +241,9 @@ impl Ending {
         } else if late.console_tail.trim().is_empty() {
             "no output".to_string()
         } else {
-            format!("last console lines:\n{}", late.console_tail)
+            let lines: Vec<&str> = late.console_tail.lines().collect();
+            let last = lines[lines.len().saturating_sub(5)..].join("\n");
+            format!("last console lines:\n{last}")
         };
         format!("QEMU exited ({status}) without a guest shutdown: {detail}")
     }

@@ -226,7 +226,7 @@ fn teardown(cfg: &VmConfig, prep: &Prepared, t: Teardown) -> RunOutcome {
     let late = LateFacts {
         panic_text: svc.tail.lock().ok().and_then(|t| t.panic_text()),
         qemu_stderr: qemu.stderr.lock().map(|v| v.clone()).unwrap_or_default(),
-        console_tail: tail_lines(&tail_text(&svc.tail), 5),
+        console_tail: tail_lines(&tail_text(&svc.tail), CONSOLE_TAIL_LINES),
         backend_error,
     };
     let mut stats = RunStats::collect(
@@ -394,6 +394,10 @@ impl LoopCtx<'_> {
         }
     }
 }
+
+/// Console lines kept for the end reasons: enough to show a stalled guest kernel's report
+/// (an RCU stall with its stack dump runs to a few dozen lines).
+const CONSOLE_TAIL_LINES: usize = 40;
 
 fn tail_text(t: &Arc<Mutex<ConsoleTail>>) -> String {
     t.lock().map(|t| t.text()).unwrap_or_default()
