@@ -97,7 +97,7 @@ pub fn output_within(mut cmd: Command, limit: Duration, what: &str) -> Run {
         }
     };
     let Some(status) = status else {
-        stop(&mut child);
+        terminate(&mut child, Duration::from_secs(20));
         let (out, err) = (collect(stdout), collect(stderr));
         panic!(
             "`{what}` was still running after {} s and was stopped\n--- stdout:\n{out}\n--- \
@@ -132,16 +132,17 @@ fn collect(rx: Receiver<Vec<u8>>) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
-/// SIGTERM, then SIGKILL if the child is still there 20 s later.
-fn stop(child: &mut Child) {
+/// SIGTERM (vmsight then stops its QEMU), then SIGKILL if the child is still there after
+/// `grace`.
+pub fn terminate(child: &mut Child, grace: Duration) {
     // SAFETY: kill(2) on our own child's PID, which has not been reaped (try_wait saw it run).
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let t = Instant::now();
-    while t.elapsed() < Duration::from_secs(20) {
+    while t.elapsed() < grace {
         if let Ok(Some(_)) = child.try_wait() {
             return;
         }
-        std::thread::sleep(Duration::from_millis(100));
+        std::thread::sleep(Duration::from_millis(50));
     }
     let _ = child.kill();
     let _ = child.wait();

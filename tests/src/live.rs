@@ -157,17 +157,7 @@ pub struct Bg(pub Child);
 
 impl Drop for Bg {
     fn drop(&mut self) {
-        // SAFETY: kill(2) of our own child by its pid; SIGTERM lets it clean up.
-        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if self.0.try_wait().ok().flatten().is_some() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        crate::terminate(&mut self.0, Duration::from_secs(10));
     }
 }
 
