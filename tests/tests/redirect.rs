@@ -114,8 +114,9 @@ fn redirected_vcpu_runs_a_guest_function_and_comes_back_with_every_register_rest
     assert!(r.stderr.contains("no return within 1500 ms"), "{r:?}");
 
     let r = redirect(&name, p.pid, &p, 60_000);
-    assert_eq!(r.code, Some(0), "{r:?}");
-    let o: Value = serde_json::from_str(&r.stdout).unwrap();
+    // Exit status 1 means a restore mismatch: checked below, after the guest's own check.
+    assert!(matches!(r.code, Some(0 | 1)), "{r:?}");
+    let o: Value = serde_json::from_str(&r.stdout).unwrap_or_else(|e| panic!("{e}: {r:?}"));
     // Taken at the probe's syscall instruction, and put back there.
     assert_eq!(o["pc"], p.site, "{o}");
     // The function ran with the arguments and the written word, and returned its result in
@@ -133,9 +134,6 @@ fn redirected_vcpu_runs_a_guest_function_and_comes_back_with_every_register_rest
     // It trashed the callee-saved registers (so the restore had something to do)...
     assert_eq!(o["at_return"]["r12"], 0x0bad_c0de_0bad_c0de_u64, "{o}");
     assert_ne!(o["saved"]["r12"], o["at_return"]["r12"], "{o}");
-    // ... and vmsight's check saw every register as saved when the vCPU came back.
-    assert_eq!(o["restore_mismatch"], serde_json::json!([]), "{o}");
-
     // The guest's own check: the function ran once with these arguments and the GS base set
     // for it, and after the redirected syscall every register and the GS base held what they
     // must.
@@ -152,9 +150,13 @@ fn redirected_vcpu_runs_a_guest_function_and_comes_back_with_every_register_rest
             "redirect-probe calls=1 result={want:#x} args={} fngs={GS:#x} gs=0 regs=intact",
             args.join(",")
         ),
-        "{err}"
+        "{err} {o}"
     );
     assert_eq!(code, Some(0), "{out:?} {err}");
+    // vmsight's check saw every register as saved when the vCPU came back (on a mismatch,
+    // `at_check` holds what it found).
+    assert_eq!(o["restore_mismatch"], serde_json::json!([]), "{o}");
+    assert_eq!(r.code, Some(0), "{r:?}");
 }
 
 #[test]

@@ -175,8 +175,18 @@ fn describe(o: &RedirectOutcome) -> String {
             Reg::ALL.len()
         ),
         Some(m) => {
-            let names: Vec<&str> = m.iter().map(|r| r.name()).collect();
-            format!("DIFFERENT after the restore: {}", names.join(", "))
+            let found: Vec<String> = m
+                .iter()
+                .map(|r| {
+                    format!(
+                        "{} (saved {:#x}, found {:#x})",
+                        r.name(),
+                        reg(&o.saved, *r),
+                        reg(&o.at_check, *r)
+                    )
+                })
+                .collect();
+            format!("DIFFERENT after the restore: {}", found.join(", "))
         }
         None => "restored (the plugin did not see the vCPU come back to check)".into(),
     };
@@ -241,5 +251,30 @@ mod tests {
         let mut a = args();
         a.set = vec![(Reg::Rsp, 9)];
         assert!(a.request().unwrap_err().to_string().contains("rsp"));
+    }
+
+    #[test]
+    fn a_restore_mismatch_is_described_with_the_saved_and_found_values() {
+        let regs = |v: u64| Reg::ALL.iter().map(|r| (*r, v)).collect::<BTreeMap<_, _>>();
+        let mut o = RedirectOutcome {
+            vcpu: 1,
+            return_vcpu: 0,
+            pc: 0x401000,
+            elapsed_ns: 2_000_000,
+            saved: regs(0x202),
+            at_return: regs(7),
+            restore_mismatch: Some(vec![]),
+            at_check: BTreeMap::new(),
+        };
+        assert!(describe(&o).contains("every register restored exactly"));
+        o.restore_mismatch = Some(vec![Reg::Eflags]);
+        o.at_check = [(Reg::Eflags, 0x203)].into_iter().collect();
+        let text = describe(&o);
+        assert!(
+            text.contains("DIFFERENT after the restore: eflags (saved 0x202, found 0x203)"),
+            "{text}"
+        );
+        o.restore_mismatch = None;
+        assert!(describe(&o).contains("did not see the vCPU come back"));
     }
 }

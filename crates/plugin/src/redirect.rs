@@ -308,7 +308,7 @@ impl Ctx<'_> {
             .iter()
             .filter(|r| now[r.index()] != v.saved[r.index()])
             .fold(0u64, |m, r| m | 1 << r.index());
-        self.mailbox().verified(v.seq, mask);
+        self.mailbox().verified(v.seq, mask, &now);
     }
 }
 

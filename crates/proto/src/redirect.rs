@@ -329,6 +329,10 @@ pub struct RedirectOutcome {
     /// after the restore (empty: every register restored exactly); `None` if the plugin
     /// did not see the vCPU there again before the caller stopped waiting.
     pub restore_mismatch: Option<Vec<Reg>>,
+    /// The values the check found in the registers of `restore_mismatch` (empty when every
+    /// register was restored, or not checked).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub at_check: BTreeMap<Reg, u64>,
 }
 
 /// Converts a fixed register array (mailbox order) into a map.

@@ -10,11 +10,12 @@
 //! cancelled active one (the vCPU then stays wherever the guest function took it).
 //!
 //! ```text
-//! CONTROL_OFFSET + 2048   Mailbox (111 u64 atomics, 888 bytes)
+//! CONTROL_OFFSET + 2048   Mailbox (197 u64 atomics, 1576 bytes)
 //!   req_seq cancel_seq done_seq verified_seq
 //!   trigger tgid entry has_frame return_to reserve set_mask set[20]
 //!   mem_addr mem_len mem[32]
 //!   status vcpu return_vcpu pc elapsed_ns saved[20] at_return[20] mismatch_mask
+//!   at_check[20]
 //!   arm_pid arm_n arm_addr[64]
 //! ```
 //!
@@ -63,6 +64,8 @@ pub struct Mailbox {
     saved: [AtomicU64; NREGS],
     at_return: [AtomicU64; NREGS],
     mismatch_mask: AtomicU64,
+    /// The registers where the restore was checked (what differed is in `mismatch_mask`).
+    at_check: [AtomicU64; NREGS],
     /// QEMU's pid and the addresses (in QEMU's memory) of every vCPU's arm word, published by
     /// the plugin: vmsight arms the vCPUs for a kernel-triggered request by writing 1 there
     /// itself (`process_vm_writev`), with no plugin thread to wake first.
@@ -74,7 +77,7 @@ pub struct Mailbox {
 /// Most vCPUs whose arm words the mailbox publishes.
 pub const MAX_ARM_VCPUS: usize = 64;
 
-const _: () = assert!(std::mem::size_of::<Mailbox>() == (111 + 2 + MAX_ARM_VCPUS) * 8);
+const _: () = assert!(std::mem::size_of::<Mailbox>() == (111 + NREGS + 2 + MAX_ARM_VCPUS) * 8);
 const _: () = assert!(MAILBOX_OFFSET as usize + std::mem::size_of::<Mailbox>() <= 4096);
 const _: () = assert!(MAILBOX_OFFSET as usize >= std::mem::size_of::<crate::control::FilterArea>());
 
@@ -181,6 +184,7 @@ impl Mailbox {
         }
         let verified = self.verified_seq.load(Ordering::Acquire) == seq;
         let mask = load(&self.mismatch_mask);
+        let differed = |r: &Reg| mask & (1 << r.index()) != 0;
         Progress::Returned(RedirectOutcome {
             vcpu: load(&self.vcpu) as u32,
             return_vcpu: load(&self.return_vcpu) as u32,
@@ -188,12 +192,16 @@ impl Mailbox {
             elapsed_ns: load(&self.elapsed_ns),
             saved: vmsight_proto::redirect::reg_map(&load_regs(&self.saved)),
             at_return: vmsight_proto::redirect::reg_map(&load_regs(&self.at_return)),
-            restore_mismatch: verified.then(|| {
+            restore_mismatch: verified.then(|| Reg::ALL.into_iter().filter(differed).collect()),
+            at_check: if verified {
                 Reg::ALL
                     .into_iter()
-                    .filter(|r| mask & (1 << r.index()) != 0)
+                    .filter(differed)
+                    .map(|r| (r, load(&self.at_check[r.index()])))
                     .collect()
-            }),
+            } else {
+                BTreeMap::new()
+            },
         })
     }
 
@@ -324,9 +332,13 @@ impl Mailbox {
         self.done_seq.store(seq, Ordering::Release);
     }
 
-    /// Reports the restore check of `seq`: bit `i` set if `Reg::ALL[i]` differed.
-    pub fn verified(&self, seq: u64, mismatch_mask: u64) {
+    /// Reports the restore check of `seq`: bit `i` set if `Reg::ALL[i]` differed, and the
+    /// registers as the check found them.
+    pub fn verified(&self, seq: u64, mismatch_mask: u64, at_check: &[u64; NREGS]) {
         store(&self.mismatch_mask, mismatch_mask);
+        for (a, v) in self.at_check.iter().zip(at_check) {
+            store(a, *v);
+        }
         self.verified_seq.store(seq, Ordering::Release);
     }
 }
@@ -495,11 +507,16 @@ mod tests {
         assert_eq!(o.saved[&Reg::Rsp], 0x7ffc_0000);
         assert_eq!((o.vcpu, o.return_vcpu, o.pc), (1, 0, 0x40_0100));
         assert_eq!(o.restore_mismatch, None, "not checked yet");
-        m.verified(seq, 1 << Reg::Rdi.index());
+        assert!(o.at_check.is_empty());
+        let mut at_check = saved;
+        at_check[Reg::Rdi.index()] = 0x55;
+        m.verified(seq, 1 << Reg::Rdi.index(), &at_check);
         let Progress::Returned(o) = m.progress(seq) else {
             panic!("returned")
         };
         assert_eq!(o.restore_mismatch, Some(vec![Reg::Rdi]));
+        // Only the registers that differed, with what the check found.
+        assert_eq!(o.at_check, [(Reg::Rdi, 0x55)].into_iter().collect());
     }
 
     #[test]
