@@ -583,15 +583,15 @@ fn int_0x80_calls_are_counted_as_compat_syscalls() {
 }
 
 /// Processes that live a few milliseconds (a dash that exits at once; one that changes
-/// directory and execs `true`) still get their exe and cwd: the plugin reads them in the
-/// guest at the process's first syscall and at a successful chdir and execve, while the task
-/// surely lives. The oracle is the guest's own record: each process writes its PID, and the
-/// shell knows what it ran and where.
+/// directory and execs `true`) still get their exe, cwd and parent: the plugin reads them in
+/// the guest at the process's first syscall and at a successful chdir and execve, while the
+/// task surely lives. The oracle is the guest's own record: each process writes its PID, and
+/// the shell knows what it ran, where, and its own PID (every probe's parent).
 #[test]
-fn short_lived_processes_get_exe_and_cwd_at_each_change() {
+fn short_lived_processes_get_exe_cwd_and_parent_at_each_change() {
     let t = Traced::run(
         "probe",
-        "set -e; cp /bin/dash /tmp/probe; cp /bin/true /tmp/probe2; cd /usr/share/doc
+        "set -e; echo shell $$; cp /bin/dash /tmp/probe; cp /bin/true /tmp/probe2; cd /usr/share/doc
 for i in $(seq 20); do /tmp/probe -c 'echo $$ >> /tmp/quick'; done
 for i in $(seq 10); do /tmp/probe -c 'echo $$ >> /tmp/execs; cd /tmp; exec /tmp/probe2'; done
 echo quick $(cat /tmp/quick); echo execs $(cat /tmp/execs)",
@@ -605,6 +605,17 @@ echo quick $(cat /tmp/quick); echo execs $(cat /tmp/execs)",
     };
     let (quick, execs) = (pids("quick "), pids("execs "));
     assert_eq!((quick.len(), execs.len()), (20, 10), "{}", t.run.stdout);
+    let shell = pids("shell ")[0];
+    for &pid in quick.iter().chain(&execs) {
+        let parents: Vec<i64> = t
+            .of("process", pid)
+            .map(|v| v["ppid"].as_i64().unwrap_or(-1))
+            .collect();
+        assert!(
+            !parents.is_empty() && parents.iter().all(|&p| p == shell),
+            "pid {pid}: parents {parents:?}, the shell is {shell}"
+        );
+    }
     let of = |pid: i64| -> Vec<String> {
         t.of("process", pid)
             .map(|v| format!("{} {} {}", v["comm"], v["exe"], v["cwd"]))

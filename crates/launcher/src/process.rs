@@ -15,7 +15,7 @@ use std::sync::Arc;
 use serde::Serialize;
 use vmsight_introspect::kernel::{KernelView, TaskInfo};
 use vmsight_introspect::memory::GuestRam;
-use vmsight_introspect::syscall::event::{COMM_ARG, CWD_ARG, EXE_ARG};
+use vmsight_introspect::syscall::event::{COMM_ARG, CWD_ARG, EXE_ARG, PPID_ARG};
 use vmsight_introspect::syscall::{
     nr, Completed, Drained, EntryEvent, JsonSink, Outcome, SyscallObserver,
 };
@@ -28,7 +28,8 @@ pub struct ProcessRecord {
     pub kind: &'static str,
     pub pid: i32,
     pub tid: i32,
-    /// `None` when only the plugin's reading is left (the task was gone when vmsight looked).
+    /// `real_parent->tgid`, from the plugin's reading in the guest (at the process's first
+    /// syscall) or vmsight's own; `None` when neither had it.
     pub ppid: Option<i32>,
     pub comm: String,
     pub exe: Option<String>,
@@ -198,27 +199,36 @@ struct PluginDetails {
     exe: Option<String>,
     cwd: Option<String>,
     comm: Option<String>,
+    ppid: Option<i32>,
 }
 
 impl PluginDetails {
     fn of(e: &EntryEvent) -> Self {
-        let text = |a| {
+        let whole = |a| {
             e.arg_data(a)
                 .filter(|d| !d.fault && !d.truncated && !d.bytes.is_empty())
-                .map(|d| String::from_utf8_lossy(&d.bytes).into_owned())
         };
+        let text = |a| whole(a).map(|d| String::from_utf8_lossy(&d.bytes).into_owned());
         PluginDetails {
             exe: text(EXE_ARG),
             cwd: text(CWD_ARG),
             comm: text(COMM_ARG),
+            // Exactly 4 bytes, a PID the kernel could give (guest data: checked, not trusted).
+            ppid: whole(PPID_ARG)
+                .and_then(|d| <[u8; 4]>::try_from(d.bytes.as_slice()).ok())
+                .map(i32::from_le_bytes)
+                .filter(|p| (0..=PID_MAX_LIMIT).contains(p)),
         }
     }
 
     fn any(&self) -> bool {
-        self.exe.is_some() || self.cwd.is_some() || self.comm.is_some()
+        self.exe.is_some() || self.cwd.is_some() || self.comm.is_some() || self.ppid.is_some()
     }
 
     fn apply(&self, rec: &mut ProcessRecord) {
+        if let Some(p) = self.ppid {
+            rec.ppid = Some(p);
+        }
         if let Some(x) = &self.exe {
             rec.exe = Some(x.clone());
         }
@@ -233,6 +243,9 @@ impl PluginDetails {
 
 /// Most early reads kept at once.
 const MAX_EARLY: usize = 4096;
+
+/// The kernel's largest PID (`PID_MAX_LIMIT` on 64-bit).
+const PID_MAX_LIMIT: i32 = 4 * 1024 * 1024;
 
 /// Calls after which a task's exe or cwd may differ.
 fn changes_details(nr: u64) -> bool {
@@ -288,5 +301,81 @@ impl SyscallObserver for ProcessObserver {
         if let Some(t) = self.text.as_mut() {
             let _ = t.flush();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vmsight_introspect::syscall::event::ArgData;
+
+    fn entry_with(pieces: &[(u8, &[u8])]) -> EntryEvent {
+        EntryEvent {
+            data: pieces
+                .iter()
+                .map(|(arg, bytes)| ArgData {
+                    arg: *arg,
+                    bytes: bytes.to_vec(),
+                    truncated: false,
+                    fault: false,
+                })
+                .collect(),
+            ..EntryEvent::default()
+        }
+    }
+
+    #[test]
+    fn the_plugins_parent_pid_is_taken_only_when_it_is_a_plausible_pid() {
+        let d = PluginDetails::of(&entry_with(&[(PPID_ARG, &412i32.to_le_bytes())]));
+        assert_eq!(d.ppid, Some(412));
+        assert!(d.any());
+        let mut rec = ProcessRecord {
+            kind: "process",
+            pid: 500,
+            tid: 500,
+            ppid: None,
+            comm: "sh".into(),
+            exe: None,
+            cwd: None,
+            ts_ns: 0,
+        };
+        d.apply(&mut rec);
+        assert_eq!(rec.ppid, Some(412));
+        // Guest data: a wrong length, a negative or an impossible PID is ignored.
+        for bad in [
+            &[1u8, 0, 0][..],
+            &(-1i32).to_le_bytes(),
+            &(1i32 << 30).to_le_bytes(),
+        ] {
+            let d = PluginDetails::of(&entry_with(&[(PPID_ARG, bad)]));
+            assert_eq!(d.ppid, None, "{bad:?}");
+            assert!(!d.any());
+        }
+        let exe = PluginDetails::of(&entry_with(&[(EXE_ARG, b"/bin/sh")]));
+        assert_eq!((exe.exe.as_deref(), exe.ppid), (Some("/bin/sh"), None));
+    }
+
+    #[test]
+    fn a_task_gone_before_vmsight_reads_it_keeps_the_parent_the_plugin_read() {
+        // No guest memory to read (no such QEMU, no profile): as for a task that exited
+        // before vmsight looked, only the plugin's reading is left.
+        let mut obs = ProcessObserver::new(
+            u32::MAX,
+            PathBuf::from("/nonexistent/profile.json"),
+            None,
+            None,
+        );
+        let mut e = entry_with(&[
+            (EXE_ARG, b"/tmp/probe"),
+            (CWD_ARG, b"/usr/share/doc"),
+            (PPID_ARG, &412i32.to_le_bytes()),
+        ]);
+        (e.task, e.tgid, e.tid, e.comm) = (0xffff_8880_0001_0000, 500, 500, "probe".into());
+        obs.on_entry(&e);
+        let rec = &obs.last[&e.task];
+        assert_eq!(
+            (rec.pid, rec.ppid, rec.exe.as_deref(), rec.cwd.as_deref()),
+            (500, Some(412), Some("/tmp/probe"), Some("/usr/share/doc"))
+        );
     }
 }

@@ -550,6 +550,14 @@ impl KernelMem<'_> {
         self.read(addr, &mut b).then(|| u64::from_le_bytes(b))
     }
 
+    /// `task->real_parent->tgid`: the PPID `ps` shows (0 for a child of `init_task`).
+    fn parent_tgid(&mut self, task: u64) -> Option<u32> {
+        let parent = self.u64_at(task.wrapping_add(self.lay.real_parent))?;
+        let mut b4 = [0u8; 4];
+        self.read(parent.wrapping_add(self.lay.tgid), &mut b4)
+            .then(|| u32::from_le_bytes(b4))
+    }
+
     /// pid, tgid and real_parent (one read when they are close, as in every Linux since
     /// they were introduced), then comm.
     fn task_fields(&mut self, task: u64) -> Option<TaskFields> {
@@ -1418,8 +1426,9 @@ impl Ctx<'_> {
         (retry.n > 0 || retry.describe).then_some(retry)
     }
 
-    /// Appends DATA pieces with the task's executable and working directory (and with
-    /// `comm`, its name), read from guest kernel memory now, while the task surely lives.
+    /// Appends DATA pieces with the task's executable, working directory and parent's TGID
+    /// (and with `comm`, its name), read from guest kernel memory now, while the task surely
+    /// lives.
     fn emit_details(&mut self, task: u64, ts: u64, cr3: u64, extra: u16, comm: bool) {
         let Some(pl) = self.lay.paths else { return };
         for (arg, exe) in [(data::EXE_ARG, true), (data::CWD_ARG, false)] {
@@ -1439,6 +1448,11 @@ impl Ctx<'_> {
             if ok {
                 self.emit_pieces(ts, cr3, task, arg, extra);
             }
+        }
+        if let Some(ppid) = self.kmem().parent_tgid(task) {
+            self.hot.strbuf.clear();
+            self.hot.strbuf.extend_from_slice(&ppid.to_le_bytes());
+            self.emit_pieces(ts, cr3, task, data::PPID_ARG, extra);
         }
         if comm {
             let mut name = [0u8; COMM_LEN];

@@ -104,9 +104,10 @@ pub mod data {
     pub const CAPACITY: usize = 88;
     /// Argument indices of DATA pieces that are not an argument's bytes (defined once in
     /// `vmsight_proto::syscall::extra_arg`): a write's partial head and tail chunks (sent with
-    /// [`super::kind::SUMS`] records), a task's exe, cwd and comm.
+    /// [`super::kind::SUMS`] records), a task's exe, cwd, parent's TGID and comm.
     pub use vmsight_proto::syscall::extra_arg::{
-        COMM as COMM_ARG, CWD as CWD_ARG, EXE as EXE_ARG, HEAD as HEAD_ARG, TAIL as TAIL_ARG,
+        COMM as COMM_ARG, CWD as CWD_ARG, EXE as EXE_ARG, HEAD as HEAD_ARG, PPID as PPID_ARG,
+        TAIL as TAIL_ARG,
     };
 }
 

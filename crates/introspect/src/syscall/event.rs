@@ -38,9 +38,10 @@ pub struct EntryEvent {
 
 /// Argument indices of the DATA pieces that are not an argument's bytes
 /// (`vmsight_proto::syscall::extra_arg`): a write's partial head and tail chunks, a task's
-/// exe, cwd and new comm.
+/// exe, cwd, parent's TGID and new comm.
 pub use vmsight_proto::syscall::extra_arg::{
-    COMM as COMM_ARG, CWD as CWD_ARG, EXE as EXE_ARG, HEAD as HEAD_ARG, TAIL as TAIL_ARG,
+    COMM as COMM_ARG, CWD as CWD_ARG, EXE as EXE_ARG, HEAD as HEAD_ARG, PPID as PPID_ARG,
+    TAIL as TAIL_ARG,
 };
 
 /// Where the file position of an [`IoSums`] came from.

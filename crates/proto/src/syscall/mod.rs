@@ -27,6 +27,9 @@ pub mod extra_arg {
     pub const CWD: u8 = 19;
     /// The task's `comm` after a successful execve (the entry carries the old one).
     pub const COMM: u8 = 20;
+    /// The TGID of the task's `real_parent` (4 bytes, little-endian): with [`EXE`] and
+    /// [`CWD`].
+    pub const PPID: u8 = 21;
 }
 
 /// The meaning of one argument.
