@@ -4,7 +4,9 @@
 //! It sits in the unused second half of the filter page of the control area. One request is
 //! outstanding at a time. vmsight stores the request fields, then `req_seq` (Release); the
 //! plugin sees a new sequence at its next trigger check, reads the fields (Acquire), and
-//! answers by storing the outcome fields and then `done_seq`; after the restore is checked it
+//! answers by storing the outcome fields and then `done_seq` (only for the request posted last
+//! and not answered yet, and `done_seq` never goes back: a vCPU preempted after it read an older
+//! sequence cannot undo a newer answer); after the restore is checked it
 //! stores the mismatch mask and `verified_seq`. vmsight gives up on a request by storing its
 //! sequence in `cancel_seq`: the plugin does not take a cancelled request, and drops a
 //! cancelled active one (the vCPU then stays wherever the guest function took it).
@@ -312,14 +314,34 @@ impl Mailbox {
         req.validate().ok().map(|()| req)
     }
 
-    /// Answers `seq` with a failure.
-    pub fn fail(&self, seq: u64, why: RedirectFailure) {
-        store(&self.status, why.code());
-        self.done_seq.store(seq, Ordering::Release);
+    /// True if `seq` is the request posted last and nobody answered it yet. A vCPU may act on
+    /// a sequence it read long before (its host thread preempted meanwhile): an answer to an
+    /// older request must not touch the outcome of a newer one, which vmsight may already
+    /// have read as answered.
+    fn unanswered(&self, seq: u64) -> bool {
+        self.req_seq.load(Ordering::Acquire) == seq && self.done_seq.load(Ordering::Acquire) != seq
     }
 
-    /// Answers `seq` with the return.
+    /// Marks `seq` answered. `done_seq` never goes back, so a late answer cannot make a newer,
+    /// answered request look outstanding again.
+    fn answer(&self, seq: u64) {
+        self.done_seq.fetch_max(seq, Ordering::AcqRel);
+    }
+
+    /// Answers `seq` with a failure (ignored unless `seq` is the unanswered request).
+    pub fn fail(&self, seq: u64, why: RedirectFailure) {
+        if !self.unanswered(seq) {
+            return;
+        }
+        store(&self.status, why.code());
+        self.answer(seq);
+    }
+
+    /// Answers `seq` with the return (ignored unless `seq` is the unanswered request).
     pub fn returned(&self, seq: u64, o: &ReturnReport) {
+        if !self.unanswered(seq) {
+            return;
+        }
         store(&self.status, 0);
         store(&self.vcpu, u64::from(o.vcpu));
         store(&self.return_vcpu, u64::from(o.return_vcpu));
@@ -329,7 +351,7 @@ impl Mailbox {
             store(&self.saved[i], o.saved[i]);
             store(&self.at_return[i], o.at_return[i]);
         }
-        self.done_seq.store(seq, Ordering::Release);
+        self.answer(seq);
     }
 
     /// Reports the restore check of `seq`: bit `i` set if `Reg::ALL[i]` differed, and the
@@ -478,6 +500,44 @@ mod tests {
             m.post(&req()).is_ok(),
             "an answered request frees the mailbox"
         );
+    }
+
+    #[test]
+    fn a_late_answer_to_an_older_request_leaves_the_newer_one_alone() {
+        // A vCPU read request `a`, was preempted, and answers it after `b` was posted and
+        // answered (the make test failure: every later post was refused as busy).
+        let m = mailbox();
+        let a = m.post(&req()).expect("posted");
+        m.fail(a, RedirectFailure::RegisterRead);
+        let b = m.post(&req()).expect("posted");
+        let report = ReturnReport {
+            vcpu: 0,
+            return_vcpu: 0,
+            pc: 0x40_0100,
+            elapsed_ns: 1,
+            saved: [0; NREGS],
+            at_return: [7; NREGS],
+        };
+        m.returned(b, &report);
+        m.fail(a, RedirectFailure::BadRequest);
+        m.returned(a, &report);
+        assert!(
+            matches!(m.progress(b), Progress::Returned(_)),
+            "{:?}",
+            m.progress(b)
+        );
+        let c = m.post(&req()).expect("the mailbox is free after b");
+        // A second answer to the same request changes nothing either.
+        m.fail(c, RedirectFailure::StackWrite);
+        m.returned(c, &report);
+        assert_eq!(m.progress(c), Progress::Failed(RedirectFailure::StackWrite));
+        // Nor does an answer to a cancelled request once a newer one is posted.
+        let d = m.post(&req()).expect("posted");
+        m.cancel(d);
+        let e = m.post(&req()).expect("posted after the cancel");
+        m.fail(d, RedirectFailure::Restore);
+        assert_eq!(m.progress(e), Progress::Waiting);
+        assert_eq!(m.post(&req()), Err(MailboxError::Busy(e)));
     }
 
     #[test]
