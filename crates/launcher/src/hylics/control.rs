@@ -308,6 +308,16 @@ impl Worker {
                 }
             }
         }
+        if !interval.responses.is_empty() || interval.arrivals > 0 {
+            // The last, partial interval: logged so the log holds every reported task (and
+            // replays), but not applied, since the share is going away with the VM.
+            let now = t0.elapsed().as_secs_f64();
+            let record = self.decide(start, now, interval);
+            self.write_log(&record);
+            if let Ok(mut st) = self.state.lock() {
+                st.status.decisions = record.decision.k + 1;
+            }
+        }
         if let Some(w) = &mut self.log {
             let _ = w.flush();
         }
@@ -322,8 +332,8 @@ impl Worker {
         }
     }
 
-    /// The interval `[start, now)` is over: decide, log, apply.
-    fn step(&mut self, start: f64, now: f64, interval: Interval) {
+    /// The controller's decision on the interval `[start, now)`.
+    fn decide(&mut self, start: f64, now: f64, interval: Interval) -> LogRecord {
         let arrivals = if self.arrivals_reported {
             interval.arrivals
         } else {
@@ -335,7 +345,12 @@ impl Worker {
             response_times_secs: interval.responses,
             arrivals,
         };
-        let record = self.controller.step_logged(now, input);
+        self.controller.step_logged(now, input)
+    }
+
+    /// The interval `[start, now)` is over: decide, log, apply.
+    fn step(&mut self, start: f64, now: f64, interval: Interval) {
+        let record = self.decide(start, now, interval);
         self.write_log(&record);
         let target = record.decision.m_after_bytes;
         let refused = self.apply(target);
@@ -540,12 +555,25 @@ mod tests {
             std::thread::sleep(Duration::from_millis(50));
         }
         assert_eq!(share.size(), 2 * MIB);
+        // A task reported just before the stop is logged too (in the last, partial interval
+        // unless an interval ended in between).
+        c.done(0.07).expect("report");
         let end = c.stop();
         assert!(c.advice().evict.is_empty(), "no advice once it fits");
         assert!(end.decisions >= 2);
         let file = vmsight_hylics::LogFile::parse(&std::fs::read_to_string(&log).expect("log"))
             .expect("parses");
         assert_eq!(file.records.len() as u64, end.decisions);
+        let logged: Vec<f64> = file
+            .records
+            .iter()
+            .flat_map(|r| r.input.response_times_secs.iter().copied())
+            .collect();
+        assert_eq!(
+            logged,
+            vec![0.05, 0.07],
+            "every reported task is in the log"
+        );
         file.replay().expect("every decision reproduces");
         drop(c);
         drop(share);
