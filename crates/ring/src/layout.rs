@@ -26,7 +26,8 @@ use crate::Record;
 /// `b"VMSRING\0"` read as a little-endian u64; written last by the creator.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"VMSRING\0");
 /// Version of this layout; bumped on any incompatible change of header, counters or records.
-pub const LAYOUT_VERSION: u32 = 4;
+/// (5: the redirect mailbox gained `at_check`, which moved the arm-word addresses.)
+pub const LAYOUT_VERSION: u32 = 5;
 /// Size of the header region (one page so the counters start page aligned).
 pub const HEADER_SIZE: u64 = 4096;
 /// Offset of the control area (monitor filters and the plugin's report).
