@@ -115,22 +115,25 @@ impl Ctx<'_> {
         if VERIFY_ON.load(Ordering::Relaxed) {
             self.check_restore(cr3, pc);
         }
-        let seq = self.mailbox().waiting(TAKEN.load(Ordering::Relaxed))?;
+        let seen = TAKEN.load(Ordering::SeqCst);
+        let seq = self.mailbox().waiting(seen)?;
         if ACTIVE_ON.load(Ordering::Relaxed) {
             return None; // one at a time; the next trigger after the return takes it
         }
-        let Some(req) = self.mailbox().request() else {
+        let req = self.mailbox().request();
+        if let Some(r) = &req {
+            match r.trigger {
+                Trigger::Syscall { tgid: want } if want == tgid => {}
+                // A kernel trigger (the armed kernel blocks take it), or another process.
+                _ => return None,
+            }
+        }
+        if !self.mailbox().claim(&TAKEN, seen, seq) {
+            return None; // another vCPU took it, or it is no longer the posted request
+        }
+        let Some(req) = req else {
             return self.refuse(seq, RedirectFailure::BadRequest);
         };
-        let Trigger::Syscall { tgid: want } = req.trigger else {
-            return None; // a kernel trigger: the armed kernel blocks take it
-        };
-        if want != tgid {
-            return None;
-        }
-        if TAKEN.swap(seq, Ordering::SeqCst) == seq || self.mailbox().cancelled(seq) {
-            return None; // another vCPU took it, or vmsight gave up
-        }
         if !available() {
             return self.refuse(seq, RedirectFailure::NoWrites);
         }
@@ -367,7 +370,8 @@ impl Ctx<'_> {
     /// the guest declared the point safe. Returns the entry to move to.
     pub(crate) fn redirect_in_kernel(&mut self, pc: u64, need_if: bool) -> Option<u64> {
         let disarm = |c: &Self| c.st.sb_set(crate::SB_ARM, c.vcpu, 0);
-        let Some(seq) = self.mailbox().waiting(TAKEN.load(Ordering::Relaxed)) else {
+        let seen = TAKEN.load(Ordering::SeqCst);
+        let Some(seq) = self.mailbox().waiting(seen) else {
             disarm(self);
             return None;
         };
@@ -379,18 +383,24 @@ impl Ctx<'_> {
         if need_if && saved[Reg::Eflags.index()] & EFLAGS_IF == 0 {
             return None; // interrupts off here: stay armed, try the next block
         }
-        let Some(req) = self.mailbox().request() else {
+        let req = self.mailbox().request();
+        let not_here = match req.as_ref().map(|r| &r.trigger) {
+            Some(Trigger::Kernel { not_here }) => Some(*not_here),
+            Some(Trigger::Syscall { .. }) => {
+                disarm(self);
+                return None;
+            }
+            None => None,
+        };
+        if !self.mailbox().claim(&TAKEN, seen, seq) {
+            // Another vCPU took it, or it is no longer the posted request. Stay armed: the
+            // next block sees whether a request still waits (and disarms if none does).
+            return None;
+        }
+        let (Some(req), Some(not_here)) = (req, not_here) else {
             disarm(self);
             return self.refuse(seq, RedirectFailure::BadRequest);
         };
-        let Trigger::Kernel { not_here } = req.trigger else {
-            disarm(self);
-            return None;
-        };
-        if TAKEN.swap(seq, Ordering::SeqCst) == seq || self.mailbox().cancelled(seq) {
-            disarm(self);
-            return None;
-        }
         arm_all(self.st, 0);
         let mut cr3 = [0u64; 1];
         let h = self.regs.entry[crate::E_CR3];

@@ -3,8 +3,10 @@
 //!
 //! It sits in the unused second half of the filter page of the control area. One request is
 //! outstanding at a time. vmsight stores the request fields, then `req_seq` (Release); the
-//! plugin sees a new sequence at its next trigger check, reads the fields (Acquire), and
-//! answers by storing the outcome fields and then `done_seq` (only for the request posted last
+//! plugin sees a new sequence at its next trigger check, reads the fields, then claims it
+//! ([`Mailbox::claim`]: a compare-and-swap on its own record of the last sequence taken, and a
+//! check that the sequence is still the one posted, so a vCPU that read an older sequence never
+//! runs it after another vCPU answered it), and answers by storing the outcome fields and then `done_seq` (only for the request posted last
 //! and not answered yet, and `done_seq` never goes back: a vCPU preempted after it read an older
 //! sequence cannot undo a newer answer); after the restore is checked it
 //! stores the mismatch mask and `verified_seq`. vmsight gives up on a request by storing its
@@ -25,7 +27,7 @@
 //! any other (and the plugin's writes are bounded by the request's own limits).
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicU64, Ordering};
 
 use vmsight_proto::redirect::{
     Frame, MemWrite, RedirectFailure, RedirectOutcome, RedirectRequest, Reg, Trigger,
@@ -136,6 +138,10 @@ impl Mailbox {
         if let Some(seq) = self.outstanding() {
             return Err(MailboxError::Busy(seq));
         }
+        // Pairs with the fence in `claim`: a vCPU that reads any field stored below also sees
+        // the answer or cancel that freed the mailbox, so it cannot take the fields as those of
+        // the older request it read the sequence of.
+        fence(Ordering::Release);
         let (code, arg) = match req.trigger {
             Trigger::Syscall { tgid } => (TRIGGER_SYSCALL, u64::from(tgid)),
             Trigger::Kernel { not_here } => (TRIGGER_KERNEL, not_here),
@@ -223,6 +229,28 @@ impl Mailbox {
             return None;
         }
         self.outstanding()
+    }
+
+    /// Claims request `seq`, which [`Mailbox::waiting`]`(seen)` returned, for this vCPU, after
+    /// its fields were read with [`Mailbox::request`]. `taken` is the plugin's record of the
+    /// last sequence taken, shared by its vCPUs; `seen` is what it held when `waiting` was
+    /// called.
+    ///
+    /// True only if no other vCPU took anything since (`taken` still `seen`) and `seq` is still
+    /// the posted, unanswered, uncancelled request, which also proves the fields read before
+    /// were `seq`'s. A vCPU whose host thread was preempted between `waiting` and here must not
+    /// run a request another vCPU already answered: vmsight may have posted the next one, and
+    /// the stale request's arguments would then be answered under the new sequence.
+    pub fn claim(&self, taken: &AtomicU64, seen: u64, seq: u64) -> bool {
+        if seen == seq
+            || taken
+                .compare_exchange(seen, seq, Ordering::SeqCst, Ordering::SeqCst)
+                .is_err()
+        {
+            return false;
+        }
+        fence(Ordering::Acquire);
+        self.outstanding() == Some(seq)
     }
 
     /// Sleeps until `req_seq` differs from `seen` or `timeout` passes (a plugin thread that
@@ -538,6 +566,129 @@ mod tests {
         m.fail(d, RedirectFailure::Restore);
         assert_eq!(m.progress(e), Progress::Waiting);
         assert_eq!(m.post(&req()), Err(MailboxError::Busy(e)));
+    }
+
+    fn report(rax: u64) -> ReturnReport {
+        let mut at_return = [0u64; NREGS];
+        at_return[Reg::Rax.index()] = rax;
+        ReturnReport {
+            vcpu: 0,
+            return_vcpu: 0,
+            pc: 0x40_0100,
+            elapsed_ns: 1,
+            saved: [0; NREGS],
+            at_return,
+        }
+    }
+
+    /// The make test failure (one wrong synchronous symcall answer in 2000): a vCPU read
+    /// request `a` and was preempted; another vCPU took and answered `a`, vmsight posted `b`
+    /// and a vCPU took it. The first vCPU must not take `a` now (a swap of the taken record
+    /// let it, and `a`'s arguments ran under `b`'s sequence).
+    #[test]
+    fn a_vcpu_that_read_a_request_late_cannot_take_it_after_another_answered_it() {
+        let m = mailbox();
+        let taken = AtomicU64::new(0);
+        let a = m.post(&req()).expect("posted");
+        let late_seen = taken.load(Ordering::SeqCst);
+        assert_eq!(m.waiting(late_seen), Some(a));
+        // Another vCPU takes and answers it; the next request is posted and taken.
+        assert!(m.claim(&taken, 0, a));
+        assert!(!m.claim(&taken, 0, a), "one vCPU only");
+        m.returned(a, &report(1));
+        let b = m.post(&req()).expect("posted");
+        assert!(m.claim(&taken, a, b));
+        assert!(!m.claim(&taken, late_seen, a), "the late vCPU backs off");
+        assert_eq!(taken.load(Ordering::SeqCst), b);
+        // Same when `a` was cancelled and `b` not taken yet (the record did not move), and
+        // after a "not here" retry reset the record to 0.
+        m.returned(b, &report(2));
+        let c = m.post(&req()).expect("posted");
+        let seen = taken.load(Ordering::SeqCst);
+        m.cancel(c);
+        let d = m.post(&req()).expect("posted");
+        assert!(!m.claim(&taken, seen, c), "a cancelled, replaced request");
+        assert_eq!(
+            m.waiting(taken.load(Ordering::SeqCst)),
+            Some(d),
+            "d still waits"
+        );
+        taken.store(0, Ordering::SeqCst);
+        assert!(!m.claim(&taken, 0, c), "not after a reset either");
+        let seen = taken.load(Ordering::SeqCst);
+        assert_eq!(m.waiting(seen), Some(d), "the failed claim left d takeable");
+        assert!(m.claim(&taken, seen, d));
+    }
+
+    /// vmsight posts request after request, each with its own argument, while three "vCPUs"
+    /// race to take them, yielding at every step (as a preempted host thread would): every
+    /// request is run exactly once, and every answer carries the arguments it was posted with.
+    #[test]
+    fn racing_vcpus_run_each_request_once_with_its_own_arguments() {
+        use std::sync::atomic::AtomicBool;
+        use std::sync::Arc;
+        const N: u64 = 3000;
+        let m: Arc<Mailbox> = Arc::new(*mailbox());
+        let taken = Arc::new(AtomicU64::new(0));
+        let runs = Arc::new((0..=N).map(|_| AtomicU64::new(0)).collect::<Vec<_>>());
+        let stop = Arc::new(AtomicBool::new(false));
+        let vcpus: Vec<_> = (0..3)
+            .map(|v| {
+                let (m, taken, runs, stop) = (m.clone(), taken.clone(), runs.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    let mut i = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        i += 1;
+                        let seen = taken.load(Ordering::SeqCst);
+                        let Some(seq) = m.waiting(seen) else {
+                            std::thread::yield_now();
+                            continue;
+                        };
+                        if (i + v).is_multiple_of(3) {
+                            std::thread::yield_now();
+                        }
+                        let r = m.request();
+                        if (i + v).is_multiple_of(5) {
+                            std::thread::yield_now();
+                        }
+                        if !m.claim(&taken, seen, seq) {
+                            continue;
+                        }
+                        let r = r.expect("a claimed request is valid");
+                        let arg = r.regs[&Reg::Rdi];
+                        assert_eq!(r.regs[&Reg::Rsi], !arg, "torn read of request {seq}");
+                        assert_eq!(r.regs[&Reg::Rsp], 0x7ffc_0000 + 16 * arg, "torn read");
+                        runs[(arg as usize).min(N as usize)].fetch_add(1, Ordering::SeqCst);
+                        m.returned(seq, &report(arg));
+                    }
+                })
+            })
+            .collect();
+        for k in 1..=N {
+            let mut r = RedirectRequest::call(
+                Trigger::Kernel { not_here: 1 },
+                0x40_1000,
+                &[k, !k],
+                0x40_2000,
+            );
+            r.regs.insert(Reg::Rsp, 0x7ffc_0000 + 16 * k);
+            let seq = m.post(&r).expect("the previous one was answered");
+            let t0 = std::time::Instant::now();
+            let got = loop {
+                if let Progress::Returned(o) = m.progress(seq) {
+                    break o.at_return[&Reg::Rax];
+                }
+                assert!(t0.elapsed().as_secs() < 60, "request {k} never answered");
+                std::thread::yield_now();
+            };
+            assert_eq!(got, k, "request {k} answered with another's argument");
+        }
+        stop.store(true, Ordering::Relaxed);
+        for v in vcpus {
+            v.join().unwrap();
+        }
+        assert!(runs[1..].iter().all(|r| r.load(Ordering::SeqCst) == 1));
+        assert_eq!(runs[0].load(Ordering::SeqCst), 0);
     }
 
     #[test]
