@@ -279,6 +279,7 @@ fn repeat_calls(
     let (mut ok, mut failed, mut wrong) = (0u64, 0u64, 0u64);
     let mut lat: Vec<u64> = Vec::with_capacity(times as usize);
     let mut first_error = None;
+    let mut first_wrong = None;
     for i in 0..times {
         let mut r = req.clone();
         if r.nr == nr::ECHO {
@@ -294,6 +295,7 @@ fn repeat_calls(
                         }) =>
             {
                 wrong += 1;
+                first_wrong.get_or_insert_with(|| wrong_answer(i, &r.args, &a));
             }
             Ok(a) => {
                 ok += 1;
@@ -317,6 +319,7 @@ fn repeat_calls(
                         "p99": pct(0.99) as f64 / 1e3, "max": pct(1.0) as f64 / 1e3},
         "wall_s": t0.elapsed().as_secs_f64(),
         "first_error": first_error,
+        "first_wrong": first_wrong,
     });
     let text =
         if json {
@@ -329,10 +332,26 @@ fn repeat_calls(
             pct(0.5) as f64 / 1e3,
             pct(0.99) as f64 / 1e3,
             first_error.map(|e| format!("; first error: {e}")).unwrap_or_default()
-        )
+        ) + &first_wrong
+                .map(|w| format!("; first wrong answer: {w}"))
+                .unwrap_or_default()
         };
     print_stdout(&text)?;
     Ok(if failed + wrong == 0 { 0 } else { 1 })
+}
+
+/// What a wrong echo answer was: the call, what it sent, and what came back.
+fn wrong_answer(i: u64, sent: &[u64], a: &CallReply) -> String {
+    format!(
+        "call {i} (sequence {}, {:?}) sent {:?}, got ret {}{} rets {:?} ({} data bytes)",
+        a.seq,
+        a.transport,
+        echo_of(sent),
+        a.ret,
+        a.errno().map(|e| format!(" ({e})")).unwrap_or_default(),
+        a.rets,
+        a.data.len()
+    )
 }
 
 fn echo_of(args: &[u64]) -> [u64; 5] {
@@ -340,4 +359,29 @@ fn echo_of(args: &[u64]) -> [u64; 5] {
     v[..args.len().min(5)].copy_from_slice(&args[..args.len().min(5)]);
     v[0] &= i64::MAX as u64;
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wrong_echo_answer_is_described_with_what_was_sent_and_what_came_back() {
+        let a = CallReply {
+            nr: nr::ECHO,
+            name: Some("echo".into()),
+            transport: Transport::Sync,
+            seq: 1975,
+            ret: -16,
+            rets: [0; 4],
+            data: Vec::new(),
+            latency_ns: 1,
+        };
+        let w = wrong_answer(1973, &[1973, 2, 3], &a);
+        assert_eq!(
+            w,
+            "call 1973 (sequence 1975, Sync) sent [1973, 2, 3, 0, 0], got ret -16 (EBUSY) \
+             rets [0, 0, 0, 0] (0 data bytes)"
+        );
+    }
 }
