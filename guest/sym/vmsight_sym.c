@@ -7,7 +7,7 @@
  * The layout of the shared region, every number and every state come from
  * vmsight_sym_abi.h, which is generated from crates/proto/src/sym.rs (the definition).
  *
- *  - Discovery: fw_cfg file "opt/vmsight/sym" ("abi=1 features=0x7 size=65536 vectors=2"),
+ *  - Discovery: fw_cfg file "opt/vmsight/sym" ("abi=2 features=0x7 size=65536 vectors=2"),
  *    read here through the legacy fw_cfg I/O ports (qemu_fw_cfg.ko is not needed).
  *  - Device: PCI ivshmem-doorbell 1af4:1110. BAR0 = registers, BAR2 = the 64 KiB region
  *    (VMM page 0x0000, SymSpy page 0x1000, call page 0x3000), MSI-X vector 0 = calls,
@@ -330,7 +330,7 @@ static int fwcfg_read_announcement(char *buf, size_t len)
 	return -ENODEV;
 }
 
-/* "abi=1 features=0x7 size=65536 vectors=2" */
+/* "abi=2 features=0x7 size=65536 vectors=2" */
 static void fwcfg_parse(char *s)
 {
 	char *tok;
@@ -1060,9 +1060,11 @@ asm(".pushsection .text, \"ax\"\n"
 extern const u8 vsym_sync_stub[];
 extern const u8 vsym_sync_return[];
 
-static noinline long vsym_sync_call(u64 nr, u64 a0, u64 a1, u64 a2, u64 a3, u64 a4)
+static noinline long vsym_sync_call(u64 word, u64 a0, u64 a1, u64 a2, u64 a3, u64 a4)
 {
 	u64 args[5] = { a0, a1, a2, a3, a4 };
+	u64 nr = (u32)word;
+	u32 tag = word >> VSYM_SYNC_SEQ_SHIFT;
 	struct vsym_res res;
 	u64 seq;
 
@@ -1078,9 +1080,18 @@ static noinline long vsym_sync_call(u64 nr, u64 a0, u64 a1, u64 a2, u64 a3, u64 
 	spin_unlock(&vsym_call_lock);
 	if (atomic_cmpxchg(&vsym_busy, 0, 1) != 0)
 		return -EBUSY;
-	atomic_long_inc(&vsym_sync_calls);
-	/* The call this entry answers: vmsight may give up on it and post another meanwhile. */
+	/*
+	 * The call this entry answers: vmsight may give up on it and post another meanwhile.
+	 * The entry carries the low half of its call's sequence; if the page holds another call
+	 * (this redirection ran late), these arguments are not that call's: answer nothing.
+	 */
 	seq = READ_ONCE(vsym.call->seq);
+	if ((u32)seq != tag) {
+		atomic_long_inc(&vsym_stale);
+		atomic_set_release(&vsym_busy, 0);
+		return -ESTALE;
+	}
+	atomic_long_inc(&vsym_sync_calls);
 	vsym_dispatch(nr, args, VSYM_TRANSPORT_SYNC, &res);
 	spin_lock(&vsym_call_lock);
 	/* Still the posted call (vmsight withdraws a call it gave up on: state IDLE). */
@@ -1095,12 +1106,13 @@ static noinline long vsym_sync_call(u64 nr, u64 a0, u64 a1, u64 a2, u64 a3, u64 
 
 /*
  * The synchronous entry, called by vsym_sync_stub with the six arguments the VMM put in rdi,
- * rsi, rdx, rcx, r8, r9, interrupts off. No stack protector and no tracing: the GS base is
+ * rsi, rdx, rcx, r8, r9, interrupts off: the call number tagged with the call's sequence
+ * (bits 0-31 and 32-63 of the first, VSYM_SYNC_SEQ_SHIFT) and the call's five arguments. No stack protector and no tracing: the GS base is
  * checked before anything uses it. Not static: the stub calls it by name.
  */
-__visible noinline notrace __no_stack_protector long vsym_sync_entry(u64 nr, u64 a0, u64 a1,
+__visible noinline notrace __no_stack_protector long vsym_sync_entry(u64 word, u64 a0, u64 a1,
 								  u64 a2, u64 a3, u64 a4);
-__visible noinline notrace __no_stack_protector long vsym_sync_entry(u64 nr, u64 a0, u64 a1,
+__visible noinline notrace __no_stack_protector long vsym_sync_entry(u64 word, u64 a0, u64 a1,
 								  u64 a2, u64 a3, u64 a4)
 {
 	u64 gs = __rdmsr(MSR_GS_BASE);
@@ -1122,7 +1134,7 @@ __visible noinline notrace __no_stack_protector long vsym_sync_entry(u64 nr, u64
 		ret = VSYM_RET_NOT_HERE;
 	} else {
 		atomic_inc(&vsym_sync_inflight);
-		ret = vsym_sync_call(nr, a0, a1, a2, a3, a4);
+		ret = vsym_sync_call(word, a0, a1, a2, a3, a4);
 		atomic_dec(&vsym_sync_inflight);
 	}
 	/* preempt_enable_no_resched(), which modules may not use: never schedule here. */

@@ -17,10 +17,12 @@
 //! every string and every offset by the table.
 
 /// Interface version. A module speaking another version is refused by both sides.
-pub const ABI_VERSION: u32 = 1;
+/// Version 2: the synchronous entry's first argument carries the call's sequence
+/// ([`sync_word`]).
+pub const ABI_VERSION: u32 = 2;
 /// Size of the shared region (a power of two: it is a PCI BAR).
 pub const REGION_SIZE: usize = 64 * 1024;
-/// fw_cfg item announcing the interface (`abi=1 features=0x7 size=65536 vectors=2`).
+/// fw_cfg item announcing the interface (`abi=2 features=0x7 size=65536 vectors=2`).
 pub const FW_CFG_NAME: &str = "opt/vmsight/sym";
 /// Interrupt vectors of the device, on each side.
 pub const VECTORS: u32 = 2;
@@ -181,6 +183,17 @@ pub mod hint {
 /// Ret value of the synchronous entry when the vCPU was not at a safe point (RCU not
 /// watching): the plugin puts it back and tries again at the next opportunity.
 pub const RET_NOT_HERE: i64 = -0x1_0000;
+
+/// Where the call's sequence sits in the synchronous entry's first argument.
+pub const SYNC_SEQ_SHIFT: u32 = 32;
+
+/// The synchronous entry's first argument: the call number in bits 0-31 and the low 32 bits of
+/// the call page's `seq` in bits 32-63. The module runs the call only while the page still
+/// holds that sequence, so a redirection that runs late (its vCPU's host thread preempted after
+/// it was taken, or a cancelled one) never answers a newer call with the older one's arguments.
+pub fn sync_word(nr: u32, seq: u64) -> u64 {
+    u64::from(nr) | (seq & 0xffff_ffff) << SYNC_SEQ_SHIFT
+}
 
 /// Capacities.
 pub const MAX_HINTS: usize = 16;
@@ -550,6 +563,7 @@ pub fn c_header() -> String {
     let _ = writeln!(s, "#define VSYM_VMM_MAGIC 0x{VMM_MAGIC:016x}ULL");
     let _ = writeln!(s, "#define VSYM_GUEST_MAGIC 0x{GUEST_MAGIC:016x}ULL");
     let _ = writeln!(s, "#define VSYM_RET_NOT_HERE ({RET_NOT_HERE}LL)");
+    let _ = writeln!(s, "#define VSYM_SYNC_SEQ_SHIFT {SYNC_SEQ_SHIFT}");
     let _ = writeln!(s, "#define VSYM_SWAPR_MAGIC 0x{:016x}ULL", swapr::MAGIC);
     let _ = writeln!(s, "#define VSYM_SWAPR_ABI {}", swapr::ABI);
     let consts: &[(&str, &[(&str, u64)])] = &[
@@ -1110,6 +1124,16 @@ pub fn guest_state_name(s: u32) -> String {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn the_synchronous_entry_word_carries_the_number_and_the_low_half_of_the_sequence() {
+        assert_eq!(sync_word(nr::ECHO, 5), 1 | 5 << 32);
+        // Only the low 32 bits of the sequence: the module compares with (u32)seq.
+        assert_eq!(sync_word(nr::TEST_SPIN, 0x1_0000_0007), 64 | 7 << 32);
+        assert_eq!(sync_word(nr::PING, u64::MAX) as u32, nr::PING);
+        assert_eq!(sync_word(nr::PING, u64::MAX) >> SYNC_SEQ_SHIFT, 0xffff_ffff);
+    }
+
     use super::*;
 
     #[test]

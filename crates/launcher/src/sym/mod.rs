@@ -23,9 +23,9 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use vmsight_proto::sym::{
-    call_state, feature, guest_state, nr, refuse, transport, vmm_state, CallReply, CallRequest,
-    SpyReport, SymCounters, Transport, ABI_VERSION, CALL, CALL_DATA, GUEST, VECTORS, VEC_CALL,
-    VEC_STATE, VMM, VMM_MAGIC,
+    call_state, feature, guest_state, nr, refuse, sync_word, transport, vmm_state, CallReply,
+    CallRequest, SpyReport, SymCounters, Transport, ABI_VERSION, CALL, CALL_DATA, GUEST, VECTORS,
+    VEC_CALL, VEC_STATE, VMM, VMM_MAGIC,
 };
 
 use ivshmem::Doorbells;
@@ -86,10 +86,12 @@ pub struct SyncEntry {
 /// The synchronous transport: runs the module's entry on a vCPU (the plugin's redirection,
 /// QEMU 11) and returns the entry's `rax`. Set once the plugin channel exists.
 pub trait SyncTransport: Send + Sync {
+    /// `word` is the entry's first argument: the call number tagged with the call's sequence
+    /// (`vmsight_proto::sym::sync_word`).
     fn call(
         &self,
         at: SyncEntry,
-        nr: u32,
+        word: u64,
         args: [u64; 5],
         timeout: Duration,
         wake: &dyn Fn(),
@@ -466,7 +468,7 @@ impl Symbiotic {
             },
         );
         if let Some(at) = sync {
-            let outcome = self.run_sync(at, req.nr, args, timeout);
+            let outcome = self.run_sync(at, sync_word(req.nr, seq), args, timeout);
             return self.sync_outcome(seq, req.nr, name, outcome, timeout, t0);
         }
         self.run_doorbell(seq, timeout)?;
@@ -632,7 +634,7 @@ impl Symbiotic {
     fn run_sync(
         &self,
         at: SyncEntry,
-        n: u32,
+        word: u64,
         args: [u64; 5],
         timeout: Duration,
     ) -> Result<Option<i64>, SymError> {
@@ -645,7 +647,7 @@ impl Symbiotic {
         let wake = || {
             let _ = self.bells.ring_guest(VEC_STATE);
         };
-        match t.call(at, n, args, timeout, &wake) {
+        match t.call(at, word, args, timeout, &wake) {
             Ok(rax) => Ok(Some(rax)),
             Err(reason) if reason.contains("timed out") => Ok(None),
             Err(reason) => Err(SymError::Sync {
@@ -694,7 +696,7 @@ mod tests {
     fn the_handshake_accepts_this_version_refuses_others_and_forgets_an_unloaded_module() {
         let s = Symbiotic::new("t", &[], false).unwrap();
         assert_eq!(s.region.load64(VMM.at("magic")), VMM_MAGIC);
-        hello(&s, ABI_VERSION + 98, guest_state::HELLO);
+        hello(&s, 99, guest_state::HELLO);
         assert_eq!(s.region.load32(VMM.at("state")), vmm_state::REFUSED);
         assert!(s.spy().refused.unwrap().contains("version 99"));
         hello(&s, ABI_VERSION, guest_state::HELLO);
@@ -725,7 +727,7 @@ mod tests {
         fn call(
             &self,
             _: SyncEntry,
-            _: u32,
+            _: u64,
             _: [u64; 5],
             _: Duration,
             _: &dyn Fn(),

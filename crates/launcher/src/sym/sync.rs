@@ -104,12 +104,13 @@ fn is_our_child(pid: u32) -> bool {
     ppid == Some(std::process::id())
 }
 
-/// The redirection that runs `entry(nr, a0..a4)` on the module's stack.
-pub fn request(at: SyncEntry, n: u32, args: [u64; 5], timeout: Duration) -> RedirectRequest {
+/// The redirection that runs `entry(word, a0..a4)` on the module's stack (`word`: the call
+/// number tagged with its sequence, `vmsight_proto::sym::sync_word`).
+pub fn request(at: SyncEntry, word: u64, args: [u64; 5], timeout: Duration) -> RedirectRequest {
     let mut regs: BTreeMap<Reg, u64> = Reg::ARGS
         .iter()
         .copied()
-        .zip(std::iter::once(u64::from(n)).chain(args))
+        .zip(std::iter::once(word).chain(args))
         .collect();
     regs.insert(Reg::Rsp, at.stack);
     RedirectRequest {
@@ -131,12 +132,12 @@ impl SyncTransport for PluginSync {
     fn call(
         &self,
         at: SyncEntry,
-        n: u32,
+        word: u64,
         args: [u64; 5],
         timeout: Duration,
         wake: &dyn Fn(),
     ) -> Result<i64, String> {
-        let req = request(at, n, args, timeout);
+        let req = request(at, word, args, timeout);
         let seq = post(&self.channel, &req).map_err(|e| e.to_string())?;
         self.arm();
         let t0 = Instant::now();
@@ -170,5 +171,42 @@ impl SyncTransport for PluginSync {
                 std::thread::sleep(Duration::from_micros(20));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vmsight_proto::sym::{nr, sync_word};
+
+    /// The entry gets the tagged call number and the five arguments in the System V argument
+    /// registers, on the module's stack, below which the frame goes; "not here" is the
+    /// module's value.
+    #[test]
+    fn the_redirection_enters_the_module_with_the_tagged_number_and_the_arguments() {
+        let at = SyncEntry {
+            entry: 0xffff_ffff_c000_0000,
+            return_to: 0xffff_ffff_c000_0010,
+            stack: 0xff11_0000_0000_4000,
+        };
+        let r = request(
+            at,
+            sync_word(nr::ECHO, 9),
+            [1, 2, 3, 4, 5],
+            Duration::from_secs(2),
+        );
+        let got: Vec<u64> = Reg::ARGS.iter().map(|a| r.regs[a]).collect();
+        assert_eq!(got, [1 | 9 << 32, 1, 2, 3, 4, 5]);
+        assert_eq!(r.regs[&Reg::Rsp], at.stack);
+        assert_eq!(r.entry, at.entry);
+        assert_eq!(r.frame.map(|f| f.return_to), Some(at.return_to));
+        assert_eq!(
+            r.trigger,
+            Trigger::Kernel {
+                not_here: RET_NOT_HERE as u64
+            }
+        );
+        assert_eq!(r.timeout_ms, 2000);
+        assert!(r.validate().is_ok());
     }
 }
