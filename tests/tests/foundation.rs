@@ -110,6 +110,33 @@ fn guest_poweroff_exits_zero() {
     assert_eq!(r.code, Some(0), "{r:?}");
 }
 
+/// The guest kernel's report of a CPU whose timer stopped firing (docs/launcher.md, Limits)
+/// makes vmsight log QEMU's own state of that vCPU's local APIC, once per CPU, and ends
+/// nothing. The line is written into the kernel log here (a real stall is rare), and the state
+/// comes from QEMU (`info lapic`), not from vmsight.
+#[test]
+fn a_guest_timer_stall_report_puts_qemus_local_apic_state_of_that_vcpu_in_the_log() {
+    let line = r"rcu: \tPossible timer handling issue on cpu=1 timer-softirq=4\n";
+    let r = guest_sh(
+        &[],
+        &format!("printf '{line}' > /dev/kmsg; printf '{line}' > /dev/kmsg; sleep 3; echo alive"),
+    );
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert!(r.stdout.contains("alive"), "{r:?}");
+    let reports = r
+        .stderr
+        .matches("the timer of its CPU 1 did not fire")
+        .count();
+    assert_eq!(reports, 1, "once per CPU: {r:?}");
+    assert!(
+        r.stderr.contains("dumping local APIC state for CPU 1"),
+        "{r:?}"
+    );
+    // The timer's LVT entry and its counts, as QEMU's monitor prints them.
+    assert!(r.stderr.contains("LVTT"), "{r:?}");
+    assert!(r.stderr.contains("initial_count = "), "{r:?}");
+}
+
 #[test]
 fn a_guest_panic_exits_nonzero_with_the_panic_text() {
     let r = guest_sh(&[], "echo c > /proc/sysrq-trigger; sleep 30");

@@ -212,7 +212,33 @@ impl ConsoleTail {
     }
 }
 
-/// Reads the serial console: log file, tail buffer, optional live copy, panic detection.
+/// What the guest kernel's RCU stall detector prints when the timer of a CPU did not fire:
+/// `rcu: \tPossible timer handling issue on cpu=1 timer-softirq=4` (kernel/rcu/tree_stall.h).
+const TIMER_STALL: &str = "Possible timer handling issue on cpu=";
+
+/// The CPUs the console text reports as having a stalled timer, in order, each once.
+pub fn timer_stall_cpus(text: &str) -> Vec<u32> {
+    let mut cpus = Vec::new();
+    for (at, _) in text.match_indices(TIMER_STALL) {
+        let rest = &text[at + TIMER_STALL.len()..];
+        let end = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        // A line cut at the end of the text is not complete yet: take it from a later read.
+        if end == rest.len() {
+            continue;
+        }
+        if let Ok(cpu) = rest[..end].parse::<u32>() {
+            if !cpus.contains(&cpu) {
+                cpus.push(cpu);
+            }
+        }
+    }
+    cpus
+}
+
+/// Reads the serial console: log file, tail buffer, optional live copy, panic detection, and
+/// the guest kernel's reports of a CPU whose timer stopped firing (each CPU once).
 pub fn spawn_console_reader(
     listener: UnixListener,
     stop: Arc<AtomicBool>,
@@ -231,6 +257,7 @@ pub fn spawn_console_reader(
         }
         let mut buf = vec![0u8; 16 * 1024];
         let mut panic_seen = false;
+        let mut stalls_seen: Vec<u32> = Vec::new();
         loop {
             let n = match s.read(&mut buf) {
                 Ok(0) => break,
@@ -248,9 +275,18 @@ pub fn spawn_console_reader(
             }
             if let Ok(mut t) = tail.lock() {
                 t.push(chunk);
-                if !panic_seen && t.text().contains("Kernel panic - not syncing") {
+                let text = t.text();
+                if !panic_seen && text.contains("Kernel panic - not syncing") {
                     panic_seen = true;
                     let _ = events.send(Event::ConsolePanic);
+                }
+                if text.contains(TIMER_STALL) {
+                    for cpu in timer_stall_cpus(&text) {
+                        if !stalls_seen.contains(&cpu) {
+                            stalls_seen.push(cpu);
+                            let _ = events.send(Event::TimerStall(cpu));
+                        }
+                    }
                 }
             }
         }
@@ -309,6 +345,20 @@ mod tests {
         let mut none = ConsoleTail::default();
         none.push(b"all fine\n");
         assert!(none.panic_text().is_none());
+    }
+
+    #[test]
+    fn timer_stall_reports_name_each_cpu_once_and_wait_for_the_whole_line() {
+        let text = "[  148.671529] rcu: \tPossible timer handling issue on cpu=1 timer-softirq=4\n\
+                    [  211.693288] rcu: \tPossible timer handling issue on cpu=1 timer-softirq=4\n\
+                    [  232.713295] rcu: \tPossible timer handling issue on cpu=12 timer-softirq=0\n\
+                    rcu: Possible timer handling issue on cpu=x\n\
+                    rcu: \tPossible timer handling issue on cpu=3";
+        assert_eq!(timer_stall_cpus(text), vec![1, 12]);
+        assert_eq!(
+            timer_stall_cpus("rcu: INFO: rcu_preempt detected stalls"),
+            Vec::<u32>::new()
+        );
     }
 
     #[test]

@@ -38,6 +38,9 @@ pub enum Event {
     GuestDown(DownAction),
     /// "Kernel panic" appeared on the console.
     ConsolePanic,
+    /// The guest kernel reported that this CPU's timer did not fire (an RCU stall with
+    /// "Possible timer handling issue on cpu=N").
+    TimerStall(u32),
     /// An event from QMP (`SHUTDOWN`, `GUEST_PANICKED`, ...).
     Qmp(QmpEvent),
     /// QEMU's process ended.
@@ -150,6 +153,9 @@ pub enum Effect {
     RequestQuit,
     /// Kill QEMU (SIGKILL).
     KillQemu,
+    /// Log QEMU's state of this vCPU's local APIC (`info lapic`): what the guest's stalled
+    /// timer looks like from the device's side.
+    DumpLocalApic(u32),
 }
 
 /// What the loop does next.
@@ -307,6 +313,7 @@ impl Supervisor {
                 self.state.panicked = true;
                 Vec::new()
             }
+            Event::TimerStall(cpu) => vec![Effect::DumpLocalApic(cpu)],
             Event::Qmp(q) => self.on_qmp(&q),
             Event::Signal(sig) => self.stop_requested(sig, now),
             Event::ConsoleQuit => self.stop_requested(0, now),
@@ -669,6 +676,13 @@ mod tests {
     fn hold_mode_lets_the_command_run_once_its_pid_is_known() {
         let (effects, _) = script(vec![(0, Event::CmdPid(42)), (1, exited(0))]);
         assert_eq!(effects, vec![Effect::LetCommandRun(42)]);
+    }
+
+    #[test]
+    fn a_guest_timer_stall_asks_for_that_vcpus_local_apic_and_ends_nothing() {
+        let (effects, end) = script(vec![(0, Event::TimerStall(1)), (5, exited(0))]);
+        assert_eq!(effects, vec![Effect::DumpLocalApic(1)]);
+        assert!(!end.panicked);
     }
 
     #[test]

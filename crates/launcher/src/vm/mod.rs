@@ -352,6 +352,29 @@ impl LoopCtx<'_> {
                 // SAFETY: kill(2) on QEMU's pid, our own child, not reaped before the loop ends.
                 unsafe { libc::kill(self.qemu_pid as i32, libc::SIGKILL) };
             }
+            Effect::DumpLocalApic(cpu) => self.dump_local_apic(cpu),
+        }
+    }
+
+    /// Logs QEMU's view of the local APIC of the vCPU whose timer the guest says stopped
+    /// firing (HMP `info lapic`, through QMP): the timer's LVT entry (masked? one-shot?), its
+    /// initial and current count, and the pending and in-service vectors. docs/launcher.md
+    /// ("Limits") describes the stall this is for.
+    fn dump_local_apic(&self, cpu: u32) {
+        let Some(q) = self.qmp.as_ref() else {
+            return;
+        };
+        let args = serde_json::json!({ "command-line": format!("info lapic {cpu}") });
+        match q.execute("human-monitor-command", Some(args), Duration::from_secs(5)) {
+            Ok(v) => tracing::warn!(
+                "the guest reports that the timer of its CPU {cpu} did not fire (an RCU stall); \
+                 QEMU's local APIC of that vCPU:\n{}",
+                v.as_str().unwrap_or_default().trim_end()
+            ),
+            Err(e) => tracing::warn!(
+                "the guest reports that the timer of its CPU {cpu} did not fire (an RCU stall); \
+                 cannot read QEMU's local APIC state: {e}"
+            ),
         }
     }
 
