@@ -216,8 +216,10 @@ impl ConsoleTail {
 /// `rcu: \tPossible timer handling issue on cpu=1 timer-softirq=4` (kernel/rcu/tree_stall.h).
 const TIMER_STALL: &str = "Possible timer handling issue on cpu=";
 
-/// The CPUs the console text reports as having a stalled timer, in order, each once.
-pub fn timer_stall_cpus(text: &str) -> Vec<u32> {
+/// The CPUs the console text reports as having a stalled timer, in order, each once. The text
+/// is the guest's: only CPUs below `vcpus` (the VM's own) count, so a guest printing the line
+/// for made-up CPUs cannot make vmsight query the monitor more than once per vCPU.
+pub fn timer_stall_cpus(text: &str, vcpus: u32) -> Vec<u32> {
     let mut cpus = Vec::new();
     for (at, _) in text.match_indices(TIMER_STALL) {
         let rest = &text[at + TIMER_STALL.len()..];
@@ -229,7 +231,7 @@ pub fn timer_stall_cpus(text: &str) -> Vec<u32> {
             continue;
         }
         if let Ok(cpu) = rest[..end].parse::<u32>() {
-            if !cpus.contains(&cpu) {
+            if cpu < vcpus && !cpus.contains(&cpu) {
                 cpus.push(cpu);
             }
         }
@@ -238,9 +240,12 @@ pub fn timer_stall_cpus(text: &str) -> Vec<u32> {
 }
 
 /// Reads the serial console: log file, tail buffer, optional live copy, panic detection, and
-/// the guest kernel's reports of a CPU whose timer stopped firing (each CPU once).
+/// the guest kernel's reports of a CPU whose timer stopped firing (each of the VM's `vcpus`
+/// once).
+#[allow(clippy::too_many_arguments)] // one reader, fed by the services that own each end
 pub fn spawn_console_reader(
     listener: UnixListener,
+    vcpus: u32,
     stop: Arc<AtomicBool>,
     tail: Arc<Mutex<ConsoleTail>>,
     mut log: Option<std::fs::File>,
@@ -281,7 +286,7 @@ pub fn spawn_console_reader(
                     let _ = events.send(Event::ConsolePanic);
                 }
                 if text.contains(TIMER_STALL) {
-                    for cpu in timer_stall_cpus(&text) {
+                    for cpu in timer_stall_cpus(&text, vcpus) {
                         if !stalls_seen.contains(&cpu) {
                             stalls_seen.push(cpu);
                             let _ = events.send(Event::TimerStall(cpu));
@@ -354,9 +359,21 @@ mod tests {
                     [  232.713295] rcu: \tPossible timer handling issue on cpu=12 timer-softirq=0\n\
                     rcu: Possible timer handling issue on cpu=x\n\
                     rcu: \tPossible timer handling issue on cpu=3";
-        assert_eq!(timer_stall_cpus(text), vec![1, 12]);
+        assert_eq!(timer_stall_cpus(text, 64), vec![1, 12]);
         assert_eq!(
-            timer_stall_cpus("rcu: INFO: rcu_preempt detected stalls"),
+            timer_stall_cpus("rcu: INFO: rcu_preempt detected stalls", 2),
+            Vec::<u32>::new()
+        );
+    }
+
+    #[test]
+    fn made_up_cpus_in_hostile_console_text_are_ignored() {
+        let spam: String = (0..10_000)
+            .map(|n| format!("Possible timer handling issue on cpu={n} timer-softirq=0\n"))
+            .collect();
+        assert_eq!(timer_stall_cpus(&spam, 2), vec![0, 1]);
+        assert_eq!(
+            timer_stall_cpus("Possible timer handling issue on cpu=99999999999 x", 2),
             Vec::<u32>::new()
         );
     }

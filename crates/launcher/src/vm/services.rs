@@ -444,6 +444,7 @@ fn start_guest_io(
     };
     let mut pumps = vec![guestio::spawn_console_reader(
         guestio::listen(&rt.join(layout::CONSOLE_SOCKET))?,
+        cfg.vcpus,
         stop.clone(),
         tail.clone(),
         user_log.or(console_log),
