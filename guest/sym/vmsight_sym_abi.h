@@ -15,7 +15,7 @@
 #define VSYM_RET_NOT_HERE (-65536LL)
 #define VSYM_SYNC_SEQ_SHIFT 32
 #define VSYM_SWAPR_MAGIC 0x4752504157534d56ULL
-#define VSYM_SWAPR_ABI 1
+#define VSYM_SWAPR_ABI 2
 
 #define VSYM_SWAPR_PAGE 4096
 #define VSYM_SWAPR_VMM_READY 1
@@ -286,6 +286,7 @@ struct vsym_swaphdr {
 	__u64 g_lower_reads; /* offset 176 */
 	__u64 g_lower_writes; /* offset 184 */
 	__u64 g_corrupt; /* offset 192 */
+	__u64 g_deferred; /* offset 200 */
 } __attribute__((packed, aligned(8)));
 _Static_assert(__builtin_offsetof(struct vsym_swaphdr, magic) == 0, "vsym_swaphdr.magic");
 _Static_assert(__builtin_offsetof(struct vsym_swaphdr, abi) == 8, "vsym_swaphdr.abi");
@@ -311,6 +312,7 @@ _Static_assert(__builtin_offsetof(struct vsym_swaphdr, g_busy) == 168, "vsym_swa
 _Static_assert(__builtin_offsetof(struct vsym_swaphdr, g_lower_reads) == 176, "vsym_swaphdr.g_lower_reads");
 _Static_assert(__builtin_offsetof(struct vsym_swaphdr, g_lower_writes) == 184, "vsym_swaphdr.g_lower_writes");
 _Static_assert(__builtin_offsetof(struct vsym_swaphdr, g_corrupt) == 192, "vsym_swaphdr.g_corrupt");
+_Static_assert(__builtin_offsetof(struct vsym_swaphdr, g_deferred) == 200, "vsym_swaphdr.g_deferred");
 _Static_assert(sizeof(struct vsym_swaphdr) <= 4096, "vsym_swaphdr size");
 
 #endif /* VMSIGHT_SYM_ABI_H */

@@ -16,7 +16,8 @@
  *    or else the lower disk, whose backend in vmsight consults the same index: a page the
  *    region cannot take (no free slot, lock busy, vmsight not ready) goes to the lower disk
  *    and stays correct. rw_page serves hits without a bio; swap_slot_free_notify drops a
- *    freed swap slot's page from the cache.
+ *    freed swap slot's page from the cache (when the lock is busy then, the page is marked
+ *    in the region's deferred bitmap and the drain work drops it soon after).
  *  - Lock: the header's lock word, shared with vmsight (cmpxchg FREE -> GUEST). It is held
  *    with interrupts off (swap_slot_free_notify runs under the swap locks) and only for one
  *    page's work, the 4 KiB copy included; acquiring it spins at most VSWAP_SPIN_NS, then
@@ -27,12 +28,15 @@
  * region is used as a pointer or an unchecked index.
  */
 #include <linux/bio.h>
+#include <linux/bitmap.h>
 #include <linux/blkdev.h>
 #include <linux/highmem.h>
 #include <linux/mutex.h>
 #include <linux/pagemap.h>
 #include <linux/sched/clock.h>
+#include <linux/slab.h>
 #include <linux/wait_bit.h>
+#include <linux/workqueue.h>
 
 #define VSWAP_NAME "vmswap0"
 /* How long an operation waits for the region lock (vmsight's side may be descheduled). */
@@ -40,6 +44,9 @@
 #define VSWAP_PATH_MAX 128
 #define VSWAP_SECTORS (PAGE_SIZE >> SECTOR_SHIFT)
 #define VSWAP_LOWER_MODE (FMODE_READ | FMODE_WRITE | FMODE_EXCL)
+/* Deferred invalidations the drain work runs per lock hold, and its wait after a busy lock. */
+#define VSWAP_DRAIN_BATCH 64
+#define VSWAP_DRAIN_DELAY 1
 /* Request flags a piece sent to the lower disk keeps. */
 #define VSWAP_PASS_FLAGS \
 	(REQ_SYNC | REQ_META | REQ_PRIO | REQ_IDLE | REQ_RAHEAD | REQ_BACKGROUND | REQ_SWAP)
@@ -57,10 +64,13 @@ enum vswap_ctr {
 	VSWAP_LOWER_READS,
 	VSWAP_LOWER_WRITES,
 	VSWAP_CORRUPT,
+	VSWAP_DEFERRED,
 	VSWAP_NR_CTR
 };
 static_assert(offsetof(struct vsym_swaphdr, g_corrupt) ==
 	      offsetof(struct vsym_swaphdr, g_stores) + VSWAP_CORRUPT * sizeof(u64));
+static_assert(offsetof(struct vsym_swaphdr, g_deferred) ==
+	      offsetof(struct vsym_swaphdr, g_stores) + VSWAP_DEFERRED * sizeof(u64));
 static_assert(offsetof(struct vsym_swaphdr, g_lower_reads) ==
 	      offsetof(struct vsym_swaphdr, g_stores) + VSWAP_LOWER_READS * sizeof(u64));
 
@@ -71,7 +81,7 @@ static const char *const vswap_ctr_names[VSWAP_NR_CTR] = {
 	[VSWAP_LOADS] = "loads",		[VSWAP_LOAD_MISSES] = "load_misses",
 	[VSWAP_INVALIDATES] = "invalidates",	[VSWAP_BUSY] = "busy",
 	[VSWAP_LOWER_READS] = "lower_reads",	[VSWAP_LOWER_WRITES] = "lower_writes",
-	[VSWAP_CORRUPT] = "corrupt",
+	[VSWAP_CORRUPT] = "corrupt",		[VSWAP_DEFERRED] = "deferred",
 };
 
 /* The region's layout as checked at bind time, and where its parts are mapped. */
@@ -85,6 +95,13 @@ struct vswap_region {
 	u64 size;
 	u64 pages; /* index entries: pages of the swap disk */
 	u32 slots;
+	/*
+	 * Bit per swap page: freed while the lock was busy, its slot not let go yet (the drain
+	 * work does it). Set by the free notification; cleared by the drain, under the lock, and
+	 * by every store of the page before it takes the lock, so a drain never drops a newer
+	 * copy: the kernel reuses a swap page only after its free notification returned.
+	 */
+	unsigned long *deferred;
 };
 
 static DEFINE_MUTEX(vswap_mutex);
@@ -109,6 +126,9 @@ static struct {
 	struct bio_set bs; /* pieces sent to the lower disk */
 	atomic_t inflight; /* of those pieces, not yet completed */
 } vswap;
+
+static void vswap_drain(struct work_struct *work);
+static DECLARE_DELAYED_WORK(vswap_drain_work, vswap_drain);
 
 static inline void vswap_count(enum vswap_ctr c)
 {
@@ -185,6 +205,18 @@ static void vswap_not_ready(u32 state)
 		VSWAP_NAME);
 }
 
+/* With R locked: whether vmsight serves the region. If not, R is unlocked. */
+static bool vswap_serving(struct vswap_region *r, unsigned long flags)
+{
+	u32 state = READ_ONCE(r->hdr->vmm_state);
+
+	if (likely(state == VSYM_SWAPR_VMM_READY))
+		return true;
+	vswap_unlock(r, flags);
+	vswap_not_ready(state);
+	return false;
+}
+
 /*
  * The region for one operation on swap page OFF, locked: NULL (nothing held) without a
  * region, for a page beyond its index, when the lock stayed busy, or when vmsight does not
@@ -193,16 +225,10 @@ static void vswap_not_ready(u32 state)
 static struct vswap_region *vswap_begin(u64 off, unsigned long *flags)
 {
 	struct vswap_region *r = rcu_dereference(vswap.live);
-	u32 state;
 
 	if (!r || off >= r->pages || !vswap_lock(r, flags))
 		return NULL;
-	state = READ_ONCE(r->hdr->vmm_state);
-	if (likely(state == VSYM_SWAPR_VMM_READY))
-		return r;
-	vswap_unlock(r, *flags);
-	vswap_not_ready(state);
-	return NULL;
+	return vswap_serving(r, *flags) ? r : NULL;
 }
 
 /* After an operation: -EIO means the region broke the protocol (logged outside the lock). */
@@ -365,11 +391,27 @@ static int vswap_run(u64 off, struct page *page, vswap_locked_op op, int done, i
 }
 
 /*
+ * Swap page OFF is being written: an invalidation of its previous contents still deferred
+ * must not run after this store (it would drop the new copy). Called before the lock.
+ */
+static void vswap_undefer(u64 off)
+{
+	struct vswap_region *r;
+
+	rcu_read_lock();
+	r = rcu_dereference(vswap.live);
+	if (r && off < r->pages && test_bit(off, r->deferred))
+		clear_bit(off, r->deferred);
+	rcu_read_unlock();
+}
+
+/*
  * Stores PAGE as swap page OFF. 0 when the region took it; otherwise the caller writes the
  * lower disk. COUNT_FULL: count a full cache (rw_page does not: the bio path retries).
  */
 static int vswap_store(u64 off, struct page *page, bool count_full)
 {
+	vswap_undefer(off);
 	return vswap_run(off, page, vswap_store_locked, VSWAP_STORES,
 			 count_full ? VSWAP_STORE_FULL : -1, "store");
 }
@@ -381,7 +423,21 @@ static int vswap_load(u64 off, struct page *page, bool count_miss)
 			 count_miss ? VSWAP_LOAD_MISSES : -1, "load");
 }
 
-/* Swap page OFF is free. A busy lock skips it: that only wastes the slot until reuse. */
+/* Invalidates swap page OFF, counted. Locked. */
+static int vswap_invalidate_counted(struct vswap_region *r, u64 off)
+{
+	int err = vswap_invalidate_locked(r, off);
+
+	if (err)
+		vswap_count(VSWAP_CORRUPT);
+	vswap_count(VSWAP_INVALIDATES);
+	return err;
+}
+
+/*
+ * Swap page OFF is free. When the lock stays busy, its slot is let go later by the drain
+ * work (a slot left mapped would keep the freed page's memory until the page is reused).
+ */
 static void vswap_invalidate(u64 off)
 {
 	struct vswap_region *r;
@@ -389,18 +445,57 @@ static void vswap_invalidate(u64 off)
 	int err;
 
 	rcu_read_lock();
-	r = vswap_begin(off, &flags);
-	if (!r) {
-		rcu_read_unlock();
-		return;
+	r = rcu_dereference(vswap.live);
+	if (!r || off >= r->pages)
+		goto out;
+	if (!vswap_lock(r, &flags)) {
+		set_bit(off, r->deferred);
+		vswap_count(VSWAP_DEFERRED);
+		queue_delayed_work(system_wq, &vswap_drain_work, VSWAP_DRAIN_DELAY);
+		goto out;
 	}
-	err = vswap_invalidate_locked(r, off);
-	if (err)
-		vswap_count(VSWAP_CORRUPT);
-	vswap_count(VSWAP_INVALIDATES);
+	if (!vswap_serving(r, flags))
+		goto out;
+	err = vswap_invalidate_counted(r, off);
 	vswap_unlock(r, flags);
-	rcu_read_unlock();
 	vswap_check(err, "invalidate", off);
+out:
+	rcu_read_unlock();
+}
+
+/*
+ * The drain work: runs the invalidations deferred by a busy lock, a batch per lock hold;
+ * comes back after VSWAP_DRAIN_DELAY while the lock stays busy. Nothing is left to do when
+ * vmsight stops serving the region (it no longer holds pages for the guest).
+ */
+static void vswap_drain(struct work_struct *work)
+{
+	struct vswap_region *r;
+	unsigned long flags, off = 0, bad = ULONG_MAX;
+	bool again = false;
+	int n;
+
+	rcu_read_lock();
+	r = rcu_dereference(vswap.live);
+	while (r && (off = find_next_bit(r->deferred, r->pages, off)) < r->pages) {
+		if (!vswap_lock(r, &flags)) {
+			again = true;
+			break;
+		}
+		if (!vswap_serving(r, flags))
+			break;
+		for (n = 0; off < r->pages && n < VSWAP_DRAIN_BATCH; n++) {
+			if (test_and_clear_bit(off, r->deferred) && vswap_invalidate_counted(r, off))
+				bad = off;
+			off = find_next_bit(r->deferred, r->pages, off + 1);
+		}
+		vswap_unlock(r, flags);
+	}
+	rcu_read_unlock();
+	if (bad != ULONG_MAX)
+		vswap_check(-EIO, "deferred invalidate", bad);
+	if (again)
+		queue_delayed_work(system_wq, &vswap_drain_work, VSWAP_DRAIN_DELAY);
 }
 
 /* --- vmswap0 ------------------------------------------------------------------------------- */
@@ -826,6 +921,8 @@ VSWAP_COUNTER_PARAM(swap_busy, VSWAP_BUSY, "operations given up on a busy region
 VSWAP_COUNTER_PARAM(swap_lower_reads, VSWAP_LOWER_READS, "pages read from the swap disk");
 VSWAP_COUNTER_PARAM(swap_lower_writes, VSWAP_LOWER_WRITES, "pages written to the swap disk");
 VSWAP_COUNTER_PARAM(swap_corrupt, VSWAP_CORRUPT, "protocol violations found in the region");
+VSWAP_COUNTER_PARAM(swap_deferred, VSWAP_DEFERRED,
+		    "freed pages whose slot was let go later (busy lock at the free)");
 
 /* --- the region's PCI device ---------------------------------------------------------------- */
 
@@ -923,6 +1020,12 @@ static int vswap_bind(struct pci_dev *pdev)
 	err = vswap_layout(r, len);
 	if (err)
 		goto unmap;
+	/* At most a 32nd of the region: the index already takes 4 bytes per page. */
+	r->deferred = kvcalloc(BITS_TO_LONGS(r->pages), sizeof(long), GFP_KERNEL);
+	if (!r->deferred) {
+		err = -ENOMEM;
+		goto unmap;
+	}
 	if (!(vsym.fw_features & VSYM_FEAT_SWAP))
 		pr_info("fw_cfg does not announce swap (features 0x%x); using the swap region anyway\n",
 			vsym.fw_features);
@@ -954,10 +1057,13 @@ static void vswap_unbind(void)
 	if (!r)
 		return;
 	RCU_INIT_POINTER(vswap.live, NULL);
-	/* Operations run under rcu_read_lock: none uses the mapping after this. */
+	/* Operations run under rcu_read_lock: none uses the mapping after this... */
 	synchronize_rcu();
+	/* ...and a drain that comes after finds no region (it does not queue itself then). */
+	cancel_delayed_work_sync(&vswap_drain_work);
 	WRITE_ONCE(r->hdr->guest_state, VSYM_SWAPR_GUEST_NONE);
 	memunmap(r->base);
+	kvfree(r->deferred);
 	kfree(r);
 	vswap.reg = NULL;
 	pci_disable_device(vswap.pdev);

@@ -48,7 +48,8 @@ pub struct SwapReport {
     pub corrupt: u64,
     /// The guest module's counters (read from the region: reported, not trusted): pages
     /// stored into and loaded from the cache, stores refused (no free slot), loads that
-    /// missed, slots freed, lock waits given up, pages sent to the disk path instead.
+    /// missed, slots freed, lock waits given up, pages sent to the disk path instead, and
+    /// freed pages whose slot was let go later because the lock was busy at the free.
     pub bypass_stores: u64,
     pub bypass_store_full: u64,
     pub bypass_loads: u64,
@@ -58,6 +59,7 @@ pub struct SwapReport {
     pub bypass_lower_reads: u64,
     pub bypass_lower_writes: u64,
     pub bypass_corrupt: u64,
+    pub bypass_deferred: u64,
     /// Swap-ins served from memory (bypass loads and block-path cache hits) over all swap-ins.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hit_rate: Option<f64>,

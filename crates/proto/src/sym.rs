@@ -433,6 +433,8 @@ pub static SWAPHDR: Page = Page {
         f("g_lower_reads", 176, Ty::U64),
         f("g_lower_writes", 184, Ty::U64),
         f("g_corrupt", 192, Ty::U64),
+        // Freed pages whose slot the module let go later (the lock was busy at the free).
+        f("g_deferred", 200, Ty::U64),
     ],
 };
 
@@ -440,8 +442,9 @@ pub static SWAPHDR: Page = Page {
 pub mod swapr {
     /// `SWAPHDR.magic`.
     pub const MAGIC: u64 = u64::from_le_bytes(*b"VMSWAPRG");
-    /// `SWAPHDR.abi`: the swap region's own version.
-    pub const ABI: u32 = 1;
+    /// `SWAPHDR.abi`: the swap region's own version (2: `g_deferred`, and the module frees
+    /// the slots of pages freed while the lock was busy later instead of never).
+    pub const ABI: u32 = 2;
     /// Page size of the swap device, slots and index.
     pub const PAGE: u64 = 4096;
     /// `vmm_state`: vmsight serves the region.

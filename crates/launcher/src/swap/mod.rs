@@ -214,6 +214,7 @@ impl SwapService {
             r.bypass_lower_reads = g("g_lower_reads");
             r.bypass_lower_writes = g("g_lower_writes");
             r.bypass_corrupt = g("g_corrupt");
+            r.bypass_deferred = g("g_deferred");
         }
         if let Some(spy) = self.sym.as_ref().and_then(|s| s.spy().guest) {
             r.guest_pswpin = Some(spy.mem.pswpin);
