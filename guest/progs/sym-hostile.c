@@ -8,6 +8,10 @@
  *   sym-hostile flood COUNT       writes the Doorbell register COUNT times for each of
  *                                 vmsight's two vectors (peer = the VMM page's vmm_peer)
  *   sym-hostile info              prints the device, both magics and the states
+ *   sym-hostile swaplock MS [PID] takes the swap region's lock (the second ivshmem device,
+ *                                 docs/swapbypass.md) as the guest side does, kills PID (if
+ *                                 given) and holds the lock for MS milliseconds: the module's
+ *                                 operations (the freeing of PID's swap) find it busy
  *
  * Needs root. Prints what it did.
  */
@@ -16,6 +20,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,6 +42,10 @@
 #define CALL_STATE (CALL_OFF + 8)
 #define REG_IVPOSITION 0x08
 #define REG_DOORBELL 0x0c
+#define SWAPR_MAGIC 0x4752504157534d56ULL /* "VMSWAPRG" */
+#define SWAPR_LOCK 28
+#define SWAPR_LOCK_FREE 0
+#define SWAPR_LOCK_GUEST 1
 
 static int read_sysfs(const char *dir, const char *name, char *buf, size_t len)
 {
@@ -126,6 +135,78 @@ static int find_device(char *dir, size_t dirlen, volatile uint8_t **region,
     return 0;
 }
 
+/* Maps the swap region's header page (an ivshmem device whose BAR2 starts with its magic). */
+static volatile uint8_t *find_swap_region(void)
+{
+    DIR *d = opendir("/sys/bus/pci/devices");
+    volatile uint8_t *hdr = NULL;
+    struct dirent *e;
+
+    if (!d) {
+        perror("sym-hostile: /sys/bus/pci/devices");
+        return NULL;
+    }
+    while (!hdr && (e = readdir(d)) != NULL) {
+        char path[512], vendor[16], device[16];
+        void *r;
+
+        if (e->d_name[0] == '.')
+            continue;
+        snprintf(path, sizeof(path), "/sys/bus/pci/devices/%s", e->d_name);
+        if (read_sysfs(path, "vendor", vendor, sizeof(vendor)) ||
+            read_sysfs(path, "device", device, sizeof(device)) || strcmp(vendor, "0x1af4") ||
+            strcmp(device, "0x1110"))
+            continue;
+        r = map_resource(path, "resource2", 4096);
+        if (r && *(volatile uint64_t *)r == SWAPR_MAGIC)
+            hdr = r;
+        else if (r)
+            munmap(r, 4096);
+    }
+    closedir(d);
+    if (!hdr)
+        fprintf(stderr, "sym-hostile: no swap region (1af4:1110 with the VMSWAPRG magic)\n");
+    return hdr;
+}
+
+static double now(void);
+
+/* Takes the swap region's lock (waiting at most 10 s), kills VICTIM (if > 0), holds the lock
+ * MS ms, lets it go. */
+static int swaplock(long ms, pid_t victim)
+{
+    volatile uint8_t *hdr = find_swap_region();
+    uint32_t *lock;
+    double start, held;
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+
+    if (!hdr)
+        return 1;
+    lock = (uint32_t *)(hdr + SWAPR_LOCK);
+    start = now();
+    for (;;) {
+        uint32_t free = SWAPR_LOCK_FREE;
+
+        if (__atomic_compare_exchange_n(lock, &free, SWAPR_LOCK_GUEST, 0, __ATOMIC_ACQUIRE,
+                                        __ATOMIC_RELAXED))
+            break;
+        if (now() - start > 10) {
+            fprintf(stderr, "sym-hostile: the swap region's lock stayed taken for 10 s\n");
+            return 1;
+        }
+    }
+    held = now();
+    if (victim > 0 && kill(victim, SIGKILL))
+        fprintf(stderr, "sym-hostile: kill %d: %s\n", (int)victim, strerror(errno));
+    printf("swaplock: holding\n");
+    fflush(stdout);
+    while (nanosleep(&ts, &ts) && errno == EINTR)
+        ;
+    __atomic_store_n(lock, SWAPR_LOCK_FREE, __ATOMIC_RELEASE);
+    printf("swaplock: held the swap region's lock for %.0f ms\n", (now() - held) * 1000);
+    return 0;
+}
+
 static uint64_t xorshift(uint64_t *s)
 {
     uint64_t x = *s;
@@ -161,10 +242,14 @@ int main(int argc, char **argv)
     volatile uint32_t *regs = NULL;
     char dir[512];
 
-    if (argc < 2 || (strcmp(argv[1], "info") && argc != 3)) {
-        fprintf(stderr, "usage: sym-hostile garbage SECONDS | flood COUNT | info\n");
+    int swaplock_cmd = argc >= 2 && !strcmp(argv[1], "swaplock");
+
+    if (argc < 2 || (strcmp(argv[1], "info") && argc != 3 && !(swaplock_cmd && argc == 4))) {
+        fprintf(stderr, "usage: sym-hostile garbage SECONDS | flood COUNT | info | swaplock MS [PID]\n");
         return 2;
     }
+    if (swaplock_cmd)
+        return swaplock(atol(argv[2]), argc == 4 ? (pid_t)atol(argv[3]) : 0);
     if (find_device(dir, sizeof(dir), &region, &regs))
         return 1;
     if (!strcmp(argv[1], "info")) {
