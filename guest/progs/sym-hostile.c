@@ -87,34 +87,52 @@ static void *map_resource(const char *dir, const char *name, size_t len)
     return p;
 }
 
+static DIR *open_pci_devices(void)
+{
+    DIR *d = opendir("/sys/bus/pci/devices");
+
+    if (!d)
+        perror("sym-hostile: /sys/bus/pci/devices");
+    return d;
+}
+
+/* The next ivshmem device (1af4:1110) in D: its sysfs directory into PATH. 0, or -1 at the
+ * end. */
+static int next_ivshmem(DIR *d, char *path, size_t len)
+{
+    struct dirent *e;
+
+    while ((e = readdir(d)) != NULL) {
+        char vendor[16], device[16];
+
+        if (e->d_name[0] == '.')
+            continue;
+        snprintf(path, len, "/sys/bus/pci/devices/%s", e->d_name);
+        if (!read_sysfs(path, "vendor", vendor, sizeof(vendor)) &&
+            !read_sysfs(path, "device", device, sizeof(device)) && !strcmp(vendor, "0x1af4") &&
+            !strcmp(device, "0x1110"))
+            return 0;
+    }
+    return -1;
+}
+
 /* Finds vmsight's device; maps its region and registers. */
 static int find_device(char *dir, size_t dirlen, volatile uint8_t **region,
                        volatile uint32_t **regs)
 {
-    DIR *d = opendir("/sys/bus/pci/devices");
-    struct dirent *e;
+    DIR *d = open_pci_devices();
+    char path[512];
     int found = 0;
 
-    if (!d) {
-        perror("sym-hostile: /sys/bus/pci/devices");
+    if (!d)
         return -1;
-    }
-    while (!found && (e = readdir(d)) != NULL) {
-        char path[512], vendor[16], device[16];
-        void *r;
+    while (!found && !next_ivshmem(d, path, sizeof(path))) {
+        void *r = map_resource(path, "resource2", REGION_SIZE);
 
-        if (e->d_name[0] == '.')
-            continue;
-        snprintf(path, sizeof(path), "/sys/bus/pci/devices/%s", e->d_name);
-        if (read_sysfs(path, "vendor", vendor, sizeof(vendor)) ||
-            read_sysfs(path, "device", device, sizeof(device)) || strcmp(vendor, "0x1af4") ||
-            strcmp(device, "0x1110"))
-            continue;
-        r = map_resource(path, "resource2", REGION_SIZE);
         if (!r)
             continue;
         if (*(volatile uint64_t *)r != VMM_MAGIC) {
-            printf("%s: ivshmem without vmsight's magic, skipped\n", e->d_name);
+            printf("%s: ivshmem without vmsight's magic, skipped\n", path);
             munmap(r, REGION_SIZE);
             continue;
         }
@@ -138,26 +156,15 @@ static int find_device(char *dir, size_t dirlen, volatile uint8_t **region,
 /* Maps the swap region's header page (an ivshmem device whose BAR2 starts with its magic). */
 static volatile uint8_t *find_swap_region(void)
 {
-    DIR *d = opendir("/sys/bus/pci/devices");
+    DIR *d = open_pci_devices();
     volatile uint8_t *hdr = NULL;
-    struct dirent *e;
+    char path[512];
 
-    if (!d) {
-        perror("sym-hostile: /sys/bus/pci/devices");
+    if (!d)
         return NULL;
-    }
-    while (!hdr && (e = readdir(d)) != NULL) {
-        char path[512], vendor[16], device[16];
-        void *r;
+    while (!hdr && !next_ivshmem(d, path, sizeof(path))) {
+        void *r = map_resource(path, "resource2", 4096);
 
-        if (e->d_name[0] == '.')
-            continue;
-        snprintf(path, sizeof(path), "/sys/bus/pci/devices/%s", e->d_name);
-        if (read_sysfs(path, "vendor", vendor, sizeof(vendor)) ||
-            read_sysfs(path, "device", device, sizeof(device)) || strcmp(vendor, "0x1af4") ||
-            strcmp(device, "0x1110"))
-            continue;
-        r = map_resource(path, "resource2", 4096);
         if (r && *(volatile uint64_t *)r == SWAPR_MAGIC)
             hdr = r;
         else if (r)
