@@ -76,6 +76,39 @@ fn script(workload: &str, after: &str) -> String {
 /// swap header (mkswap, swapon) and the kernel's and blkid's probing of a new disk.
 const PROBE_PAGES: u64 = 1024;
 
+/// Runs `sh` in a 128 MiB guest with the symbiotic module and a `swap` swap disk (the
+/// `--swap` spec), its stats written to `st`.
+fn bypass_guest(st: &tempfile::NamedTempFile, swap: &str, sh: &str) -> Run {
+    let stats = st.path().to_str().unwrap();
+    guest_sh(
+        &[
+            "--mem",
+            "128M",
+            "--symbiotic",
+            "--swap",
+            swap,
+            "--stats-json",
+            stats,
+        ],
+        sh,
+    )
+}
+
+/// After the workload: a moment for vmsight to take the freed pages' memory back, then the
+/// guest's own count of swap in use as `swapused kib=N`.
+const SWAPUSED: &str = "sleep 3; echo \"swapused kib=$(awk '/^SwapTotal:/ {t=$2} \
+    /^SwapFree:/ {f=$2} END {print t - f}' /proc/meminfo)\"";
+
+/// What stays in the cache is what the guest still has swapped out (its own count, from
+/// [`SWAPUSED`]) and the swap header: the slots of every freed page were let go.
+fn assert_cache_holds_only_the_swap_in_use(r: &Run, s: &Value) {
+    let used_kib = line_fields(&r.stdout, "swapused")["kib"];
+    assert!(
+        n(s, "cache_used_pages") <= used_kib / 4 + 16,
+        "cache vs the guest's {used_kib} KiB of swap in use: {s}"
+    );
+}
+
 #[test]
 fn without_the_module_every_swap_in_is_a_block_read_and_every_page_survives() {
     let st = tempfile::NamedTempFile::new().unwrap();
@@ -120,24 +153,7 @@ fn without_the_module_every_swap_in_is_a_block_read_and_every_page_survives() {
 #[test]
 fn the_bypass_swaps_through_shared_memory_without_block_io_and_the_cache_empties_after() {
     let st = tempfile::NamedTempFile::new().unwrap();
-    let r = guest_sh(
-        &[
-            "--mem",
-            "128M",
-            "--symbiotic",
-            "--swap",
-            "256M",
-            "--stats-json",
-            st.path().to_str().unwrap(),
-        ],
-        // After the workload exits the guest has freed its swap; give vmsight a moment to
-        // take the freed pages' memory back.
-        &script(
-            "swap-check 160 --rounds 2",
-            "sleep 3; echo \"swapused kib=$(awk '/^SwapTotal:/ {t=$2} /^SwapFree:/ {f=$2} \
-             END {print t - f}' /proc/meminfo)\"",
-        ),
-    );
+    let r = bypass_guest(&st, "256M", &script("swap-check 160 --rounds 2", SWAPUSED));
     assert_eq!(r.code, Some(0), "{r:?}");
     assert!(r.stdout.contains("swap-check OK"), "{r:?}");
     assert_eq!(swap_device(&r.stdout), "/dev/vmswap0", "{r:?}");
@@ -166,13 +182,8 @@ fn the_bypass_swaps_through_shared_memory_without_block_io_and_the_cache_empties
         "every disk write is a counted fallback: {s}"
     );
     assert!(n(&s, "block_reads") <= PROBE_PAGES + pin / 100, "{s}");
-    // The workload is gone: its swap slots were freed, and the cache with them. What stays
-    // is what the guest still has swapped out (its own count) and the swap header.
-    let used_kib = line_fields(&r.stdout, "swapused")["kib"];
-    assert!(
-        n(&s, "cache_used_pages") <= used_kib / 4 + 16,
-        "cache vs the guest's {used_kib} KiB of swap in use: {s}"
-    );
+    // The workload is gone: its swap slots were freed, and the cache with them.
+    assert_cache_holds_only_the_swap_in_use(&r, &s);
     assert!(
         n(&s, "cache_resident_bytes") <= 16 << 20,
         "the freed pages' memory went back to the host: {s}"
@@ -193,22 +204,7 @@ fn swap_pages_freed_while_the_region_lock_is_busy_leave_the_cache_once_it_is_fre
          until grep -q 'swap-check: paused' /tmp/sc.out; do sleep 0.2; done\n\
          sym-hostile swaplock 1000 $sc\n\
          wait $sc || true";
-    let r = guest_sh(
-        &[
-            "--mem",
-            "128M",
-            "--symbiotic",
-            "--swap",
-            "256M",
-            "--stats-json",
-            st.path().to_str().unwrap(),
-        ],
-        &script(
-            workload,
-            "sleep 3; echo \"swapused kib=$(awk '/^SwapTotal:/ {t=$2} /^SwapFree:/ {f=$2} \
-             END {print t - f}' /proc/meminfo)\"",
-        ),
-    );
+    let r = bypass_guest(&st, "256M", &script(workload, SWAPUSED));
     assert_eq!(r.code, Some(0), "{r:?}");
     assert!(r.stdout.contains("swaplock: held"), "{r:?}");
     assert_eq!(swap_device(&r.stdout), "/dev/vmswap0", "{r:?}");
@@ -217,13 +213,8 @@ fn swap_pages_freed_while_the_region_lock_is_busy_leave_the_cache_once_it_is_fre
     let s = stats_swap(st.path());
     // The mechanism engaged: frees met the busy lock and were deferred...
     assert!(n(&s, "bypass_deferred") > 0, "{s}");
-    // ...and the drain let their slots go: what stays cached is what the guest still has
-    // swapped out (its own count) and the swap header.
-    let used_kib = line_fields(&r.stdout, "swapused")["kib"];
-    assert!(
-        n(&s, "cache_used_pages") <= used_kib / 4 + 16,
-        "cache vs the guest's {used_kib} KiB of swap in use: {s}"
-    );
+    // ...and the drain let their slots go.
+    assert_cache_holds_only_the_swap_in_use(&r, &s);
     assert_eq!(n(&s, "corrupt") + n(&s, "bypass_corrupt"), 0, "{s}");
 }
 
@@ -326,16 +317,9 @@ fn the_cache_shrinks_and_grows_while_the_guest_swaps_and_no_page_is_lost() {
 fn a_thrashing_guest_gets_memory_and_gives_it_back_when_the_workload_ends() {
     let st = tempfile::NamedTempFile::new().unwrap();
     let mem = r#"echo "memtotal $(awk '/^MemTotal:/ {print $2}' /proc/meminfo)""#;
-    let r = guest_sh(
-        &[
-            "--mem",
-            "128M",
-            "--symbiotic",
-            "--swap",
-            "256M,grow=256M",
-            "--stats-json",
-            st.path().to_str().unwrap(),
-        ],
+    let r = bypass_guest(
+        &st,
+        "256M,grow=256M",
         &format!(
             "{mem}; swap-check 200 --rounds 3; {mem}; \
              n=0; while [ $n -lt 60 ]; do sleep 1; n=$((n + 1)); \
@@ -393,18 +377,7 @@ EOF
 done
 swap-check 160 --rounds 1 || echo "swap-check failed, as it may"
 "#;
-    let r = guest_sh(
-        &[
-            "--mem",
-            "128M",
-            "--symbiotic",
-            "--swap",
-            "256M",
-            "--stats-json",
-            st.path().to_str().unwrap(),
-        ],
-        scribble,
-    );
+    let r = bypass_guest(&st, "256M", scribble);
     assert!(r.stdout.contains("scribbled"), "{r:?}");
     // vmsight served the VM to its end (the guest's last command ran) and reported what it
     // met.
