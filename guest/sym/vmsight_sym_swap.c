@@ -20,7 +20,7 @@
  *    in the region's deferred bitmap and the drain work drops it soon after).
  *  - Lock: the header's lock word, shared with vmsight (cmpxchg FREE -> GUEST). It is held
  *    with interrupts off (swap_slot_free_notify runs under the swap locks) and only for one
- *    page's work, the 4 KiB copy included; acquiring it spins at most VSWAP_SPIN_NS, then
+ *    page's work, the 4 KiB copy included; acquiring it spins at most VSWAP_SPIN_US, then
  *    the operation gives up (swap_busy) and the page goes to the lower disk.
  *
  * Everything in the region is written by vmsight too and is checked before use: a value out
@@ -30,17 +30,17 @@
 #include <linux/bio.h>
 #include <linux/bitmap.h>
 #include <linux/blkdev.h>
+#include <linux/delay.h>
 #include <linux/highmem.h>
 #include <linux/mutex.h>
 #include <linux/pagemap.h>
-#include <linux/sched/clock.h>
 #include <linux/slab.h>
 #include <linux/wait_bit.h>
 #include <linux/workqueue.h>
 
 #define VSWAP_NAME "vmswap0"
-/* How long an operation waits for the region lock (vmsight's side may be descheduled). */
-#define VSWAP_SPIN_NS (200 * NSEC_PER_USEC)
+/* Tries, 1 us apart, an operation makes for the region lock (vmsight may be descheduled). */
+#define VSWAP_SPIN_US 200
 #define VSWAP_PATH_MAX 128
 #define VSWAP_SECTORS (PAGE_SIZE >> SECTOR_SHIFT)
 #define VSWAP_LOWER_MODE (FMODE_READ | FMODE_WRITE | FMODE_EXCL)
@@ -165,25 +165,29 @@ static void vswap_publish(struct vswap_region *r)
 
 /*
  * Takes the region lock with interrupts off (FLAGS: to restore). Interrupts are back on
- * between tries, and the tries end after VSWAP_SPIN_NS: false then, counted as busy.
+ * between tries (unless the caller has them off, as the free notification does), and the
+ * tries end after VSWAP_SPIN_US more, 1 us apart: false then, counted as busy.
+ *
+ * Bounded by a count of delays, not by a clock: with interrupts off and the TSC marked
+ * unstable (TCG's vCPUs' TSCs are unsynchronised), local_clock() stands still until the
+ * next tick, so a clock-bounded spin in the free notification never ended while the
+ * lock's holder waited for this CPU (a guest process holding it, or an IPI to this CPU).
  */
 static bool vswap_lock(struct vswap_region *r, unsigned long *flags)
 {
 	u32 *lock = &r->hdr->lock;
-	u64 start = 0;
+	int tries;
 
-	for (;;) {
+	for (tries = 0;; tries++) {
 		local_irq_save(*flags);
 		if (READ_ONCE(*lock) == VSYM_SWAPR_LOCK_FREE &&
 		    cmpxchg(lock, VSYM_SWAPR_LOCK_FREE, VSYM_SWAPR_LOCK_GUEST) ==
 			    VSYM_SWAPR_LOCK_FREE)
 			return true;
 		local_irq_restore(*flags);
-		if (!start)
-			start = local_clock();
-		else if (local_clock() - start > VSWAP_SPIN_NS)
+		if (tries >= VSWAP_SPIN_US)
 			break;
-		cpu_relax();
+		udelay(1);
 	}
 	vswap_count(VSWAP_BUSY);
 	return false;
