@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use vmsight_proto::profile::{KernelProfile, ProfileError};
+use vmsight_proto::redirect::{Reg, NREGS};
 use vmsight_ring::{MonitorFilters, COMM_LEN};
 
 /// First non-canonical address above the lower (user) half on x86-64 (48-bit addressing).
@@ -1135,3 +1136,26 @@ pub fn classify<M: TaskMemory>(
     }
     done(Verdict::No, hops, false)
 }
+
+/// The registers that differ between `saved` and `now` (bit `i`: `Reg::ALL[i]`).
+///
+/// EFLAGS.RF is left out: when the guest takes an interrupt between the restore and the
+/// `syscall` instruction (QEMU checks for one right after the PC moves), QEMU pushes RF=1 for
+/// a hardware interrupt, the guest's `iretq` restores it, and it stays set until the end of the
+/// first block it returns to, which starts at that instruction. RF only suppresses a code
+/// breakpoint on that one instruction (and `syscall` stores RFLAGS without it), so the
+/// guest's state is still the saved one.
+pub fn mismatch_mask(saved: &[u64; NREGS], now: &[u64; NREGS]) -> u64 {
+    Reg::ALL
+        .iter()
+        .filter(|r| {
+            let ignore = if **r == Reg::Eflags { EFLAGS_RF } else { 0 };
+            (now[r.index()] ^ saved[r.index()]) & !ignore != 0
+        })
+        .fold(0u64, |m, r| m | 1 << r.index())
+}
+
+/// The interrupt flag in EFLAGS.
+pub const EFLAGS_IF: u64 = 1 << 9;
+/// The resume flag in EFLAGS.
+pub const EFLAGS_RF: u64 = 1 << 16;

@@ -21,7 +21,7 @@ use vmsight_proto::redirect::{RedirectFailure, RedirectRequest, Reg, Trigger, NR
 use vmsight_ring::redirect::{Mailbox, ReturnReport};
 use vmsight_ring::{monotonic_ns, Counter};
 
-use crate::logic::cr3_base;
+use crate::logic::{cr3_base, mismatch_mask, EFLAGS_IF};
 use crate::qemu::{self, Api};
 use crate::Ctx;
 
@@ -312,29 +312,6 @@ impl Ctx<'_> {
     }
 }
 
-/// The registers that differ between `saved` and `now` (bit `i`: `Reg::ALL[i]`).
-///
-/// EFLAGS.RF is left out: when the guest takes an interrupt between the restore and the
-/// `syscall` instruction (QEMU checks for one right after the PC moves), QEMU pushes RF=1 for
-/// a hardware interrupt, the guest's `iretq` restores it, and it stays set until the end of the
-/// first block it returns to, which starts at that instruction. RF only suppresses a code
-/// breakpoint on that one instruction (and `syscall` stores RFLAGS without it), so the
-/// guest's state is still the saved one.
-fn mismatch_mask(saved: &[u64; NREGS], now: &[u64; NREGS]) -> u64 {
-    Reg::ALL
-        .iter()
-        .filter(|r| {
-            let ignore = if **r == Reg::Eflags { EFLAGS_RF } else { 0 };
-            (now[r.index()] ^ saved[r.index()]) & !ignore != 0
-        })
-        .fold(0u64, |m, r| m | 1 << r.index())
-}
-
-/// The interrupt flag in EFLAGS.
-const EFLAGS_IF: u64 = 1 << 9;
-/// The resume flag in EFLAGS.
-const EFLAGS_RF: u64 = 1 << 16;
-
 /// Sets the arm word of every vCPU: armed vCPUs call [`Ctx::redirect_in_kernel`] at the start
 /// of their next kernel block (an inline compare otherwise).
 pub(crate) fn arm_all(st: &crate::State, v: u64) {
@@ -433,30 +410,5 @@ pub(crate) fn jump(pc: u64) -> ! {
         Some(f) => unsafe { qemu::set_pc(f, pc) },
         // Unreachable: a PC to move to only ever comes from a v7 redirection.
         None => std::process::abort(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_restore_check_names_what_differs_except_the_resume_flag() {
-        let mut saved = [0u64; NREGS];
-        saved[Reg::Eflags.index()] = 0x202;
-        saved[Reg::Rsp.index()] = 0x7ffc_1000;
-        assert_eq!(mismatch_mask(&saved, &saved), 0);
-        let mut now = saved;
-        now[Reg::Eflags.index()] = 0x202 | EFLAGS_RF;
-        assert_eq!(
-            mismatch_mask(&saved, &now),
-            0,
-            "RF from an interrupt's iretq"
-        );
-        now[Reg::Eflags.index()] = 0x203 | EFLAGS_RF;
-        assert_eq!(mismatch_mask(&saved, &now), 1 << Reg::Eflags.index());
-        now[Reg::Eflags.index()] = 0x202;
-        now[Reg::Rsp.index()] += 8;
-        assert_eq!(mismatch_mask(&saved, &now), 1 << Reg::Rsp.index());
     }
 }

@@ -736,3 +736,58 @@ fn hostile_dentry_chains_are_refused_not_followed_forever() {
     mount(&mut m, 0xb000_0000, 0x20_000, 0xa000_0000, 0x10_000);
     assert!(task_cwd(&PL, &mut m, 0x5000_0000, &mut out).is_none());
 }
+
+#[test]
+fn the_restore_check_names_what_differs_except_the_resume_flag() {
+    use vmsight_proto::redirect::{Reg, NREGS};
+    let mut saved = [0u64; NREGS];
+    saved[Reg::Eflags.index()] = 0x202;
+    saved[Reg::Rsp.index()] = 0x7ffc_1000;
+    assert_eq!(mismatch_mask(&saved, &saved), 0);
+    let mut now = saved;
+    now[Reg::Eflags.index()] = 0x202 | EFLAGS_RF;
+    assert_eq!(
+        mismatch_mask(&saved, &now),
+        0,
+        "RF from an interrupt's iretq"
+    );
+    now[Reg::Eflags.index()] = 0x203 | EFLAGS_RF;
+    assert_eq!(mismatch_mask(&saved, &now), 1 << Reg::Eflags.index());
+    now[Reg::Eflags.index()] = 0x202;
+    now[Reg::Rsp.index()] += 8;
+    assert_eq!(mismatch_mask(&saved, &now), 1 << Reg::Rsp.index());
+    now[Reg::Eflags.index()] = 0x202 & !EFLAGS_IF;
+    assert_eq!(
+        mismatch_mask(&saved, &now),
+        1 << Reg::Rsp.index() | 1 << Reg::Eflags.index(),
+        "IF is part of the state"
+    );
+}
+
+/// The plugin library is built with `test = false` (it needs QEMU's symbols to link), so a
+/// `#[test]` anywhere in `src/` outside `logic.rs` would never compile or run: it would be a
+/// test that cannot fail. Its pure logic belongs in `logic.rs`, which this file includes.
+#[test]
+fn no_plugin_source_file_but_logic_rs_holds_tests_that_would_never_run() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut offenders = Vec::new();
+    let mut dirs = vec![src.clone()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") && p != src.join("logic.rs") {
+                let text = std::fs::read_to_string(&p).unwrap();
+                if text.contains("#[test]") || text.contains("#[cfg(test)]") {
+                    offenders.push(p.display().to_string());
+                }
+            }
+        }
+    }
+    assert!(
+        offenders.is_empty(),
+        "tests in {offenders:?} are never compiled (the plugin library has test = false): move \
+         the logic they check into src/logic.rs and the tests into tests/logic.rs"
+    );
+}
