@@ -104,6 +104,12 @@ enum ImageCmd {
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
+enum TcgThreadsArg {
+    Multi,
+    Single,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
 enum AccelArg {
     Auto,
     Tcg,
@@ -150,6 +156,11 @@ struct RunArgs {
     /// which takes the same values, else auto (docs/platforms.md).
     #[arg(long, value_name = "auto|system|trixie|PATH")]
     qemu: Option<QemuChoice>,
+    /// TCG's vCPU threads: `multi` (one host thread per vCPU) or `single` (all vCPUs on one
+    /// thread, in turn: slower for parallel guest work, but free of QEMU 10's TCG section race,
+    /// docs/launcher.md).
+    #[arg(long, value_enum, default_value = "multi")]
+    tcg_threads: TcgThreadsArg,
     /// Do not load the vmsight TCG plugin.
     #[arg(long)]
     no_plugin: bool,
@@ -524,6 +535,10 @@ impl TryFrom<RunArgs> for VmConfig {
                 AccelArg::Kvm => AccelRequest::Kvm,
             },
             qemu: a.qemu.unwrap_or_else(QemuChoice::from_env),
+            tcg_threads: match a.tcg_threads {
+                TcgThreadsArg::Multi => vmsight_launcher::qemu::TcgThreads::Multi,
+                TcgThreadsArg::Single => vmsight_launcher::qemu::TcgThreads::Single,
+            },
             plugin: !a.no_plugin,
             plugin_records: a.plugin_records,
             count_syscalls: a.count_syscalls,

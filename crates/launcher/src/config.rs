@@ -247,6 +247,8 @@ pub struct VmConfig {
     pub accel: AccelRequest,
     /// Which QEMU runs the VM (`--qemu`, else `$VMSIGHT_QEMU`, else auto).
     pub qemu: crate::qemu::QemuChoice,
+    /// Multi- (default) or single-threaded TCG (`--tcg-threads`).
+    pub tcg_threads: crate::qemu::TcgThreads,
     /// Load the vmsight TCG plugin (on by default under TCG).
     pub plugin: bool,
     /// Let the plugin push one record per syscall into the ring (for tracing and benchmarks).

@@ -67,8 +67,8 @@ pub fn plugin_api_for(major: u32, minor: u32) -> u32 {
 /// Which QEMU the user asked for: `--qemu auto|system|trixie|PATH`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum QemuChoice {
-    /// The system QEMU if the plugin can be loaded into it (plugin API 4 or 7), else the
-    /// trixie root if it is built ([`decide_auto`]).
+    /// The trixie root's QEMU 11.1 if it is built, unless the system QEMU is itself free of
+    /// QEMU 10's TCG section race and can load the plugin ([`decide_auto`]).
     #[default]
     Auto,
     /// `qemu-system-x86_64` from `PATH`.
@@ -128,21 +128,36 @@ pub enum AutoPick {
 }
 
 /// `--qemu auto`, from the system QEMU's version (`None`: not in `PATH` or it does not run)
-/// and whether the trixie root is built: the system QEMU when the plugin can be loaded into it
-/// (plugin API 4 or 7), else the trixie root; without the root, a system QEMU 10.1 or 10.2
-/// still runs (a run that loads the plugin is then refused with its own error, so a run with
-/// `--no-plugin` works).
+/// and whether the trixie root is built, in this order:
+/// 1. the system QEMU when the plugin can be loaded into it (plugin API 4 or 7) and it does
+///    not have QEMU 10's TCG section race ([`has_tcg_section_race`]): a system QEMU 11;
+/// 2. the trixie root (QEMU 11.1) when it is built;
+/// 3. the system QEMU when the plugin can be loaded into it (QEMU 10.0, with the race);
+/// 4. a system QEMU 10.1 or 10.2 (a run that loads the plugin is then refused with its own
+///    error, so a run with `--no-plugin` works).
 pub fn decide_auto(system: Option<(u32, u32, u32)>, trixie_built: bool) -> AutoPick {
+    let loadable = |(major, minor, _): (u32, u32, u32)| {
+        major >= MIN_MAJOR && PLUGIN_APIS.contains(&plugin_api_for(major, minor))
+    };
     match system {
-        Some((major, minor, _))
-            if major >= MIN_MAJOR && PLUGIN_APIS.contains(&plugin_api_for(major, minor)) =>
-        {
-            AutoPick::System
-        }
+        Some(v) if loadable(v) && !has_tcg_section_race(v) => AutoPick::System,
         _ if trixie_built => AutoPick::Trixie,
+        Some(v) if loadable(v) => AutoPick::System,
         Some((major, _, _)) if major >= MIN_MAJOR => AutoPick::System,
         _ => AutoPick::Neither,
     }
+}
+
+/// Whether QEMU `version` has the TCG race behind the rare QEMU aborts
+/// (`iotlb_to_section: Assertion 'section_index < d->map.sections_nb' failed`) and stalled
+/// guest vCPU timers (docs/launcher.md, "QEMU 10's TCG section race"). A TLB entry for MMIO
+/// keeps a section *index*, taken from the memory map of the time; QEMU 10 looks that index
+/// up in the address space's *current* map, so an access made between a memory-map change
+/// (a guest PCI BAR toggled on or off) and the vCPU's own TLB flush reaches another section
+/// or none. QEMU 11 keeps the section itself in the TLB entry (its binary has no
+/// `iotlb_to_section`); the 10.x releases all have the index.
+pub fn has_tcg_section_race((major, _, _): (u32, u32, u32)) -> bool {
+    major == 10
 }
 
 /// How to start a QEMU: the program and the arguments before QEMU's own, extra environment,
@@ -279,7 +294,20 @@ impl Qemu {
             system.as_ref().map(|q| &q.version_line)
         );
         match (pick, cache) {
-            (AutoPick::System, _) => system,
+            (AutoPick::System, _) => {
+                if let Ok(q) = &system {
+                    if has_tcg_section_race(q.version) {
+                        tracing::info!(
+                            "--qemu auto runs the system QEMU {}, which has QEMU 10's TCG \
+                             section race (rare aborts and stalled guest timers, \
+                             docs/launcher.md); `make qemu11` builds QEMU 11.1, which auto \
+                             then prefers",
+                            q.version_string()
+                        );
+                    }
+                }
+                system
+            }
             (AutoPick::Trixie, Some(cache)) => Qemu::trixie_in(&cache),
             _ => Err(LaunchError::NoUsableQemu {
                 system: match system {
@@ -441,11 +469,35 @@ pub fn parse_version(text: &str) -> Option<(u32, u32, u32)> {
     Some((major, minor, micro))
 }
 
+/// How TCG runs the vCPUs (`-accel tcg,thread=`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TcgThreads {
+    /// One host thread per vCPU (multi-threaded TCG), the default.
+    #[default]
+    Multi,
+    /// Every vCPU on one host thread, in turn. It takes QEMU 10's TCG section race away (no
+    /// vCPU runs while another changes the memory map, docs/launcher.md) at the price of
+    /// parallel guest work.
+    Single,
+}
+
+impl TcgThreads {
+    /// The value of QEMU's `thread=` option.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TcgThreads::Multi => "multi",
+            TcgThreads::Single => "single",
+        }
+    }
+}
+
 /// Everything the QEMU command line depends on.
 #[derive(Debug, Clone)]
 pub struct QemuPlan {
     pub name: String,
     pub accel: Accel,
+    /// Multi- or single-threaded TCG (ignored under KVM).
+    pub tcg_threads: TcgThreads,
     pub vcpus: u32,
     pub mem_mib: u64,
     /// Room for hot-plugged memory (`-m ...,maxmem=`), MiB beyond `mem_mib`: the swap
@@ -534,7 +586,12 @@ pub fn build_args(p: &QemuPlan) -> Vec<String> {
     ]);
     push(&["-machine", "q35,memory-backend=mem,vmport=off,hpet=off"]);
     match p.accel {
-        Accel::Tcg => push(&["-accel", "tcg,thread=multi,tb-size=256", "-cpu", "max"]),
+        Accel::Tcg => push(&[
+            "-accel",
+            &format!("tcg,thread={},tb-size=256", p.tcg_threads.as_str()),
+            "-cpu",
+            "max",
+        ]),
         Accel::Kvm => push(&["-accel", "kvm", "-cpu", "host"]),
     }
     push(&["-smp", &p.vcpus.to_string()]);
@@ -663,6 +720,7 @@ mod tests {
         QemuPlan {
             name: "t1".into(),
             accel: Accel::Tcg,
+            tcg_threads: TcgThreads::Multi,
             vcpus: 2,
             mem_mib: 1024,
             hotplug_mib: 0,
@@ -701,6 +759,11 @@ mod tests {
     fn command_line_has_shared_memory_and_tcg() {
         let a = build_args(&plan());
         assert!(has_pair(&a, "-accel", "tcg,thread=multi,tb-size=256"));
+        let single = build_args(&QemuPlan {
+            tcg_threads: TcgThreads::Single,
+            ..plan()
+        });
+        assert!(has_pair(&single, "-accel", "tcg,thread=single,tb-size=256"));
         assert!(has_pair(
             &a,
             "-object",
@@ -879,10 +942,13 @@ mod tests {
     fn auto_takes_the_system_qemu_the_plugin_can_use_else_the_trixie_root() {
         use AutoPick::*;
         for (system, built, pick) in [
-            // The host's QEMU 10.0 (API 4) or an 11 (API 7): the system one.
-            (Some((10, 0, 2)), false, System),
-            (Some((10, 0, 2)), true, System),
+            // A system QEMU 11 (API 7, no section race): the system one.
             (Some((11, 1, 3)), true, System),
+            (Some((11, 1, 3)), false, System),
+            // The host's QEMU 10.0 (API 4) has the race: the trixie root when it is built ...
+            (Some((10, 0, 2)), true, Trixie),
+            // ... else the system one all the same.
+            (Some((10, 0, 2)), false, System),
             // 10.1 / 10.2 speak API 5 / 6: the trixie root when it is built ...
             (Some((10, 1, 0)), true, Trixie),
             (Some((10, 2, 0)), true, Trixie),

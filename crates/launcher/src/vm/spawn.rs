@@ -111,6 +111,7 @@ fn plan(
     Ok(QemuPlan {
         name: cfg.name.clone(),
         accel: prep.accel,
+        tcg_threads: cfg.tcg_threads,
         vcpus: cfg.vcpus,
         mem_mib: cfg.mem_mib,
         hotplug_mib: cfg.swap.as_ref().map_or(0, |s| s.grow >> 20),
