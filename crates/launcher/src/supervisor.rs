@@ -41,6 +41,10 @@ pub enum Event {
     /// The guest kernel reported that this CPU's timer did not fire (an RCU stall with
     /// "Possible timer handling issue on cpu=N").
     TimerStall(u32),
+    /// QEMU's local APIC of this vCPU (the `info lapic` text) shows the timer's vector stuck
+    /// in service after a reported stall ([`timer_vector_in_service`]): the vCPU can take no
+    /// more timer interrupts, ever, so the guest will not recover.
+    TimerStuck(u32, String),
     /// An event from QMP (`SHUTDOWN`, `GUEST_PANICKED`, ...).
     Qmp(QmpEvent),
     /// QEMU's process ended.
@@ -85,6 +89,33 @@ impl DownAction {
     }
 }
 
+/// The start of [`EndReason::TimerStuck`]'s message: the signature test harnesses and tools
+/// look for (with the local APIC state after it).
+pub const TIMER_STUCK_MESSAGE: &str = "a guest vCPU's timer interrupt is stuck in service";
+
+/// How [`EndReason::TimerStuck`]'s message says that the guest had not reported ready: its
+/// command never started, so running it again is the same run.
+pub const BEFORE_READY: &str = "before the guest reported ready";
+
+/// Whether QEMU's `info lapic` text shows the timer's vector (the `LVTT` entry's `vec N`) in
+/// service (the `ISR` line), the state of a lost EOI: the processor priority then holds back
+/// every later timer interrupt of that vCPU. A healthy vCPU shows it at most pending (`IRR`).
+pub fn timer_vector_in_service(apic: &str) -> bool {
+    let vector = apic
+        .lines()
+        .find(|l| l.trim_start().starts_with("LVTT"))
+        .and_then(|l| l.split("(vec ").nth(1))
+        .and_then(|r| r.split(')').next())
+        .and_then(|v| v.trim().parse::<u32>().ok());
+    let Some(vector) = vector else {
+        return false;
+    };
+    apic.lines()
+        .filter_map(|l| l.trim_start().strip_prefix("ISR"))
+        .flat_map(str::split_whitespace)
+        .any(|v| v.parse::<u32>() == Ok(vector))
+}
+
 /// How the run ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EndReason {
@@ -100,6 +131,10 @@ pub enum EndReason {
     BackendFailed(String),
     /// The guest init did not report `ready` within the boot timeout; the console's last lines.
     BootTimeout(Duration, String),
+    /// A vCPU's timer vector stayed in service (QEMU 10's TCG section race lost its EOI,
+    /// docs/launcher.md): the vCPU, QEMU's `info lapic` of it, and whether the guest had
+    /// reported ready (its command had started). vmsight stopped the VM.
+    TimerStuck(u32, String, bool),
     /// vmsight was told to stop (SIGINT/SIGTERM/SIGHUP or the console escape).
     Interrupted(i32),
 }
@@ -115,7 +150,8 @@ impl EndReason {
             EndReason::GuestPanic(_)
             | EndReason::QemuFailed(_)
             | EndReason::BackendFailed(_)
-            | EndReason::BootTimeout(..) => 125,
+            | EndReason::BootTimeout(..)
+            | EndReason::TimerStuck(..) => 125,
         }
     }
 
@@ -136,6 +172,19 @@ impl EndReason {
                 } else {
                     tail
                 }
+            )),
+            EndReason::TimerStuck(cpu, apic, ready) => Some(format!(
+                "{TIMER_STUCK_MESSAGE} on vCPU {cpu}, {}: its local APIC keeps the timer vector in \
+                 service, so it takes no timer interrupt again and the guest cannot recover; \
+                 vmsight stopped it. This is QEMU 10's TCG section race (a lost EOI); QEMU 11.1 \
+                 (`--qemu trixie`, the default once `make qemu11` built it) does not have it \
+                 (docs/launcher.md). QEMU's local APIC of that vCPU:\n{}",
+                if *ready {
+                    "after the guest reported ready"
+                } else {
+                    BEFORE_READY
+                },
+                apic.trim_end()
             )),
             EndReason::Interrupted(sig) => Some(format!("interrupted by signal {sig}; VM stopped")),
         }
@@ -193,6 +242,8 @@ pub struct Ending {
     poweroff_forced: bool,
     /// vmsight stopped QEMU because `ready` had not come within this boot timeout.
     boot_timed_out: Option<Duration>,
+    /// vmsight stopped QEMU because this vCPU's timer vector stayed in service (and the APIC).
+    timer_stuck: Option<(u32, String)>,
     interrupted: Option<i32>,
     backend_failed: Option<String>,
     qemu_status: Option<String>,
@@ -216,6 +267,9 @@ impl Ending {
         }
         if let Some(e) = self.backend_failed.clone().or(late.backend_error.clone()) {
             return EndReason::BackendFailed(e);
+        }
+        if let Some((cpu, apic)) = self.timer_stuck.clone() {
+            return EndReason::TimerStuck(cpu, apic, self.boot_time.is_some());
         }
         if let Some(d) = self.boot_timed_out {
             return EndReason::BootTimeout(d, late.console_tail.clone());
@@ -314,6 +368,7 @@ impl Supervisor {
                 Vec::new()
             }
             Event::TimerStall(cpu) => vec![Effect::DumpLocalApic(cpu)],
+            Event::TimerStuck(cpu, apic) => self.timer_stuck(cpu, apic, now),
             Event::Qmp(q) => self.on_qmp(&q),
             Event::Signal(sig) => self.stop_requested(sig, now),
             Event::ConsoleQuit => self.stop_requested(0, now),
@@ -338,6 +393,16 @@ impl Supervisor {
             _ => {}
         }
         Vec::new()
+    }
+
+    /// A vCPU's timer can never fire again: stop the VM now rather than at a timeout.
+    fn timer_stuck(&mut self, cpu: u32, apic: String, now: Instant) -> Vec<Effect> {
+        if self.quit_sent_at.is_some() || self.state.timer_stuck.is_some() {
+            return Vec::new();
+        }
+        self.state.timer_stuck = Some((cpu, apic));
+        self.quit_sent_at = Some(now);
+        vec![Effect::RequestQuit]
     }
 
     /// A signal (or the console escape, `sig` 0): quit politely first, kill on the second.
@@ -676,6 +741,63 @@ mod tests {
     fn hold_mode_lets_the_command_run_once_its_pid_is_known() {
         let (effects, _) = script(vec![(0, Event::CmdPid(42)), (1, exited(0))]);
         assert_eq!(effects, vec![Effect::LetCommandRun(42)]);
+    }
+
+    #[test]
+    fn a_timer_vector_stuck_in_service_stops_the_vm_with_the_apic_state() {
+        let apic = "LVTT 0x000200ec active-hi edge periodic Fixed  (vec 236)\nISR      236\n";
+        let (effects, end) = script(vec![
+            (0, Event::TimerStall(1)),
+            (1, Event::TimerStuck(1, apic.into())),
+            (2, Event::TimerStuck(0, apic.into())),
+            (5, exited(0)),
+        ]);
+        assert_eq!(
+            effects,
+            vec![Effect::DumpLocalApic(1), Effect::RequestQuit],
+            "one quit, for the first stuck vCPU"
+        );
+        let why = end.reason(&LateFacts::default());
+        assert_eq!(why, EndReason::TimerStuck(1, apic.into(), false));
+        assert_eq!(why.exit_code(), 125);
+        let msg = why.error_message().unwrap();
+        assert!(
+            msg.starts_with(TIMER_STUCK_MESSAGE) && msg.contains("ISR      236"),
+            "{msg}"
+        );
+        assert!(msg.contains(BEFORE_READY), "{msg}");
+        // After ready, the message says so (the command had started).
+        let after = reason(vec![
+            (0, Event::Ready(2.0)),
+            (1, Event::TimerStuck(0, apic.into())),
+            (5, exited(0)),
+        ]);
+        assert_eq!(after, EndReason::TimerStuck(0, apic.into(), true));
+        assert!(!after.error_message().unwrap().contains(BEFORE_READY));
+    }
+
+    #[test]
+    fn only_the_timer_vector_in_service_counts_as_stuck() {
+        // The stalled vCPU of docs/launcher.md (QEMU 10.0.2, boot loop, 2026-11-25).
+        let stuck = "Dumping local APIC state for CPU 1\n\n\
+            LVT0\t 0x00010700 active-hi edge  masked                      ExtINT (vec 0)\n\
+            LVTT\t 0x000200ec active-hi edge                 periodic     Fixed  (vec 236)\n\
+            Timer\t DCR=0x3 (divide by 16) initial_count = 251110 current_count = 66445\n\
+            ISR\t 236\n\
+            IRR\t 34 35 36 236\n\n\
+            APR 0x01 TPR 0x10 DFR 0x0f LDR 0x02 PPR 0xe0\n";
+        assert!(timer_vector_in_service(stuck));
+        // A healthy vCPU: the timer pending, nothing in service.
+        let healthy = "LVTT\t 0x000000ec active-hi edge                 one-shot     Fixed  (vec \
+            236)\nTimer\t DCR=0x3 (divide by 16) initial_count = 229726 current_count = 0\n\
+            IRR\t 236\n";
+        assert!(!timer_vector_in_service(healthy));
+        // Another vector in service (a device interrupt being handled), or no LVTT at all.
+        assert!(!timer_vector_in_service(
+            "LVTT 0x000000ec (vec 236)\nISR\t 34 2360\n"
+        ));
+        assert!(!timer_vector_in_service("ISR 236\n"));
+        assert!(!timer_vector_in_service("LVTT (vec x)\nISR 236\n"));
     }
 
     #[test]

@@ -135,6 +135,7 @@ fn supervise(
     let mut supervisor = Supervisor::new(t0).with_boot_timeout(cfg.boot_timeout);
     let ctx = LoopCtx {
         qmp: &qemu.qmp,
+        events: &svc.tx,
         qemu_pid: qemu.pid,
         stdin_go: &svc.stdin_go,
         ctl_writer: &svc.ctl_writer,
@@ -329,6 +330,8 @@ fn finish_devices(devices: Vec<Box<dyn Device>>, streams: &mut Vec<DiskStream>) 
 /// What the supervising loop needs to carry out the supervisor's effects.
 struct LoopCtx<'a> {
     qmp: &'a Option<Qmp>,
+    /// The supervisor's event channel, for what an effect finds out (a stuck vCPU timer).
+    events: &'a Sender<Event>,
     qemu_pid: u32,
     stdin_go: &'a Sender<()>,
     ctl_writer: &'a Mutex<Option<std::os::unix::net::UnixStream>>,
@@ -358,19 +361,26 @@ impl LoopCtx<'_> {
 
     /// Logs QEMU's view of the local APIC of the vCPU whose timer the guest says stopped
     /// firing (HMP `info lapic`, through QMP): the timer's LVT entry (masked? one-shot?), its
-    /// initial and current count, and the pending and in-service vectors. docs/launcher.md
-    /// ("Limits") describes the stall this is for.
+    /// initial and current count, and the pending and in-service vectors. When the timer's
+    /// vector is stuck in service (QEMU 10's TCG section race lost its EOI), the vCPU takes no
+    /// timer interrupt again: the supervisor is told, and stops the VM at once.
+    /// docs/launcher.md ("Limits") describes the stall this is for.
     fn dump_local_apic(&self, cpu: u32) {
         let Some(q) = self.qmp.as_ref() else {
             return;
         };
         let args = serde_json::json!({ "command-line": format!("info lapic {cpu}") });
         match q.execute("human-monitor-command", Some(args), Duration::from_secs(5)) {
-            Ok(v) => tracing::warn!(
-                "the guest reports that the timer of its CPU {cpu} did not fire (an RCU stall); \
-                 QEMU's local APIC of that vCPU:\n{}",
-                v.as_str().unwrap_or_default().trim_end()
-            ),
+            Ok(v) => {
+                let apic = v.as_str().unwrap_or_default().trim_end().to_string();
+                tracing::warn!(
+                    "the guest reports that the timer of its CPU {cpu} did not fire (an RCU \
+                     stall); QEMU's local APIC of that vCPU:\n{apic}"
+                );
+                if crate::supervisor::timer_vector_in_service(&apic) {
+                    let _ = self.events.send(Event::TimerStuck(cpu, apic));
+                }
+            }
             Err(e) => tracing::warn!(
                 "the guest reports that the timer of its CPU {cpu} did not fire (an RCU stall); \
                  cannot read QEMU's local APIC state: {e}"
