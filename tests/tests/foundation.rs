@@ -55,6 +55,42 @@ fn stdin_is_forwarded_to_the_command() {
     assert_eq!(r.stdout.trim(), "100000", "{r:?}");
 }
 
+/// A command that opens `/dev/stdin` again by its path (a script read by path, `cat
+/// /dev/stdin`) works as over a host pipe: the guest init gives the command a pipe it fills
+/// from the stdin port, which can be opened only once (EBUSY). The oracle: Python runs the
+/// script only if it could read it through `/dev/stdin`, and prints a SHA-256 the host checks;
+/// the guest's own `/proc/self/fd/0` shows the pipe.
+#[test]
+fn stdin_is_a_pipe_that_the_command_can_open_again_by_path() {
+    use sha2::{Digest, Sha256};
+    let mut child = vmsight()
+        .args([
+            "run",
+            "--",
+            "sh",
+            "-c",
+            "readlink /proc/self/fd/0 >&2; python3 /dev/stdin",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start vmsight");
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin
+        .write_all(b"import hashlib\nprint('RAN', hashlib.sha256(b'vmsight stdin').hexdigest())\n")
+        .expect("feed stdin");
+    drop(stdin);
+    let r = Run::from(child.wait_with_output().expect("wait"));
+    assert_eq!(r.code, Some(0), "{r:?}");
+    let want = format!("RAN {:x}", Sha256::digest(b"vmsight stdin"));
+    assert_eq!(r.stdout.trim(), want, "{r:?}");
+    assert!(
+        r.stderr.lines().any(|l| l.starts_with("pipe:[")),
+        "the command's stdin is a pipe: {r:?}"
+    );
+}
+
 #[test]
 fn synced_data_on_an_extra_disk_reaches_the_host_image() {
     let dir = tempfile::tempdir().unwrap();
