@@ -59,11 +59,14 @@ QEMU10_RUN = VMSIGHT_QEMU=system $(CARGO) test --release -p vmsight-tests $(QEMU
 guest-test-qemu10: image qemu11
 	$(QEMU10_RUN)
 
-# Every step runs even after one fails, so the end always says how many guest runs the harness
-# ran again (tests/src/lib.rs, `rerun_reason`); more than one fails the suite.
+# Every step runs even after one fails, so the end always says which fuzzing seeds this run
+# drew (docs/fuzzing.md) and how many guest runs the harness ran again (tests/src/lib.rs,
+# `rerun_reason`); more than one rerun fails the suite. The cargo-fuzz crate is built (not
+# run: libFuzzer runs need nightly) so its targets keep compiling.
 test: image qemu11
-	@rm -rf target/vmsight-test-reruns; status=0; \
+	@rm -rf target/vmsight-test-reruns target/vmsight-fuzz-seeds; status=0; \
 	$(CARGO) test --release --workspace -- --test-threads=$(TEST_THREADS) || status=1; \
+	$(CARGO) build --release --manifest-path fuzz/Cargo.toml --bins || status=1; \
 	$(QEMU10_RUN) || status=1; \
 	VMSIGHT_FSVIEW_IMAGE="$$($(VMSIGHT) image info --json | jq -r .dir)/rootfs.img" \
 		$(CARGO) test --release -p vmsight-fsview --test real_images -- --ignored external_image \
@@ -71,6 +74,7 @@ test: image qemu11
 	VMSIGHT_TEST_KERNEL_DIR="$$($(VMSIGHT) image info --json | jq -r .dir)" \
 		$(CARGO) test --release -p vmsight-introspect --lib -- --ignored real_kernel_profile \
 		|| status=1; \
+	cat target/vmsight-fuzz-seeds/*.txt || status=1; \
 	bash scripts/test-reruns.sh target/vmsight-test-reruns || status=1; \
 	exit $$status
 

@@ -2,9 +2,12 @@
 //! crates (each includes this file with `#[path]`; see docs/fuzzing.md).
 //!
 //! For a target it (a) runs every committed seed in `fuzz/corpus/<target>/` through the entry
-//! point and (b) runs proptest with a fixed seed (deterministic in CI) over byte mutations of
-//! those seeds and over random inputs. `VMSIGHT_FUZZ_CASES=N` changes the number of proptest
-//! cases, `VMSIGHT_FUZZ_SEED=N` picks another fixed seed (run longer or elsewhere), and
+//! point and (b) runs proptest over byte mutations of those seeds and over random inputs, from
+//! a fresh random seed each run (so every `make test` tries new inputs). The seed is written
+//! to `<target dir>/vmsight-fuzz-seeds/<target>.txt` (`make test` prints them); a failure
+//! names it and saves the failing input under `<target dir>/vmsight-fuzz-failures/`, to be
+//! committed to the corpus once fixed. `VMSIGHT_FUZZ_SEED=N` replays seed N,
+//! `VMSIGHT_FUZZ_CASES=N` changes the number of proptest cases, and
 //! `VMSIGHT_FUZZ_WRITE_SEEDS=1` rewrites the corpus from the target's seed generator.
 
 use std::path::PathBuf;
@@ -170,18 +173,53 @@ pub fn cases(default: u32) -> u32 {
         .unwrap_or(default)
 }
 
-/// The fixed proptest seed: 32 bytes from `VMSIGHT_FUZZ_SEED` (a number), else from the
-/// target's name, so every run of `make test` tries the same inputs.
-fn rng(target: &str) -> TestRng {
-    let n: u64 = std::env::var("VMSIGHT_FUZZ_SEED")
+/// This run's proptest seed: `VMSIGHT_FUZZ_SEED` (a number) to replay one, else a fresh one
+/// from the clock and the process id.
+pub fn seed() -> u64 {
+    if let Some(n) = std::env::var("VMSIGHT_FUZZ_SEED")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(0x0076_6d73_6967_6874);
+    {
+        return n;
+    }
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or_default();
+    // splitmix64 of the time and pid: nearby starts give unrelated seeds.
+    let mut z = nanos ^ (u64::from(std::process::id()) << 32);
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The proptest generator for `target` and seed `n`: 32 bytes from both.
+fn rng(target: &str, n: u64) -> TestRng {
     let mut seed = [0u8; 32];
     for (i, b) in target.bytes().chain(n.to_le_bytes()).enumerate() {
         seed[i % 32] ^= b.rotate_left(i as u32 % 8);
     }
     TestRng::from_seed(RngAlgorithm::ChaCha, &seed)
+}
+
+/// `<target dir>/<name>`: `CARGO_TARGET_DIR`, else the workspace's `target/`.
+fn target_path(name: &str) -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target"))
+        .join(name)
+}
+
+/// Writes `bytes` to `<target dir>/<dir>/<file>` and returns the path (a failure to write is
+/// reported in the path's place: the seed is in the test's own message as well).
+fn record(dir: &str, file: &str, bytes: &[u8]) -> String {
+    let dir = target_path(dir);
+    let path = dir.join(file);
+    match std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&path, bytes)) {
+        Ok(()) => path.display().to_string(),
+        Err(e) => format!("(not saved: {}: {e})", path.display()),
+    }
 }
 
 /// Runs `cases(default_cases)` proptest cases over `entry`: mutations of the committed seeds
@@ -199,7 +237,14 @@ pub fn run_mutations(target: &str, entry: Entry, default_cases: u32, max_random:
         max_shrink_iters: 64,
         ..Config::default()
     };
-    let mut runner = TestRunner::new_with_rng(config, rng(target));
+    let n_seed = seed();
+    record(
+        "vmsight-fuzz-seeds",
+        &format!("{target}.txt"),
+        format!("{target}: seed {n_seed}, {n} cases (replay: VMSIGHT_FUZZ_SEED={n_seed})\n")
+            .as_bytes(),
+    );
+    let mut runner = TestRunner::new_with_rng(config, rng(target, n_seed));
     let k = seeds.len();
     let mutated = (0..k, prop::collection::vec(mutation(), 1..8)).prop_map(move |(i, ms)| {
         let mut b = seeds[i].clone();
@@ -219,10 +264,21 @@ pub fn run_mutations(target: &str, entry: Entry, default_cases: u32, max_random:
         Ok(())
     });
     if let Err(e) = result {
-        panic!("{target}: {e}");
+        let saved = match &e {
+            proptest::test_runner::TestError::Fail(_, input) => record(
+                "vmsight-fuzz-failures",
+                &format!("{target}-{n_seed}.bin"),
+                input,
+            ),
+            proptest::test_runner::TestError::Abort(_) => "(no input: aborted)".to_string(),
+        };
+        panic!(
+            "{target}: {e}\nproptest seed {n_seed} (replay: VMSIGHT_FUZZ_SEED={n_seed}); the \
+             failing input is saved at {saved}: commit it to fuzz/corpus/{target}/ with the fix"
+        );
     }
     eprintln!(
-        "{target}: {n} proptest cases in {:.1?}, outcomes {:#b}",
+        "{target}: seed {n_seed}, {n} proptest cases in {:.1?}, outcomes {:#b}",
         started.elapsed(),
         seen.get()
     );
