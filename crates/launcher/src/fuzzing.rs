@@ -10,6 +10,9 @@
 //!   frame it accepts must re-encode to the same bytes) and replayed with [`replay`] over a
 //!   small ext4 image (a damaged recording must be refused with an error, never replayed past
 //!   the image).
+//! - [`symspy_page`]: the guest module's SymSpy page (`--symbiotic`), written by the guest: a
+//!   page built from a header (valid or not), field writes and raw scribbles, read by
+//!   [`crate::sym::spy::parse`] the way vmsight reads a stable copy of it.
 
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -411,4 +414,152 @@ pub fn encode_recording(events: &[TapEvent]) -> Vec<u8> {
         Ok(()) => std::fs::read(&path).unwrap_or_default(),
         Err(e) => panic!("re-recording failed: {e}"),
     }
+}
+
+/// Outcome bits of [`symspy_page`]: the page was refused (short, bad magic, other version).
+pub const SPY_REFUSED: u32 = 1;
+/// It was read without a problem.
+pub const SPY_CLEAN: u32 = 2;
+/// It was read with problems reported (and the bad values bounded).
+pub const SPY_PROBLEMS: u32 = 4;
+/// A read page listed at least one vCPU's task.
+pub const SPY_CPUS: u32 = 8;
+/// A read page listed at least one swap device.
+pub const SPY_SWAPS: u32 = 16;
+
+/// Most operations on one page.
+const MAX_SPY_OPS: usize = 64;
+
+/// One edit of the SymSpy page before it is read.
+#[derive(Debug, Clone)]
+pub enum SpyOp {
+    /// Write `value` (little-endian, `width` bytes: 1, 2, 4 or 8) at `offset` (wrapping in the
+    /// page).
+    Write { offset: u16, width: u8, value: u64 },
+    /// Copy `bytes` to `offset` (wrapping; cut at the page's end).
+    Scribble { offset: u16, bytes: Vec<u8> },
+}
+
+/// The SymSpy page: the first byte says how the page starts (bit 0: with the module's magic
+/// and interface version, bit 1: cut to a length from the next `u16`), then edits until the
+/// input ends. Promises checked: no panic; a refused page says why; a read page has
+/// `nr_cpus` in 1..=`MAX_CPUS`, at most that many tasks, each on a vCPU below it, at most
+/// `MAX_SWAPS` swap devices, strings that fit their fields, and it serialises to JSON (what
+/// `vmsight sym` prints).
+pub fn symspy_page(data: &[u8]) -> u32 {
+    use vmsight_proto::sym::{ABI_VERSION, GUEST, GUEST_MAGIC, MAX_CPUS, MAX_SWAPS};
+    let mut inp = Input::new(data);
+    let mode = inp.u8();
+    let cut = inp.u16();
+    let mut page = vec![0u8; GUEST.size];
+    if mode & 1 != 0 {
+        let m = GUEST.field("magic").offset;
+        page[m..m + 8].copy_from_slice(&GUEST_MAGIC.to_le_bytes());
+        let a = GUEST.field("abi").offset;
+        page[a..a + 4].copy_from_slice(&ABI_VERSION.to_le_bytes());
+    }
+    let mut ops = 0;
+    while !inp.is_empty() && ops < MAX_SPY_OPS {
+        apply_spy_op(&mut page, &decode_spy_op(&mut inp));
+        ops += 1;
+    }
+    if mode & 2 != 0 {
+        page.truncate(usize::from(cut) % (GUEST.size + 1));
+    }
+    let mut problems = Vec::new();
+    let Some(spy) = crate::sym::spy::parse(&page, &mut problems) else {
+        assert!(!problems.is_empty(), "a refused page says why");
+        return SPY_REFUSED;
+    };
+    assert!(
+        (1..=MAX_CPUS as u32).contains(&spy.nr_cpus),
+        "nr_cpus {}",
+        spy.nr_cpus
+    );
+    assert!(spy.cpus.len() <= spy.nr_cpus as usize);
+    assert!(spy
+        .cpus
+        .iter()
+        .all(|c| c.cpu < spy.nr_cpus && c.comm.len() <= 16 * 3));
+    assert!(spy.swaps.len() <= MAX_SWAPS);
+    let field_len = |n: &str| GUEST.field(n).ty.size() * 3;
+    assert!(spy.release.len() <= field_len("release") && spy.version.len() <= field_len("version"));
+    serde_json::to_string(&spy).expect("a read page serialises");
+    let mut bits = if problems.is_empty() {
+        SPY_CLEAN
+    } else {
+        SPY_PROBLEMS
+    };
+    if !spy.cpus.is_empty() {
+        bits |= SPY_CPUS;
+    }
+    if !spy.swaps.is_empty() {
+        bits |= SPY_SWAPS;
+    }
+    bits
+}
+
+fn decode_spy_op(inp: &mut Input<'_>) -> SpyOp {
+    if inp.u8() % 4 == 0 {
+        let offset = inp.u16();
+        SpyOp::Scribble {
+            offset,
+            bytes: inp.chunk(256).to_vec(),
+        }
+    } else {
+        SpyOp::Write {
+            offset: inp.u16(),
+            width: [1, 2, 4, 8][usize::from(inp.u8() % 4)],
+            value: inp.u64(),
+        }
+    }
+}
+
+fn apply_spy_op(page: &mut [u8], op: &SpyOp) {
+    let n = page.len();
+    let (at, bytes) = match op {
+        SpyOp::Write {
+            offset,
+            width,
+            value,
+        } => (
+            usize::from(*offset) % n,
+            value.to_le_bytes()[..usize::from(*width)].to_vec(),
+        ),
+        SpyOp::Scribble { offset, bytes } => (usize::from(*offset) % n, bytes.clone()),
+    };
+    let len = bytes.len().min(n - at);
+    page[at..at + len].copy_from_slice(&bytes[..len]);
+}
+
+/// Encodes a SymSpy input: `mode` (bit 0 valid header, bit 1 cut to `cut`) and the edits.
+pub fn encode_spy(mode: u8, cut: u16, ops: &[SpyOp]) -> Vec<u8> {
+    let mut o = Output::default();
+    o.u8(mode);
+    o.u16(cut);
+    for op in ops {
+        match op {
+            SpyOp::Scribble { offset, bytes } => {
+                o.u8(0);
+                o.u16(*offset);
+                o.chunk(bytes);
+            }
+            SpyOp::Write {
+                offset,
+                width,
+                value,
+            } => {
+                o.u8(1);
+                o.u16(*offset);
+                o.u8(match width {
+                    1 => 0,
+                    2 => 1,
+                    4 => 2,
+                    _ => 3,
+                });
+                o.u64(*value);
+            }
+        }
+    }
+    o.bytes
 }
