@@ -41,6 +41,13 @@ fn used(vol: &Path) -> u64 {
     info(vol)["used_chunks"].as_u64().unwrap()
 }
 
+/// Bytes the host's file system allocated to the volume's (sparse) data file: an oracle of
+/// what the volume stored that does not go through vmsight's own counters.
+fn data_allocated(vol: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(vol.join("data")).unwrap().blocks() * 512
+}
+
 fn check_clean(vol: &Path) {
     let r = run(&["dedup", "check", vol.to_str().unwrap()]);
     assert_eq!(r.code, Some(0), "dedup check: {r:?}");
@@ -118,6 +125,7 @@ fn a_copied_file_is_stored_once_reads_back_exactly_and_online_gc_frees_it_once_t
     );
     assert_eq!(r.code, Some(0), "{r:?}");
     let before = used(&vol);
+    let allocated_before = data_allocated(&vol);
     // Boot 2: copy the 64 MiB file; the guest's own sha256sum is the oracle.
     let r = guest_sh(
         &["--disk", &disk],
@@ -130,6 +138,16 @@ fn a_copied_file_is_stored_once_reads_back_exactly_and_online_gc_frees_it_once_t
         after < before + 256,
         "copying 64 MiB took {} new chunks (limit 256 = 1 MiB)",
         after.saturating_sub(before)
+    );
+    // The host agrees: the data file grew by at most the same 1 MiB, not by the copy's 64 MiB.
+    let grown = data_allocated(&vol).saturating_sub(allocated_before);
+    assert!(
+        grown <= 1 << 20,
+        "copying 64 MiB made the host allocate {grown} more bytes to the data file"
+    );
+    assert!(
+        allocated_before >= 64 << 20,
+        "the first boot's 64 MiB file is in the data file: {allocated_before} bytes allocated"
     );
     let sums = guest_sums(&r.stdout);
     assert_eq!(sums.len(), 4, "{r:?}");
