@@ -26,6 +26,15 @@ fn qemu11_boots_the_default_guest_without_the_plugin_and_reports_its_version() {
         "cat /proc/version; echo up; read line; echo \"got $line\"",
     ]);
     vm.wait_line("up");
+    // The host's /proc agrees with what vmsight reports below: the trixie root's QEMU runs.
+    let (exe, argv) = qemu_process(&name);
+    assert!(
+        exe.to_string_lossy().contains("/qemu/trixie-")
+            && argv
+                .iter()
+                .any(|a| a.contains("/qemu/trixie-") && a.ends_with("/usr/bin/qemu-system-x86_64")),
+        "{exe:?} {argv:?}"
+    );
 
     // While it runs, `vmsight ps` shows the QEMU it runs on.
     let ps = run(&["ps", "--json"]);
@@ -90,6 +99,80 @@ fn qemu11_boots_the_default_guest_without_the_plugin_and_reports_its_version() {
     assert!(
         v["plugin_api"].is_null() && v["plugin_attached"].is_null(),
         "{v}"
+    );
+}
+
+/// The QEMU process of VM `name`, as the host's /proc shows it: the file it executes and its
+/// argument vector (the pid from `vmsight ps --json`).
+fn qemu_process(name: &str) -> (std::path::PathBuf, Vec<String>) {
+    let ps = run(&["ps", "--json"]);
+    let vms: serde_json::Value = serde_json::from_str(&ps.stdout).unwrap();
+    let rec = vms
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == name)
+        .unwrap_or_else(|| panic!("{name} is not in `vmsight ps --json`: {}", ps.stdout));
+    let pid = rec["qemu_pid"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no QEMU pid: {rec}"));
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap();
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    let argv = cmdline
+        .split(|b| *b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    (exe, argv)
+}
+
+/// The default QEMU (`--qemu auto`, which `--qemu` given on the command line makes sure of
+/// whatever `VMSIGHT_QEMU` says) is the trixie root's QEMU 11.1, not the
+/// host's QEMU 10 with its TCG section race (docs/launcher.md). The oracle is the host's
+/// /proc: the process executes the root's own loader with the root's QEMU binary as its
+/// program, and nothing under /usr/bin.
+#[test]
+fn the_default_qemu_is_the_trixie_roots_as_the_hosts_proc_shows() {
+    require_trixie_root();
+    let name = vm_name("qemu-default");
+    let mut vm = LiveVm::start(&[
+        "--name",
+        &name,
+        "--qemu",
+        "auto",
+        "--",
+        "sh",
+        "-c",
+        "echo up; read line",
+    ]);
+    vm.wait_line("up");
+    let (exe, argv) = qemu_process(&name);
+    vm.send("done");
+    let (code, out, err) = vm.finish();
+    assert_eq!(code, Some(0), "stdout {out:?}, stderr {err}");
+    // `<cache>/qemu/trixie-<recipe>/root`, the root whose loader QEMU runs through.
+    let exe_s = exe.to_string_lossy().into_owned();
+    let at = exe_s
+        .find("/qemu/trixie-")
+        .unwrap_or_else(|| panic!("QEMU does not run from the trixie root: {exe:?}"));
+    let end = at
+        + exe_s[at..]
+            .find("/root/")
+            .unwrap_or_else(|| panic!("{exe:?}"))
+        + "/root".len();
+    let root = &exe_s[..end];
+    assert!(
+        exe_s.contains("ld-linux"),
+        "QEMU runs through the trixie root's loader: {exe:?}"
+    );
+    assert!(
+        argv.iter()
+            .any(|a| a.starts_with(root) && a.ends_with("/usr/bin/qemu-system-x86_64")),
+        "the root's QEMU is the program: {argv:?}"
+    );
+    assert!(
+        !argv.iter().any(|a| a == "/usr/bin/qemu-system-x86_64"),
+        "{argv:?}"
     );
 }
 
