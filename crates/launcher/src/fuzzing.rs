@@ -500,7 +500,7 @@ pub fn symspy_page(data: &[u8]) -> u32 {
 }
 
 fn decode_spy_op(inp: &mut Input<'_>) -> SpyOp {
-    if inp.u8() % 4 == 0 {
+    if inp.u8().is_multiple_of(4) {
         let offset = inp.u16();
         SpyOp::Scribble {
             offset,
