@@ -20,6 +20,10 @@ use vmsight_tests::*;
 const VMSTAT: &str =
     r#"echo "vmstat $(awk '/^pswp(in|out) / {printf "%s=%s ", $1, $2}' /proc/vmstat)""#;
 
+/// The guest's own I/O counts of the disk under `/dev/vmswap0` (`/sys/block/DEV/stat`: read
+/// and write requests completed), or `diskstat none` without the module's device.
+const DISKSTAT: &str = r#"d=$(cat /sys/module/vmsight_sym/parameters/swap_disk 2>/dev/null || true); d=${d##*/}; if [ -n "$d" ] && [ -r /sys/block/$d/stat ]; then echo "diskstat $(awk '{printf "reads=%s writes=%s", $1, $5}' /sys/block/$d/stat)"; else echo "diskstat none"; fi"#;
+
 /// `key=value` words of a line.
 fn fields(line: &str) -> HashMap<String, u64> {
     line.split_whitespace()
@@ -59,15 +63,31 @@ fn swap_device(stdout: &str) -> String {
         .to_owned()
 }
 
+/// The guest's (reads, writes) of the disk under `/dev/vmswap0` before and after the workload.
+fn diskstats(stdout: &str) -> ((u64, u64), (u64, u64)) {
+    let v: Vec<(u64, u64)> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("diskstat "))
+        .map(|l| {
+            let f = fields(l);
+            (f["reads"], f["writes"])
+        })
+        .collect();
+    assert_eq!(v.len(), 2, "two diskstat lines with counts in {stdout}");
+    (v[0], v[1])
+}
+
 /// The guest part every test shares: swap state, counters before, the workload, counters
 /// after.
 fn script(workload: &str, after: &str) -> String {
     format!(
         "set -e\n\
          echo \"swapdev $(awk 'NR > 1 {{print $1}}' /proc/swaps)\"\n\
+         {DISKSTAT}\n\
          {VMSTAT}\n\
          {workload}\n\
          {VMSTAT}\n\
+         {DISKSTAT}\n\
          {after}\n"
     )
 }
@@ -182,6 +202,15 @@ fn the_bypass_swaps_through_shared_memory_without_block_io_and_the_cache_empties
         "every disk write is a counted fallback: {s}"
     );
     assert!(n(&s, "block_reads") <= PROBE_PAGES + pin / 100, "{s}");
+    // The guest's own block-layer counts of the disk under /dev/vmswap0 agree, independently
+    // of vmsight's counters: the workload's swapping made next to no requests on it.
+    let (before, after) = diskstats(&r.stdout);
+    let (reads, writes) = (after.0 - before.0, after.1 - before.1);
+    assert!(
+        reads <= pin / 100 + 16 && writes <= pout / 100 + 16,
+        "the guest's disk made {reads} reads and {writes} writes for {pin} swap-ins and {pout} \
+         swap-outs"
+    );
     // The workload is gone: its swap slots were freed, and the cache with them.
     assert_cache_holds_only_the_swap_in_use(&r, &s);
     assert!(
