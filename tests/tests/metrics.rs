@@ -49,7 +49,9 @@ fn guest_writes_show_up_in_prometheus_while_the_vm_runs() {
     // Write, report dd's own count, then keep the VM up until stdin closes.
     let script = format!(
         "set -e; dd if=/dev/urandom of=/dev/vdb bs=1M count={WRITE_MIB} oflag=direct conv=fsync \
-         2>/tmp/dd.err; sync; cat /tmp/dd.err; echo WRITTEN; read _ || true"
+         2>/tmp/dd.err; sync; cat /tmp/dd.err; \
+         echo \"VDA_READ_SECTORS $(awk '{{print $3}}' /sys/block/vda/stat)\"; echo WRITTEN; \
+         read _ || true"
     );
     let mut child = vmsight()
         .args(["run", "--name", &name, "--metrics", &metrics.to_string()])
@@ -77,29 +79,49 @@ fn guest_writes_show_up_in_prometheus_while_the_vm_runs() {
     let written = dd_bytes(&guest_out).unwrap_or_else(|| panic!("no dd count in {guest_out:?}"));
     assert_eq!(written, WRITE_MIB << 20, "{guest_out}");
 
-    // The VM is still running: its counters come through Prometheus.
+    // The guest's own count of what it read from its root disk so far (512-byte sectors).
+    let root_read: f64 = guest_out
+        .lines()
+        .find_map(|l| l.strip_prefix("VDA_READ_SECTORS "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no root disk count in {guest_out:?}"))
+        * 512.0;
+
+    // The VM is still running: its counters come through Prometheus, each bounded on both
+    // sides by what the guest itself did.
     let vm = format!("vm=\"{name}\"");
+    let w = written as f64;
+    // Exactly dd's bytes reached the raw disk (no file system, O_DIRECT), nothing else wrote.
     let bytes = wait_value(
         &prometheus,
         &format!("vmsight_block_bytes_total{{{vm},disk=\"1\",kind=\"write\"}}"),
-        |v| v >= written as f64,
+        |v| v >= w,
     );
+    assert_eq!(bytes.value, w, "written bytes: {bytes:?}");
     assert_eq!(bytes.label("vm"), Some(name.as_str()));
-    wait_value(
+    // At least one request per MiB dd wrote, at most one per 4 KiB page.
+    let requests = wait_value(
         &prometheus,
         &format!("vmsight_block_requests_total{{{vm},disk=\"1\",kind=\"write\"}}"),
         |v| v >= WRITE_MIB as f64,
     );
-    // The root disk is disk 0 and was read at boot.
-    wait_value(
+    assert!(requests.value <= w / 4096.0, "write requests: {requests:?}");
+    // The root disk (disk 0) served at least what the guest counted as read before it printed
+    // the count, and not far more (the guest is idle since, waiting on stdin).
+    let root = wait_value(
         &prometheus,
         &format!("vmsight_block_bytes_total{{{vm},disk=\"0\",kind=\"read\"}}"),
-        |v| v > 0.0,
+        |v| v >= root_read,
     );
+    assert!(
+        root_read > 0.0 && root.value <= root_read + f64::from(16u32 << 20),
+        "root disk reads: vmsight {root:?}, the guest {root_read} bytes"
+    );
+    // The guest waits on stdin: nothing is in flight on the disk it wrote.
     wait_value(
         &prometheus,
         &format!("vmsight_block_in_flight_requests{{{vm},disk=\"1\"}}"),
-        |v| v >= 0.0,
+        |v| v == 0.0,
     );
     wait_value(&prometheus, "vmsight_metrics_rejected_samples", |v| {
         v == 0.0
