@@ -8,7 +8,7 @@ VMSIGHT=${VMSIGHT:-target/release/vmsight}
 echo "== vmsight image info"
 "$VMSIGHT" image info
 echo
-echo "== vmsight run --stats --count-syscalls -- <demo workload>   (QEMU 10, TCG, vhost-user-blk root disk, plugin)"
+echo "== vmsight run --stats --count-syscalls -- <demo workload>   (QEMU 11.1 by default, TCG, vhost-user-blk root disk, plugin)"
 "$VMSIGHT" run --name demo --vcpus 2 --mem 1G --stats --count-syscalls -- bash -c '
   echo "guest: $(uname -sr), $(nproc) vCPUs, $(free -m | awk "/Mem:/ {print \$2}") MiB RAM"
   echo "root fs: $(findmnt -n -o SOURCE,FSTYPE /)"
