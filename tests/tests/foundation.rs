@@ -38,19 +38,24 @@ fn two_vcpus_are_online() {
     );
 }
 
-#[test]
-fn stdin_is_forwarded_to_the_command() {
+/// `vmsight run -- sh -c SCRIPT` with `input` on its stdin, which is then closed.
+fn run_with_stdin(script: &str, input: &[u8]) -> Run {
     let mut child = vmsight()
-        .args(["run", "--", "sh", "-c", "wc -c; cat /proc/cmdline >&2"])
+        .args(["run", "--", "sh", "-c", script])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("start vmsight");
     let mut stdin = child.stdin.take().expect("stdin");
-    stdin.write_all(&[b'x'; 100_000]).expect("feed stdin");
+    stdin.write_all(input).expect("feed stdin");
     drop(stdin);
-    let r = Run::from(child.wait_with_output().expect("wait"));
+    Run::from(child.wait_with_output().expect("wait"))
+}
+
+#[test]
+fn stdin_is_forwarded_to_the_command() {
+    let r = run_with_stdin("wc -c; cat /proc/cmdline >&2", &[b'x'; 100_000]);
     assert_eq!(r.code, Some(0), "{r:?}");
     assert_eq!(r.stdout.trim(), "100000", "{r:?}");
 }
@@ -63,25 +68,10 @@ fn stdin_is_forwarded_to_the_command() {
 #[test]
 fn stdin_is_a_pipe_that_the_command_can_open_again_by_path() {
     use sha2::{Digest, Sha256};
-    let mut child = vmsight()
-        .args([
-            "run",
-            "--",
-            "sh",
-            "-c",
-            "readlink /proc/self/fd/0 >&2; python3 /dev/stdin",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start vmsight");
-    let mut stdin = child.stdin.take().expect("stdin");
-    stdin
-        .write_all(b"import hashlib\nprint('RAN', hashlib.sha256(b'vmsight stdin').hexdigest())\n")
-        .expect("feed stdin");
-    drop(stdin);
-    let r = Run::from(child.wait_with_output().expect("wait"));
+    let r = run_with_stdin(
+        "readlink /proc/self/fd/0 >&2; python3 /dev/stdin",
+        b"import hashlib\nprint('RAN', hashlib.sha256(b'vmsight stdin').hexdigest())\n",
+    );
     assert_eq!(r.code, Some(0), "{r:?}");
     let want = format!("RAN {:x}", Sha256::digest(b"vmsight stdin"));
     assert_eq!(r.stdout.trim(), want, "{r:?}");
