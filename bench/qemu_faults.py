@@ -47,7 +47,7 @@ REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 VMSIGHT = os.environ.get("VMSIGHT", os.path.join(REPO, "target", "release", "vmsight"))
 
 CONFIGS = {
-    "qemu10": ["--qemu", "system"],
+    "qemu10": ["--qemu", "system", "--tcg-threads", "multi"],
     "qemu10-single": ["--qemu", "system", "--tcg-threads", "single"],
     "qemu11": ["--qemu", "trixie"],
 }

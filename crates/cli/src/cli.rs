@@ -105,6 +105,7 @@ enum ImageCmd {
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum TcgThreadsArg {
+    Auto,
     Multi,
     Single,
 }
@@ -156,10 +157,10 @@ struct RunArgs {
     /// which takes the same values, else auto (docs/platforms.md).
     #[arg(long, value_name = "auto|system|trixie|PATH")]
     qemu: Option<QemuChoice>,
-    /// TCG's vCPU threads: `multi` (one host thread per vCPU) or `single` (all vCPUs on one
+    /// TCG's vCPU threads: `multi` (one host thread per vCPU), `single` (all vCPUs on one
     /// thread, in turn: slower for parallel guest work, but free of QEMU 10's TCG section race,
-    /// docs/launcher.md).
-    #[arg(long, value_enum, default_value = "multi")]
+    /// docs/launcher.md), or `auto`: single on QEMU 10, multi on QEMU 11.
+    #[arg(long, value_enum, default_value = "auto")]
     tcg_threads: TcgThreadsArg,
     /// Do not load the vmsight TCG plugin.
     #[arg(long)]
@@ -536,6 +537,7 @@ impl TryFrom<RunArgs> for VmConfig {
             },
             qemu: a.qemu.unwrap_or_else(QemuChoice::from_env),
             tcg_threads: match a.tcg_threads {
+                TcgThreadsArg::Auto => vmsight_launcher::qemu::TcgThreads::Auto,
                 TcgThreadsArg::Multi => vmsight_launcher::qemu::TcgThreads::Multi,
                 TcgThreadsArg::Single => vmsight_launcher::qemu::TcgThreads::Single,
             },

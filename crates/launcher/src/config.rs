@@ -247,7 +247,8 @@ pub struct VmConfig {
     pub accel: AccelRequest,
     /// Which QEMU runs the VM (`--qemu`, else `$VMSIGHT_QEMU`, else auto).
     pub qemu: crate::qemu::QemuChoice,
-    /// Multi- (default) or single-threaded TCG (`--tcg-threads`).
+    /// Multi- or single-threaded TCG (`--tcg-threads`; `auto`, the default, is single-threaded
+    /// only on a QEMU with the TCG section race).
     pub tcg_threads: crate::qemu::TcgThreads,
     /// Load the vmsight TCG plugin (on by default under TCG).
     pub plugin: bool,

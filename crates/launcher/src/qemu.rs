@@ -472,20 +472,34 @@ pub fn parse_version(text: &str) -> Option<(u32, u32, u32)> {
 /// How TCG runs the vCPUs (`-accel tcg,thread=`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum TcgThreads {
-    /// One host thread per vCPU (multi-threaded TCG), the default.
+    /// `Single` on a QEMU with the TCG section race ([`has_tcg_section_race`]: QEMU 10),
+    /// `Multi` otherwise ([`TcgThreads::resolve`]). The default.
     #[default]
+    Auto,
+    /// One host thread per vCPU (multi-threaded TCG).
     Multi,
     /// Every vCPU on one host thread, in turn. It takes QEMU 10's TCG section race away (no
-    /// vCPU runs while another changes the memory map, docs/launcher.md) at the price of
-    /// parallel guest work.
+    /// vCPU runs while another changes the memory map, and a vCPU with a TLB flush queued runs
+    /// only after it, docs/launcher.md) at the price of parallel guest work.
     Single,
 }
 
 impl TcgThreads {
-    /// The value of QEMU's `thread=` option.
+    /// The mode for QEMU `version`: `Auto` becomes `Single` where the section race is, else
+    /// `Multi`; an explicit choice stays.
+    pub fn resolve(self, version: (u32, u32, u32)) -> TcgThreads {
+        match self {
+            TcgThreads::Auto if has_tcg_section_race(version) => TcgThreads::Single,
+            TcgThreads::Auto => TcgThreads::Multi,
+            chosen => chosen,
+        }
+    }
+
+    /// The value of QEMU's `thread=` option (an unresolved `Auto` is QEMU's own default,
+    /// `multi`).
     pub fn as_str(self) -> &'static str {
         match self {
-            TcgThreads::Multi => "multi",
+            TcgThreads::Multi | TcgThreads::Auto => "multi",
             TcgThreads::Single => "single",
         }
     }
@@ -496,7 +510,7 @@ impl TcgThreads {
 pub struct QemuPlan {
     pub name: String,
     pub accel: Accel,
-    /// Multi- or single-threaded TCG (ignored under KVM).
+    /// Multi- or single-threaded TCG, resolved for the QEMU that runs (ignored under KVM).
     pub tcg_threads: TcgThreads,
     pub vcpus: u32,
     pub mem_mib: u64,
@@ -764,6 +778,11 @@ mod tests {
             ..plan()
         });
         assert!(has_pair(&single, "-accel", "tcg,thread=single,tb-size=256"));
+        // Auto is single-threaded exactly where the section race is.
+        assert_eq!(TcgThreads::Auto.resolve((10, 0, 2)), TcgThreads::Single);
+        assert_eq!(TcgThreads::Auto.resolve((11, 1, 3)), TcgThreads::Multi);
+        assert_eq!(TcgThreads::Multi.resolve((10, 0, 2)), TcgThreads::Multi);
+        assert_eq!(TcgThreads::Single.resolve((11, 1, 3)), TcgThreads::Single);
         assert!(has_pair(
             &a,
             "-object",

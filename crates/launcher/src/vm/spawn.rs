@@ -111,7 +111,7 @@ fn plan(
     Ok(QemuPlan {
         name: cfg.name.clone(),
         accel: prep.accel,
-        tcg_threads: cfg.tcg_threads,
+        tcg_threads: tcg_threads(cfg, prep),
         vcpus: cfg.vcpus,
         mem_mib: cfg.mem_mib,
         hotplug_mib: cfg.swap.as_ref().map_or(0, |s| s.grow >> 20),
@@ -263,4 +263,18 @@ fn collect_stderr(
         }
     });
     (lines, h)
+}
+
+/// The TCG thread mode for this VM's QEMU (`--tcg-threads`, `auto` resolved by its version),
+/// said in the log when `auto` chose single-threaded TCG.
+fn tcg_threads(cfg: &VmConfig, prep: &Prepared) -> qemu::TcgThreads {
+    let mode = cfg.tcg_threads.resolve(prep.qemu.version);
+    if cfg.tcg_threads == qemu::TcgThreads::Auto && mode == qemu::TcgThreads::Single {
+        tracing::info!(
+            "QEMU {} has QEMU 10's TCG section race: its vCPUs run single-threaded \
+             (--tcg-threads multi to override; docs/launcher.md)",
+            prep.qemu.version_string()
+        );
+    }
+    mode
 }
