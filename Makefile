@@ -54,7 +54,8 @@ QEMU10_TESTS := trace_matches separate_runs workload_outputs process_details unm
 	a_guest_panic plugin_counts root_disk_writes sigterm_leaves sigkill_of two_vms several_disks \
 	a_qemu_failure hints_change_exactly vmsight_events_equal the_share_holds a_vm_sees_only \
 	the_host_sends transfers_both_ways attribution_matches
-QEMU10_RUN = VMSIGHT_QEMU=system $(CARGO) test --release -p vmsight-tests $(QEMU10_FILES) -- \
+QEMU10_RUN = VMSIGHT_QEMU=system $(CARGO) test --release -p vmsight-tests --no-fail-fast \
+	$(QEMU10_FILES) -- \
 	--test-threads=$(TEST_THREADS) $(QEMU10_TESTS)
 guest-test-qemu10: image qemu11
 	$(QEMU10_RUN)
@@ -65,7 +66,8 @@ guest-test-qemu10: image qemu11
 # run: libFuzzer runs need nightly) so its targets keep compiling.
 test: image qemu11
 	@rm -rf target/vmsight-test-reruns target/vmsight-fuzz-seeds; status=0; \
-	$(CARGO) test --release --workspace -- --test-threads=$(TEST_THREADS) || status=1; \
+	$(CARGO) test --release --workspace --no-fail-fast -- --test-threads=$(TEST_THREADS) \
+		|| status=1; \
 	$(CARGO) build --release --manifest-path fuzz/Cargo.toml --bins || status=1; \
 	$(QEMU10_RUN) || status=1; \
 	VMSIGHT_FSVIEW_IMAGE="$$($(VMSIGHT) image info --json | jq -r .dir)/rootfs.img" \
