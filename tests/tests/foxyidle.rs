@@ -114,6 +114,57 @@ fn bio_events(trace: &str, dev: &str) -> Vec<(u32, u64, u64)> {
     out
 }
 
+/// The guest's own latency of each read request of device `dev` (seconds, from its
+/// `block_rq_issue` to its `block_rq_complete` on the `mono` trace clock), by (first sector,
+/// sectors). A sector range read twice keeps its first request.
+fn guest_read_latencies(trace: &str, dev: &str) -> BTreeMap<(u64, u64), f64> {
+    let mut issued: BTreeMap<(u64, u64), f64> = BTreeMap::new();
+    let mut done: BTreeMap<(u64, u64), f64> = BTreeMap::new();
+    for line in trace.lines() {
+        let (kind, head, ev) = if let Some((h, e)) = line.split_once("block_rq_issue: ") {
+            ("issue", h, e)
+        } else if let Some((h, e)) = line.split_once("block_rq_complete: ") {
+            ("complete", h, e)
+        } else {
+            continue;
+        };
+        // "... 12.345678: block_rq_issue: 254,16 R 4096 () 1024 + 8 [cat]"
+        let Some(ts) = head
+            .split_whitespace()
+            .last()
+            .and_then(|t| t.trim_end_matches(':').parse::<f64>().ok())
+        else {
+            continue;
+        };
+        let f: Vec<&str> = ev.split_whitespace().collect();
+        let Some(plus) = f.iter().position(|w| *w == "+") else {
+            continue;
+        };
+        if f.first() != Some(&dev) || !f.get(1).is_some_and(|r| r.contains('R')) || plus < 1 {
+            continue;
+        }
+        let (Ok(sector), Some(Ok(n))) = (
+            f[plus - 1].parse::<u64>(),
+            f.get(plus + 1).map(|n| n.parse::<u64>()),
+        ) else {
+            continue;
+        };
+        match kind {
+            "issue" => {
+                issued.entry((sector, n)).or_insert(ts);
+            }
+            _ => {
+                if issued.contains_key(&(sector, n)) {
+                    done.entry((sector, n)).or_insert(ts);
+                }
+            }
+        }
+    }
+    done.into_iter()
+        .map(|(k, end)| (k, end - issued[&k]))
+        .collect()
+}
+
 /// The oracle's submitter of each logged read of disk 1: the single TGID of the bios that
 /// overlap it (`None` when none or several do).
 fn oracle_owner(r: &Logged, bios: &[(u32, u64, u64)]) -> Option<u32> {
@@ -157,14 +208,17 @@ fn attribution_matches_the_tracepoint_oracle_and_only_background_reads_are_held(
     let script = "set -e; mount /dev/vdb /mnt; T=/sys/kernel/tracing; \
         mount -t tracefs nodev $T; echo 16384 > $T/buffer_size_kb; \
         echo 1 > $T/options/record-tgid; \
+        echo mono > $T/trace_clock; \
         echo 1 > $T/events/block/block_bio_queue/enable; \
+        echo 1 > $T/events/block/block_rq_issue/enable; \
+        echo 1 > $T/events/block/block_rq_complete/enable; \
         cp /bin/cat /tmp/bgread; echo 3 > /proc/sys/vm/drop_caches; \
         /tmp/bgread /mnt/b | sha256sum > /tmp/b.sum & bg=$!; \
         cat /mnt/a | sha256sum > /tmp/a.sum; wait $bg; \
-        echo 0 > $T/events/block/block_bio_queue/enable; \
+        echo 0 > $T/events/block/enable; \
         echo \"DEV $(cat /sys/block/vdb/dev | tr : ,)\"; \
         echo \"SUMA $(cut -d' ' -f1 /tmp/a.sum)\"; echo \"SUMB $(cut -d' ' -f1 /tmp/b.sum)\"; \
-        grep block_bio_queue $T/trace";
+        grep -E 'block_(bio_queue|rq_issue|rq_complete)' $T/trace";
     let r = guest_sh(
         &[
             "--name",
@@ -234,9 +288,37 @@ fn attribution_matches_the_tracepoint_oracle_and_only_background_reads_are_held(
         "a non-background read was held: {:?}",
         held.iter().find(|l| l.owner != "background")
     );
+    // The guest saw each hold: a held read cannot complete in the guest before vmsight let it
+    // go, so its latency on the guest's own clock (issue to completion, the trace's `mono`
+    // clock) is at least the time vmsight held it.
+    let latency = guest_read_latencies(&r.stdout, value_of(&r.stdout, "DEV "));
+    let seen: Vec<(&&Logged, f64)> = held
+        .iter()
+        .filter_map(|l| latency.get(&(l.sector, l.sectors)).map(|t| (l, *t)))
+        .collect();
+    assert!(
+        seen.len() * 2 >= held.len(),
+        "the guest's trace has {} of the {} held reads",
+        seen.len(),
+        held.len()
+    );
+    for (l, t) in &seen {
+        assert!(
+            t * 1e6 >= l.held_us as f64,
+            "a read held {} us took {:.0} us in the guest: {l:?}",
+            l.held_us,
+            t * 1e6
+        );
+    }
     let s: Value = serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
     let idle = disk1_idle(&s);
     assert!(idle["held"].as_u64().unwrap() > 0, "stats: {idle}");
+    // The idle interval itself engaged (not only the background depth limit): foreground
+    // completions opened preemption intervals that held background reads.
+    assert!(
+        idle["preemption_intervals"].as_u64().unwrap() > 0,
+        "stats: {idle}"
+    );
     assert!(idle["background"].as_u64().unwrap() > 0, "stats: {idle}");
     assert!(idle["foreground"].as_u64().unwrap() > 0, "stats: {idle}");
     assert_eq!(idle["attribution"]["available"], true, "stats: {idle}");
