@@ -159,7 +159,8 @@ struct RunArgs {
     qemu: Option<QemuChoice>,
     /// TCG's vCPU threads: `multi` (one host thread per vCPU), `single` (all vCPUs on one
     /// thread, in turn: slower for parallel guest work, but free of QEMU 10's TCG section race,
-    /// docs/launcher.md), or `auto`: single on QEMU 10, multi on QEMU 11.
+    /// docs/launcher.md; refused while the plugin traces, counts or feeds insights), or `auto`:
+    /// single on QEMU 10 while the plugin is dormant, else multi.
     #[arg(long, value_enum, default_value = "auto")]
     tcg_threads: TcgThreadsArg,
     /// Do not load the vmsight TCG plugin.

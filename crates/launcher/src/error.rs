@@ -5,6 +5,8 @@ use std::path::PathBuf;
 /// Why a VM could not be started or did not end cleanly.
 #[derive(Debug, thiserror::Error)]
 pub enum LaunchError {
+    #[error("--tcg-threads single cannot be used with tracing, insights, syscall counting, FoxyIdle or the synchronous symcall transport: the plugin keeps its per-vCPU state on TCG's vCPU threads (use --tcg-threads auto or multi)")]
+    TcgSingleWithPlugin,
     #[error("QEMU was not found: looked for `{0}` (install QEMU 10 with `make setup`, or choose one with --qemu or VMSIGHT_QEMU)")]
     QemuNotFound(String),
     #[error("QEMU at {path} is version {found}; vmsight needs QEMU 10 or newer")]

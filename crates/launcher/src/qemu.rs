@@ -472,8 +472,9 @@ pub fn parse_version(text: &str) -> Option<(u32, u32, u32)> {
 /// How TCG runs the vCPUs (`-accel tcg,thread=`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum TcgThreads {
-    /// `Single` on a QEMU with the TCG section race ([`has_tcg_section_race`]: QEMU 10),
-    /// `Multi` otherwise ([`TcgThreads::resolve`]). The default.
+    /// `Single` on a QEMU with the TCG section race ([`has_tcg_section_race`]: QEMU 10) when
+    /// the plugin does not instrument translated code, `Multi` otherwise
+    /// ([`TcgThreads::resolve`]). The default.
     #[default]
     Auto,
     /// One host thread per vCPU (multi-threaded TCG).
@@ -485,11 +486,15 @@ pub enum TcgThreads {
 }
 
 impl TcgThreads {
-    /// The mode for QEMU `version`: `Auto` becomes `Single` where the section race is, else
+    /// The mode for QEMU `version`: `Auto` becomes `Single` where the section race is and the
+    /// plugin does not instrument translated code (`plugin_translates`: its per-vCPU state
+    /// lives on the vCPU threads, and single-threaded TCG runs every vCPU on one thread), else
     /// `Multi`; an explicit choice stays.
-    pub fn resolve(self, version: (u32, u32, u32)) -> TcgThreads {
+    pub fn resolve(self, version: (u32, u32, u32), plugin_translates: bool) -> TcgThreads {
         match self {
-            TcgThreads::Auto if has_tcg_section_race(version) => TcgThreads::Single,
+            TcgThreads::Auto if has_tcg_section_race(version) && !plugin_translates => {
+                TcgThreads::Single
+            }
             TcgThreads::Auto => TcgThreads::Multi,
             chosen => chosen,
         }
@@ -552,6 +557,14 @@ pub struct PluginPlan {
     /// Count `syscall` instructions (`count=`). Off with nothing else to do, the plugin is
     /// dormant: it registers no translation callback, so QEMU runs as without it.
     pub count: bool,
+}
+
+impl PluginPlan {
+    /// Whether the plugin instruments translated code (anything asked of it); without that it
+    /// is dormant (docs/plugin.md).
+    pub fn translates(&self) -> bool {
+        self.records || self.count || self.symsync || self.profile.is_some() || self.blk.is_some()
+    }
 }
 
 /// A `-chardev socket` in client mode for a socket vmsight listens on.
@@ -778,11 +791,28 @@ mod tests {
             ..plan()
         });
         assert!(has_pair(&single, "-accel", "tcg,thread=single,tb-size=256"));
-        // Auto is single-threaded exactly where the section race is.
-        assert_eq!(TcgThreads::Auto.resolve((10, 0, 2)), TcgThreads::Single);
-        assert_eq!(TcgThreads::Auto.resolve((11, 1, 3)), TcgThreads::Multi);
-        assert_eq!(TcgThreads::Multi.resolve((10, 0, 2)), TcgThreads::Multi);
-        assert_eq!(TcgThreads::Single.resolve((11, 1, 3)), TcgThreads::Single);
+        // Auto is single-threaded exactly where the section race is and the plugin does not
+        // instrument translated code.
+        assert_eq!(
+            TcgThreads::Auto.resolve((10, 0, 2), false),
+            TcgThreads::Single
+        );
+        assert_eq!(
+            TcgThreads::Auto.resolve((10, 0, 2), true),
+            TcgThreads::Multi
+        );
+        assert_eq!(
+            TcgThreads::Auto.resolve((11, 1, 3), false),
+            TcgThreads::Multi
+        );
+        assert_eq!(
+            TcgThreads::Multi.resolve((10, 0, 2), false),
+            TcgThreads::Multi
+        );
+        assert_eq!(
+            TcgThreads::Single.resolve((11, 1, 3), true),
+            TcgThreads::Single
+        );
         assert!(has_pair(
             &a,
             "-object",

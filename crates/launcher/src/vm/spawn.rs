@@ -108,10 +108,29 @@ fn plan(
         }
         None => None,
     };
+    let plugin = svc.channel.as_ref().map(|(shm, _)| qemu::PluginPlan {
+        library: arts.plugin.clone(),
+        shm: shm.clone(),
+        records: cfg.plugin_records || prep.trace.is_some(),
+        profile: (prep.trace.is_some() || prep.idle_tags || crate::sym::sync::wanted(cfg, prep))
+            .then(|| prep.guest.profile.clone())
+            .flatten(),
+        blk: svc
+            .idle
+            .as_ref()
+            .and_then(|a| a.channel_path().map(Path::to_owned)),
+        symsync: crate::sym::sync::wanted(cfg, prep),
+        count: cfg.count_syscalls,
+    });
+    let tcg_threads = tcg_threads(
+        cfg,
+        prep,
+        plugin.as_ref().is_some_and(qemu::PluginPlan::translates),
+    )?;
     Ok(QemuPlan {
         name: cfg.name.clone(),
         accel: prep.accel,
-        tcg_threads: tcg_threads(cfg, prep),
+        tcg_threads,
         vcpus: cfg.vcpus,
         mem_mib: cfg.mem_mib,
         hotplug_mib: cfg.swap.as_ref().map_or(0, |s| s.grow >> 20),
@@ -133,22 +152,7 @@ fn plan(
         stdin_socket: rt.join(layout::STDIN_SOCKET),
         command_file,
         devices: devices.iter().map(|d| d.qemu_args()).collect(),
-        plugin: svc.channel.as_ref().map(|(shm, _)| qemu::PluginPlan {
-            library: arts.plugin.clone(),
-            shm: shm.clone(),
-            records: cfg.plugin_records || prep.trace.is_some(),
-            profile: (prep.trace.is_some()
-                || prep.idle_tags
-                || crate::sym::sync::wanted(cfg, prep))
-            .then(|| prep.guest.profile.clone())
-            .flatten(),
-            blk: svc
-                .idle
-                .as_ref()
-                .and_then(|a| a.channel_path().map(Path::to_owned)),
-            symsync: crate::sym::sync::wanted(cfg, prep),
-            count: cfg.count_syscalls,
-        }),
+        plugin,
         hold: prep.hold,
     })
 }
@@ -265,10 +269,21 @@ fn collect_stderr(
     (lines, h)
 }
 
-/// The TCG thread mode for this VM's QEMU (`--tcg-threads`, `auto` resolved by its version),
-/// said in the log when `auto` chose single-threaded TCG.
-fn tcg_threads(cfg: &VmConfig, prep: &Prepared) -> qemu::TcgThreads {
-    let mode = cfg.tcg_threads.resolve(prep.qemu.version);
+/// The TCG thread mode for this VM's QEMU (`--tcg-threads`, `auto` resolved by its version and
+/// by whether the plugin instruments translated code), said in the log when `auto` chose
+/// single-threaded TCG. An explicit `single` with an instrumenting plugin is refused: the
+/// plugin keeps its per-vCPU state on the vCPU threads, and traces would miss calls.
+fn tcg_threads(
+    cfg: &VmConfig,
+    prep: &Prepared,
+    plugin_translates: bool,
+) -> Result<qemu::TcgThreads, LaunchError> {
+    if cfg.tcg_threads == qemu::TcgThreads::Single && plugin_translates {
+        return Err(LaunchError::TcgSingleWithPlugin);
+    }
+    let mode = cfg
+        .tcg_threads
+        .resolve(prep.qemu.version, plugin_translates);
     if cfg.tcg_threads == qemu::TcgThreads::Auto && mode == qemu::TcgThreads::Single {
         tracing::info!(
             "QEMU {} has QEMU 10's TCG section race: its vCPUs run single-threaded \
@@ -276,5 +291,5 @@ fn tcg_threads(cfg: &VmConfig, prep: &Prepared) -> qemu::TcgThreads {
             prep.qemu.version_string()
         );
     }
-    mode
+    Ok(mode)
 }
