@@ -266,21 +266,20 @@ fn finish_oracle(mut vm: LiveVm) {
     assert!(seen.iter().any(|l| l == "getppid-errors=0"), "{seen:?}");
 }
 
+/// VM `name` with the symbiotic interface on QEMU 10 (`--qemu system`), `extra` options and
+/// `sh -c script`.
+fn start_on_qemu10(name: &str, extra: &[&str], script: &str) -> LiveVm {
+    let mut args = vec!["--name", name, "--qemu", "system", "--symbiotic"];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--", "sh", "-c", script]);
+    LiveVm::start(&args)
+}
+
 #[test]
 fn symcalls_and_symspy_over_the_doorbell_answer_what_the_guest_itself_sees() {
     let name = vm_name("sym-doorbell");
     // QEMU 10 (plugin API 4): the doorbell is the only transport there.
-    let mut vm = LiveVm::start(&[
-        "--name",
-        &name,
-        "--qemu",
-        "system",
-        "--symbiotic",
-        "--",
-        "sh",
-        "-c",
-        ORACLE_SCRIPT,
-    ]);
+    let mut vm = start_on_qemu10(&name, &[], ORACLE_SCRIPT);
     check_against_the_guest(&name, &mut vm, "doorbell");
     let s = spy(&name);
     assert!(
@@ -376,19 +375,7 @@ fn a_module_of_another_interface_version_is_refused_on_both_sides_and_the_right_
     let dir = tempfile::tempdir().unwrap();
     let st = dir.path().join("stats.json");
     // On QEMU 10, where every call goes over the doorbell (counted below).
-    let mut vm = LiveVm::start(&[
-        "--name",
-        &name,
-        "--qemu",
-        "system",
-        "--symbiotic",
-        "--stats-json",
-        st.to_str().unwrap(),
-        "--",
-        "sh",
-        "-c",
-        script,
-    ]);
+    let mut vm = start_on_qemu10(&name, &["--stats-json", st.to_str().unwrap()], script);
     vm.wait_line("up");
     wait_active(&name);
     vm.send("next");
@@ -438,17 +425,7 @@ fn a_hostile_guest_cannot_stop_vmsight_serving_the_vm() {
                   echo still-works > /tmp/x && cat /tmp/x; echo end";
     // On QEMU 10: the doorbell transport, whose late answers make later calls busy (the
     // synchronous transport of QEMU 11 withdraws a call that timed out instead).
-    let mut vm = LiveVm::start(&[
-        "--name",
-        &name,
-        "--qemu",
-        "system",
-        "--symbiotic",
-        "--",
-        "sh",
-        "-c",
-        script,
-    ]);
+    let mut vm = start_on_qemu10(&name, &[], script);
     vm.wait_line("up");
     wait_active(&name);
 
