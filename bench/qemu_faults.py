@@ -29,6 +29,7 @@ with --tcg-threads single), qemu11 (QEMU 11.1 of the trixie root, `make qemu11`)
 
   bench/qemu_faults.py --mode stress --runs 4
   bench/qemu_faults.py --mode boot --runs 600 --stop-after 3 --configs qemu10,qemu11
+  bench/qemu_faults.py --mode boot --configs qemu11 --runs 100000 --minutes 30
 
 Writes bench/results/qemu_faults-MODE.json (commit, command, date, load, every run) and prints
 a Markdown table: runs, faults, fault rate, and for a configuration without a fault the 95 %
@@ -176,6 +177,8 @@ def main():
                     help="stop a configuration after this many faulted runs (0: never)")
     ap.add_argument("--toggles", type=int, default=20000, help="stress: BAR toggles per VM")
     ap.add_argument("--timeout", type=int, default=900, help="seconds one VM may take")
+    ap.add_argument("--minutes", type=float, default=0,
+                    help="start no new pair after this many minutes (0: no limit)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     configs = a.configs.split(",")
@@ -195,7 +198,8 @@ def main():
     done = {c: 0 for c in configs}
     faulted = {c: 0 for c in configs}
     os.makedirs(os.path.dirname(out), exist_ok=True)
-    while True:
+    started = time.time()
+    while not (a.minutes and time.time() - started > a.minutes * 60):
         active = [c for c in configs if done[c] < a.runs
                   and not (a.stop_after and faulted[c] >= a.stop_after)]
         if not active:
@@ -212,7 +216,11 @@ def main():
         doc["summary"] = {c: summary(doc["runs"], c) for c in configs}
         with open(out, "w") as f:
             json.dump(doc, f, indent=1)
-    print(f"\n{a.mode}: {a.runs} VMs per configuration, two at a time; {out}\n")
+    doc["minutes"] = round((time.time() - started) / 60, 1)
+    with open(out, "w") as f:
+        json.dump(doc, f, indent=1)
+    print(f"\n{a.mode}: up to {a.runs} VMs per configuration, two at a time, "
+          f"{doc['minutes']} min; {out}\n")
     print("| configuration | VMs | aborts | stalls | other | faulted VMs | rate (95 % bound "
           "if none) | misdirected reads | toggles |")
     print("|---|---|---|---|---|---|---|---|---|")
