@@ -9,3 +9,4 @@ bash fsview-crawl.sh
 python3 filestream.py
 python3 icache.py
 bash stream-memory.sh
+python3 qemu_faults.py --mode stress --runs 4
