@@ -560,10 +560,12 @@ pub struct PluginPlan {
 }
 
 impl PluginPlan {
-    /// Whether the plugin instruments translated code (anything asked of it); without that it
-    /// is dormant (docs/plugin.md).
+    /// Whether the plugin instruments translated code; without that it is dormant
+    /// (docs/plugin.md). The same rule as the plugin's own `Options::translates`
+    /// (`crates/plugin/src/logic.rs`), on the options this plan passes it: a profile alone
+    /// does not make it translate.
     pub fn translates(&self) -> bool {
-        self.records || self.count || self.symsync || self.profile.is_some() || self.blk.is_some()
+        self.count || self.records || self.blk.is_some() || self.symsync
     }
 }
 
