@@ -788,3 +788,26 @@ fn report_of_an_insight_log_matches_what_the_guest_wrote_and_removed() {
     assert_eq!(life["ended"]["unlink"], 256, "{life}");
     assert_eq!(life["alive"], 128, "{life}");
 }
+
+/// Single-threaded TCG with a plugin that instruments code is refused before QEMU starts,
+/// in one line (the plugin's per-vCPU state lives on TCG's vCPU threads: traces would miss
+/// calls, docs/launcher.md).
+#[test]
+fn single_threaded_tcg_with_tracing_is_a_one_line_error() {
+    let r = run(&[
+        "run",
+        "--qemu",
+        "system",
+        "--tcg-threads",
+        "single",
+        "--trace",
+        "--",
+        "true",
+    ]);
+    assert_eq!(r.code, Some(1), "{r:?}");
+    assert!(
+        r.one_line_error()
+            .starts_with("vmsight: --tcg-threads single cannot be used with tracing"),
+        "{r:?}"
+    );
+}
