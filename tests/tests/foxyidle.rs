@@ -452,3 +452,158 @@ fn marks_from_the_cli_and_from_the_guest_library_take_effect_and_nothing_is_held
         "{idle}"
     );
 }
+
+/// One read request of the guest's trace: its command (from `block_rq_issue`), first sector,
+/// sectors, and issue and completion times (seconds, the trace's `mono` clock).
+#[derive(Debug, Clone)]
+struct GuestRead {
+    comm: String,
+    sector: u64,
+    sectors: u64,
+    issued: f64,
+    completed: f64,
+}
+
+/// The guest's read requests of device `dev`, in issue order, each paired with its
+/// completion (`block_rq_complete` of the same sector range).
+fn guest_reads(trace: &str, dev: &str) -> Vec<GuestRead> {
+    let mut reads: Vec<GuestRead> = Vec::new();
+    for line in trace.lines() {
+        let (issue, head, ev) = if let Some((h, e)) = line.split_once("block_rq_issue: ") {
+            (true, h, e)
+        } else if let Some((h, e)) = line.split_once("block_rq_complete: ") {
+            (false, h, e)
+        } else {
+            continue;
+        };
+        let Some(ts) = head
+            .split_whitespace()
+            .last()
+            .and_then(|t| t.trim_end_matches(':').parse::<f64>().ok())
+        else {
+            continue;
+        };
+        // "254,16 R 4096 () 1024 + 8 [dd]" / "254,16 R () 1024 + 8 [0]"
+        let f: Vec<&str> = ev.split_whitespace().collect();
+        let Some(plus) = f.iter().position(|w| *w == "+") else {
+            continue;
+        };
+        if f.first() != Some(&dev) || !f.get(1).is_some_and(|r| r.contains('R')) || plus < 1 {
+            continue;
+        }
+        let (Ok(sector), Some(Ok(sectors))) = (
+            f[plus - 1].parse::<u64>(),
+            f.get(plus + 1).map(|n| n.parse::<u64>()),
+        ) else {
+            continue;
+        };
+        if issue {
+            let comm = f.last().unwrap().trim_matches(|c| c == '[' || c == ']');
+            reads.push(GuestRead {
+                comm: comm.to_string(),
+                sector,
+                sectors,
+                issued: ts,
+                completed: f64::NAN,
+            });
+        } else if let Some(r) = reads
+            .iter_mut()
+            .find(|r| r.sector == sector && r.sectors == sectors && r.completed.is_nan())
+        {
+            r.completed = ts;
+        }
+    }
+    reads
+}
+
+/// The preemption interval seen from inside the guest. The guest reads one block with a
+/// foreground `dd`, then, once that read has completed, one block with a background copy of
+/// `dd`, ten times. FoxyIdle may start a background read only when the interval has passed
+/// since the last foreground completion on the host, and that completion came after the
+/// foreground read's issue in the guest; so each background read must complete, on the guest's
+/// own clock, at least the interval after the foreground read before it was issued: a
+/// physical lower bound, whatever the host's speed. A scheduler that ignores the interval
+/// (only the background depth limit, or nothing) completes them within the time of starting
+/// `dd` and two disk reads, far below 500 ms.
+#[test]
+fn a_background_read_after_a_foreground_one_completes_no_sooner_than_the_interval_in_the_guest() {
+    const INTERVAL_MS: u64 = 500;
+    let dir = tempfile::tempdir().unwrap();
+    let a = content(21, 4 * MIB);
+    let b = content(22, 4 * MIB);
+    let img = image_with(dir.path(), 48, &[("a", &a), ("b", &b)]);
+    let log = dir.path().join("idle.jsonl");
+    let stats = dir.path().join("stats.json");
+    let name = vm_name("foxyidle-interval");
+    let script = "set -e; mount /dev/vdb /mnt; T=/sys/kernel/tracing; \
+        mount -t tracefs nodev $T; echo mono > $T/trace_clock; \
+        cp /bin/dd /tmp/bgdd; cat /mnt/a /mnt/b > /dev/null; \
+        echo 1 > $T/events/block/block_rq_issue/enable; \
+        echo 1 > $T/events/block/block_rq_complete/enable; \
+        i=0; while [ $i -lt 10 ]; do \
+          dd if=/mnt/a of=/dev/null bs=4k count=1 skip=$((i*64)) iflag=direct status=none; \
+          /tmp/bgdd if=/mnt/b of=/dev/null bs=4k count=1 skip=$((i*64)) iflag=direct status=none; \
+          i=$((i+1)); done; \
+        echo 0 > $T/events/block/enable; \
+        echo \"DEV $(cat /sys/block/vdb/dev | tr : ,)\"; \
+        grep -E 'block_rq_(issue|complete)' $T/trace";
+    let interval = INTERVAL_MS.to_string();
+    let r = guest_sh(
+        &[
+            "--name",
+            &name,
+            "--disk",
+            img.to_str().unwrap(),
+            "--stage",
+            "disk-model:hdd",
+            "--background",
+            "bgdd",
+            "--idle-interval",
+            &interval,
+            "--idle-log",
+            log.to_str().unwrap(),
+            "--stats-json",
+            stats.to_str().unwrap(),
+        ],
+        script,
+    );
+    assert_eq!(r.code, Some(0), "guest run failed: {}", r.stderr);
+    let reads = guest_reads(&r.stdout, value_of(&r.stdout, "DEV "));
+    let mut pairs = 0;
+    for (i, bg) in reads.iter().enumerate().filter(|(_, r)| r.comm == "bgdd") {
+        assert!(!bg.completed.is_nan(), "no completion in the trace: {bg:?}");
+        // The foreground read this one followed: the last `dd` read completed before it.
+        let Some(fg) = reads[..i]
+            .iter()
+            .rev()
+            .find(|f| f.comm == "dd" && f.completed <= bg.issued)
+        else {
+            continue;
+        };
+        pairs += 1;
+        // The guest's TSC-based clock may run off the host's by its calibration error;
+        // 1 % of the interval covers it.
+        let gap_ms = (bg.completed - fg.issued) * 1e3;
+        assert!(
+            gap_ms >= INTERVAL_MS as f64 * 0.99,
+            "a background read completed {gap_ms:.1} ms after the foreground read before it \
+             was issued, inside the {INTERVAL_MS} ms interval:\n fg {fg:?}\n bg {bg:?}"
+        );
+    }
+    assert!(pairs >= 10, "only {pairs} foreground/background pairs in the trace: {reads:?}");
+    // The mechanism engaged: the background data reads were held by the stage (a background
+    // `dd` starts well within 500 ms of the foreground one's completion), and those holds
+    // came from preemption intervals.
+    let held = idle_log(&log)
+        .into_iter()
+        .filter(|l| l.disk == 1 && l.read && l.owner == "background" && l.held_us > 0)
+        .count();
+    assert!(held >= 10, "only {held} background reads were held");
+    let s: Value = serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    let idle = disk1_idle(&s);
+    assert!(
+        idle["preemption_intervals"].as_u64().unwrap() >= 10,
+        "stats: {idle}"
+    );
+    assert_eq!(idle["interval_ms"], INTERVAL_MS, "stats: {idle}");
+}
