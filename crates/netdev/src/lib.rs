@@ -12,6 +12,7 @@
 
 mod device;
 pub mod error;
+pub mod fuzzing;
 pub mod metrics;
 pub mod packet;
 pub mod stage;
