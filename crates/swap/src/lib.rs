@@ -11,6 +11,7 @@
 
 pub mod error;
 pub mod evictor;
+pub mod fuzzing;
 pub mod region;
 pub mod stage;
 pub mod store;

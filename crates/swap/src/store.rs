@@ -641,6 +641,12 @@ impl Locked<'_> {
             if m.state != swapr::SLOT_MAPPED {
                 continue;
             }
+            if m.page >= self.s.layout.swap_pages {
+                // The guest wrote a page beyond the disk: evicting would write the swap file
+                // there.
+                self.corrupt();
+                continue;
+            }
             if m.referenced {
                 w.fetch_and(!swapr::REFERENCED, Ordering::Relaxed);
                 continue;
