@@ -13,6 +13,9 @@
 //! - [`symspy_page`]: the guest module's SymSpy page (`--symbiotic`), written by the guest: a
 //!   page built from a header (valid or not), field writes and raw scribbles, read by
 //!   [`crate::sym::spy::parse`] the way vmsight reads a stable copy of it.
+//! - [`hylics_request`]: the Hylics service's vsock requests, one JSON object per line from
+//!   the guest: framed and parsed as the service does, with each request's destination, path
+//!   (opened in a share with symlinks pointing in and out of it) and range checked.
 
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -562,4 +565,169 @@ pub fn encode_spy(mode: u8, cut: u16, ops: &[SpyOp]) -> Vec<u8> {
         }
     }
     o.bytes
+}
+
+/// Outcome bits of [`hylics_request`]: a line was refused (not JSON, not a request, too long,
+/// cut short); the connection ends there.
+pub const HY_BAD_LINE: u32 = 1;
+/// A request's path opened a file of the share.
+pub const HY_OPENED: u32 = 2;
+/// A request's path was refused (outside the share, missing, not a regular file, empty).
+pub const HY_OPEN_REFUSED: u32 = 4;
+/// A send-file destination was refused (not `IP:PORT`, loopback, unspecified, multicast).
+pub const HY_DEST_REFUSED: u32 = 8;
+/// A request without a path was accepted (arrive, task, advice, sock-hold, sock-release).
+pub const HY_OTHER: u32 = 16;
+
+/// Most request lines of one input (each is at most 4097 bytes read).
+const MAX_HYLICS_LINES: usize = 64;
+
+/// The share requests are resolved in, and the files a path may reach.
+struct Share {
+    dir: PathBuf,
+    /// (device, inode) of the share's regular files.
+    inside: Vec<(u64, u64)>,
+}
+
+/// The share used by every case, made once at one path in the temporary directory (reused by
+/// later runs): `root/share` holds `file`, `sub/file2`, a directory `sub/dir`, a fifo `fifo`,
+/// the symlinks `link-in` (to `file`), `link-abs` (to `/file`), `link-out` (to `../secret`),
+/// `link-etc` (to `/etc/passwd`) and `link-proc` (to `/proc/self/root/etc/passwd`); `root/secret`
+/// is outside the share.
+fn share() -> Option<&'static Share> {
+    static SHARE: OnceLock<Option<Share>> = OnceLock::new();
+    SHARE
+        .get_or_init(|| make_share(&std::env::temp_dir().join("vmsight-fuzz-hylics")).ok())
+        .as_ref()
+}
+
+fn make_share(root: &Path) -> std::io::Result<Share> {
+    use std::os::unix::fs::{symlink, MetadataExt};
+    let dir = root.join("share");
+    std::fs::create_dir_all(dir.join("sub/dir"))?;
+    std::fs::write(root.join("secret"), b"outside the share\n")?;
+    std::fs::write(dir.join("file"), [7u8; 100])?;
+    std::fs::write(dir.join("sub/file2"), b"2")?;
+    let fifo = std::ffi::CString::new(dir.join("fifo").as_os_str().as_encoded_bytes())?;
+    // SAFETY: mkfifo reads the NUL-terminated path, which outlives the call.
+    let _ = unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) };
+    for (name, to) in [
+        ("link-in", "file"),
+        ("link-abs", "/file"),
+        ("link-out", "../secret"),
+        ("link-etc", "/etc/passwd"),
+        ("link-proc", "/proc/self/root/etc/passwd"),
+    ] {
+        match symlink(to, dir.join(name)) {
+            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
+            _ => {}
+        }
+    }
+    let id = |p: PathBuf| std::fs::metadata(p).map(|m| (m.dev(), m.ino()));
+    let inside = vec![id(dir.join("file"))?, id(dir.join("sub/file2"))?];
+    Ok(Share { dir, inside })
+}
+
+/// Hylics vsock requests: the input is what the guest writes on its connection. Lines are
+/// read the way the service reads them (at most [`MAX_REQUEST_LINE`] + 1 bytes up to a
+/// newline) and parsed with its `parse_request`; the first refused line ends the connection.
+/// Each accepted request's fields go through the service's own checks: the destination
+/// (`parse_dest`), the path (`open_in_share`, in a share with files, a directory, a fifo and
+/// symlinks inside and out of it), the range (`range`) and the connection (`flow_key`).
+/// Promises checked: no panic; an accepted line is at most [`MAX_REQUEST_LINE`] bytes and
+/// ends with its newline, a longer or unterminated one is refused; a path opens only a regular
+/// file inside the share, whatever `..`, `/` or symlink it uses; an accepted destination is
+/// never loopback, unspecified, multicast, broadcast or port 0; an accepted range lies inside
+/// the file.
+pub fn hylics_request(data: &[u8]) -> u32 {
+    use std::io::{BufRead, Read};
+    use vmsight_proto::hylics::MAX_REQUEST_LINE;
+    let Some(share) = share() else {
+        return 0;
+    };
+    let mut input = std::io::BufReader::new(data);
+    let mut line = Vec::new();
+    let mut seen = 0;
+    for _ in 0..MAX_HYLICS_LINES {
+        line.clear();
+        let limit = (MAX_REQUEST_LINE + 1) as u64;
+        match (&mut input).take(limit).read_until(b'\n', &mut line) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        let Some(req) = crate::hylics::offload::parse_request(&line) else {
+            seen |= HY_BAD_LINE;
+            break;
+        };
+        assert!(line.len() <= MAX_REQUEST_LINE && line.ends_with(b"\n"));
+        seen |= check_request(share, &req);
+    }
+    seen
+}
+
+/// Runs an accepted request's fields through the service's checks.
+fn check_request(share: &Share, req: &vmsight_proto::hylics::HylicsRequest) -> u32 {
+    use vmsight_proto::hylics::HylicsRequest as R;
+    match req {
+        R::SendFile {
+            dest,
+            path,
+            offset,
+            len,
+        } => check_dest(dest) | check_path(share, path, *offset, *len),
+        R::SockSend {
+            path,
+            offset,
+            len,
+            tcp,
+        } => {
+            let _ = crate::hylics::handover::flow_key(&tcp.local, &tcp.remote);
+            check_path(share, path, *offset, *len)
+        }
+        R::SockHold { local, remote } | R::SockRelease { local, remote } => {
+            let _ = crate::hylics::handover::flow_key(local, remote);
+            HY_OTHER
+        }
+        R::Task { response_secs } => {
+            assert!(response_secs.is_finite(), "JSON has no NaN or infinity");
+            HY_OTHER
+        }
+        R::Arrive | R::Advice => HY_OTHER,
+    }
+}
+
+fn check_dest(dest: &str) -> u32 {
+    let Ok(addr) = crate::hylics::offload::parse_dest(dest) else {
+        return HY_DEST_REFUSED;
+    };
+    let ip = addr.ip();
+    assert!(
+        !(ip.is_loopback() || ip.is_unspecified() || ip.is_multicast() || addr.port() == 0),
+        "{dest:?} is allowed as {addr}"
+    );
+    assert!(!matches!(ip, std::net::IpAddr::V4(v4) if v4.is_broadcast()));
+    0
+}
+
+/// Opens `path` in the share: only the share's regular files open; then the range.
+fn check_path(share: &Share, path: &str, offset: u64, len: u64) -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    let file = match crate::hylics::offload::open_in_share(&share.dir, path) {
+        Ok(f) => f,
+        Err(_) => return HY_OPEN_REFUSED,
+    };
+    let meta = match file.metadata() {
+        Ok(m) => m,
+        Err(e) => panic!("an opened file has metadata: {e}"),
+    };
+    assert!(
+        meta.is_file() && share.inside.contains(&(meta.dev(), meta.ino())),
+        "{path:?} opened something that is not a file of the share"
+    );
+    let size = meta.len();
+    match crate::hylics::offload::range(path, size, offset, len) {
+        Ok(count) => assert!(offset <= size && count <= size - offset, "{offset}+{count}"),
+        Err(_) => assert!(offset > size, "offset {offset} of {size} bytes is refused"),
+    }
+    HY_OPENED
 }

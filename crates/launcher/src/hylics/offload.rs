@@ -260,7 +260,7 @@ fn serve_conn(stream: UnixStream, ctx: &OffloadCtx, m: &OffloadMetrics) {
 }
 
 /// A complete, bounded line that is a request; `None` otherwise.
-fn parse_request(line: &[u8]) -> Option<HylicsRequest> {
+pub(crate) fn parse_request(line: &[u8]) -> Option<HylicsRequest> {
     if line.len() > MAX_REQUEST_LINE || line.last() != Some(&b'\n') {
         return None;
     }
@@ -415,7 +415,7 @@ fn send_file(
 }
 
 /// `IP:PORT`, not loopback, unspecified or multicast.
-fn parse_dest(dest: &str) -> Result<SocketAddr, OffloadError> {
+pub(crate) fn parse_dest(dest: &str) -> Result<SocketAddr, OffloadError> {
     let addr: SocketAddr = dest
         .parse()
         .map_err(|_| OffloadError::Dest(dest.to_owned()))?;
@@ -432,7 +432,7 @@ fn parse_dest(dest: &str) -> Result<SocketAddr, OffloadError> {
 }
 
 /// Bytes to send: `len`, or to the end when 0, never beyond the end.
-fn range(path: &str, size: u64, offset: u64, len: u64) -> Result<u64, OffloadError> {
+pub(crate) fn range(path: &str, size: u64, offset: u64, len: u64) -> Result<u64, OffloadError> {
     if offset > size {
         return Err(OffloadError::Range {
             path: path.to_owned(),
@@ -449,7 +449,7 @@ fn range(path: &str, size: u64, offset: u64, len: u64) -> Result<u64, OffloadErr
 ///
 /// Hand-written because neither `nix` 0.29 nor std wraps openat2(2); `cap-std` would, at the
 /// cost of a dependency tree for one call.
-fn open_in_share(share: &Path, path: &str) -> Result<File, OffloadError> {
+pub(crate) fn open_in_share(share: &Path, path: &str) -> Result<File, OffloadError> {
     use std::os::unix::ffi::OsStrExt;
     let open_err = |source| OffloadError::Open {
         path: path.to_owned(),
