@@ -14,6 +14,7 @@ pub mod check;
 pub mod disk;
 pub mod error;
 pub mod format;
+pub mod fuzzing;
 pub mod hints;
 pub mod meta;
 pub mod stage;
