@@ -469,16 +469,21 @@ fn write_curve(dir: &std::path::Path) -> std::path::PathBuf {
 /// 1/16 MiB) at which an M/G/1/PS queue with the curve's service time meets τ:
 /// E[X|m] / (1 - λ E[X|m]) <= τ.
 fn oracle_mib() -> f64 {
+    oracle_mib_at(RATE, 1.0)
+}
+
+/// [`oracle_mib`] for arrival rate `rate` and service times `scale` times the curve's.
+fn oracle_mib_at(rate: f64, scale: f64) -> f64 {
     let x = |m: f64| {
         let w = CURVE.windows(2).find(|w| m <= w[1].0 as f64).unwrap();
         let (m0, x0, m1, x1) = (w[0].0 as f64, w[0].1, w[1].0 as f64, w[1].1);
-        x0 + (x1 - x0) * (m - m0) / (m1 - m0)
+        scale * (x0 + (x1 - x0) * (m - m0) / (m1 - m0))
     };
     (8 * 16..=128 * 16)
         .map(|s| s as f64 / 16.0)
         .find(|&m| {
             let xm = x(m);
-            RATE * xm < 1.0 && xm / (1.0 - RATE * xm) <= TAU
+            rate * xm < 1.0 && xm / (1.0 - rate * xm) <= TAU
         })
         .unwrap()
 }
@@ -942,4 +947,151 @@ fn the_controller_command_answers_while_the_vm_runs() {
     );
     vm.send("done");
     assert_eq!(vm.finish().0, Some(0));
+}
+
+/// How much slower the guest's tasks really are than the controller's curve says.
+const WRONG_BY: f64 = 1.4;
+/// Arrival rate of the wrong-model workload, tasks per second.
+const WRONG_RATE: f64 = 12.0;
+/// How long the wrong-model workload admits tasks, seconds.
+const WRONG_SECS: f64 = 120.0;
+
+/// One controller on a guest whose tasks take [`WRONG_BY`] times the controller's curve: the
+/// workload's task lines and the controller's log.
+fn wrong_model_run(mode: &str) -> (Vec<Task>, vmsight_hylics::LogFile) {
+    let name = vm_name(&format!("hwrong-{}", &mode[..1]));
+    let dir = tempfile::tempdir().unwrap();
+    let curve = write_curve(dir.path());
+    let log = dir.path().join("decisions.log");
+    let slo = format!(
+        "{TAU},mode={mode},curve={},ci=4:16,min=8M,max=128M,log={}",
+        curve.display(),
+        log.display()
+    );
+    let truth: Vec<String> = CURVE
+        .iter()
+        .map(|(m, s)| format!("{m}:{}", s * WRONG_BY))
+        .collect();
+    let script = format!(
+        "hylics-workload --curve {} --rate {WRONG_RATE} --duration {WRONG_SECS} --seed 11",
+        truth.join(",")
+    );
+    let r = run(&[
+        "run",
+        "--name",
+        &name,
+        "--net",
+        "none",
+        "--shared-mem",
+        "64M",
+        "--hylics-slo",
+        &slo,
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    assert_eq!(r.code, Some(0), "{mode}: stderr: {}", r.stderr);
+    let lines: Vec<String> = r.stdout.lines().map(str::to_owned).collect();
+    assert!(
+        field(&lines, "summary").contains("report_failures=0"),
+        "{mode}: {}",
+        r.stdout
+    );
+    let file = vmsight_hylics::LogFile::parse(&std::fs::read_to_string(&log).unwrap()).unwrap();
+    (tasks(&lines), file)
+}
+
+/// The time-weighted mean share size (MiB) over the second half of the intervals with tasks.
+fn late_mean_mib(file: &vmsight_hylics::LogFile) -> f64 {
+    let busy: Vec<_> = file
+        .records
+        .iter()
+        .filter(|r| r.decision.tasks > 0)
+        .collect();
+    let late = &busy[busy.len() / 2..];
+    let span: f64 = late
+        .iter()
+        .map(|r| r.input.t_secs - r.input.start_secs)
+        .sum();
+    late.iter()
+        .map(|r| (r.input.t_secs - r.input.start_secs) * r.decision.m_before_bytes as f64)
+        .sum::<f64>()
+        / span
+        / (1 << 20) as f64
+}
+
+/// The workload's own mean response time over the second half of its run, seconds.
+fn late_mean_response(tasks: &[Task]) -> f64 {
+    let late: Vec<f64> = tasks
+        .iter()
+        .filter(|t| t.arrive >= WRONG_SECS / 2.0)
+        .map(|t| t.response)
+        .collect();
+    late.iter().sum::<f64>() / late.len() as f64
+}
+
+/// The case Hylics' RLS loop is for (paper §5.3): the controller's E[X|m] is wrong, the guest's
+/// tasks really take 1.4x what it says. The oracle is the M/G/1/PS answer for the true service
+/// times (independent of the controller's inversion) and the workload's own response times.
+/// The queueing predictor alone holds the size the wrong model gives, below the true one, and
+/// misses τ; the combined controller (predictor + RLS) corrects it: its late share is nearer
+/// the true size than the model's, its late response time is lower, and its log has the RLS
+/// steps that did it (`adaptive_step`), which the queueing-only log never has. A combined
+/// controller whose RLS loop does nothing behaves as the queueing-only one and fails this.
+#[test]
+fn with_a_model_wrong_by_1_4x_the_combined_controller_corrects_the_size_and_queueing_only_does_not()
+{
+    let m_true = oracle_mib_at(WRONG_RATE, WRONG_BY);
+    let m_model = oracle_mib_at(WRONG_RATE, 1.0);
+    assert!(m_true > 1.3 * m_model, "{m_true} vs {m_model}");
+    // Both at once: the workload's response times are model times (hylics-workload), so the
+    // two VMs sharing the CPU does not change them.
+    let ((q_tasks, q_log), (c_tasks, c_log)) = std::thread::scope(|s| {
+        let q = s.spawn(|| wrong_model_run("queueing_only"));
+        let c = s.spawn(|| wrong_model_run("combined"));
+        (q.join().unwrap(), c.join().unwrap())
+    });
+    let steps = |f: &vmsight_hylics::LogFile| {
+        f.records
+            .iter()
+            .filter(|r| {
+                r.decision
+                    .reasons
+                    .contains(&vmsight_hylics::Reason::AdaptiveStep)
+            })
+            .count()
+    };
+    let (q_m, c_m) = (late_mean_mib(&q_log), late_mean_mib(&c_log));
+    let (q_r, c_r) = (late_mean_response(&q_tasks), late_mean_response(&c_tasks));
+    eprintln!(
+        "true size {m_true} MiB, the model's {m_model} MiB; late mean share: queueing-only \
+         {q_m:.1} MiB, combined {c_m:.1} MiB; late mean response: queueing-only {q_r:.4} s, \
+         combined {c_r:.4} s (tau {TAU}); adaptive steps: {} and {}",
+        steps(&q_log),
+        steps(&c_log)
+    );
+    assert_eq!(steps(&q_log), 0, "queueing-only took an RLS step");
+    assert!(
+        steps(&c_log) >= 1,
+        "the combined controller took no RLS step"
+    );
+    let mid = (m_true + m_model) / 2.0;
+    assert!(
+        q_m < mid,
+        "queueing-only ended at {q_m:.1} MiB, not at the wrong model's {m_model} MiB"
+    );
+    assert!(
+        q_r > TAU,
+        "queueing-only met tau ({q_r:.4} s) with the wrong model's size"
+    );
+    assert!(
+        c_m > mid,
+        "combined ended at {c_m:.1} MiB, nearer the wrong model's {m_model} MiB than the true \
+         {m_true} MiB"
+    );
+    assert!(
+        c_r < q_r,
+        "combined's response {c_r:.4} s is not below queueing-only's {q_r:.4} s"
+    );
 }
