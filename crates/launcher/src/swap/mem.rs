@@ -105,7 +105,7 @@ impl Policy {
     pub fn decide(&mut self, l: &Look) -> Decision {
         if l.swap_per_s >= THRASH_PAGES_PER_S {
             self.calm = 0;
-            self.hot += 1;
+            self.hot = self.hot.saturating_add(1);
             if self.hot < HOT_LOOKS {
                 return Decision::Stay;
             }
@@ -114,10 +114,10 @@ impl Policy {
             // shortfall), in whole blocks.
             let want = l
                 .guest_swap_used
-                .map_or(self.step, |u| u.div_ceil(BLOCK) * BLOCK)
+                .map_or(self.step, |u| u.div_ceil(BLOCK).saturating_mul(BLOCK))
                 .max(self.step);
             let step = want.min(room);
-            if step > 0 && l.host_available >= step + HOST_RESERVE {
+            if step > 0 && l.host_available >= step.saturating_add(HOST_RESERVE) {
                 self.requested += step;
                 return Decision::Request(self.requested);
             }
@@ -212,7 +212,7 @@ fn run(max: u64, path: &Path, source: &Source, report: &Mutex<MemReport>, stop: 
             swap_per_s: now.1.saturating_sub(last.1) as f64 / secs,
             host_available: host_available(),
             guest_available: guest_available(&r),
-            guest_swap_used: r.guest_swap_used_kib.map(|k| k << 10),
+            guest_swap_used: r.guest_swap_used_kib.map(kib_to_bytes),
             cache_used: r.cache_used_pages,
         };
         last = now;
@@ -229,17 +229,25 @@ fn run(max: u64, path: &Path, source: &Source, report: &Mutex<MemReport>, stop: 
 }
 
 /// Pages swapped in and out so far: the guest kernel's own count when SymSpy gives it, else
-/// the swap disk's traffic by either path (which includes the kernel probing the disk).
+/// the swap disk's traffic by either path (which includes the kernel probing the disk). The
+/// guest's counts come from its SymSpy page (hostile input): sums saturate.
 fn swapped(r: &SwapReport) -> u64 {
     match (r.guest_pswpin, r.guest_pswpout) {
-        (Some(i), Some(o)) => i + o,
-        _ => r.block_reads + r.block_writes + r.bypass_loads + r.bypass_stores,
+        (Some(i), Some(o)) => i.saturating_add(o),
+        _ => [r.block_writes, r.bypass_loads, r.bypass_stores]
+            .into_iter()
+            .fold(r.block_reads, u64::saturating_add),
     }
+}
+
+/// KiB from the guest's SymSpy page in bytes, saturating (the guest writes any value).
+fn kib_to_bytes(kib: u64) -> u64 {
+    kib.saturating_mul(1024)
 }
 
 /// The guest's MemAvailable from SymSpy (absent without the module).
 fn guest_available(r: &SwapReport) -> Option<u64> {
-    r.guest_mem_available_kib.map(|k| k << 10)
+    r.guest_mem_available_kib.map(kib_to_bytes)
 }
 
 fn connect(path: &Path, stop: &AtomicBool) -> Option<Qmp> {
@@ -310,6 +318,31 @@ mod tests {
             guest_swap_used: None,
             cache_used: 100,
         }
+    }
+
+    #[test]
+    fn guest_counts_at_the_top_of_u64_neither_overflow_nor_ask_for_more_than_the_limit() {
+        let mut p = Policy::new(1 << 30);
+        let huge = Look {
+            guest_swap_used: Some(kib_to_bytes(u64::MAX)),
+            host_available: u64::MAX,
+            ..look(5000.0, Some(u64::MAX >> 20))
+        };
+        assert_eq!(p.decide(&huge), Decision::Stay, "one look is a burst");
+        assert_eq!(p.decide(&huge), Decision::Request(1 << 30));
+        let r = SwapReport {
+            guest_pswpin: Some(u64::MAX),
+            guest_pswpout: Some(u64::MAX),
+            ..SwapReport::default()
+        };
+        assert_eq!(swapped(&r), u64::MAX);
+        let r = SwapReport {
+            block_reads: u64::MAX,
+            bypass_stores: 7,
+            ..SwapReport::default()
+        };
+        assert_eq!(swapped(&r), u64::MAX);
+        assert_eq!(kib_to_bytes(u64::MAX), u64::MAX);
     }
 
     #[test]
