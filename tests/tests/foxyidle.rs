@@ -118,51 +118,15 @@ fn bio_events(trace: &str, dev: &str) -> Vec<(u32, u64, u64)> {
 /// `block_rq_issue` to its `block_rq_complete` on the `mono` trace clock), by (first sector,
 /// sectors). A sector range read twice keeps its first request.
 fn guest_read_latencies(trace: &str, dev: &str) -> BTreeMap<(u64, u64), f64> {
-    let mut issued: BTreeMap<(u64, u64), f64> = BTreeMap::new();
-    let mut done: BTreeMap<(u64, u64), f64> = BTreeMap::new();
-    for line in trace.lines() {
-        let (kind, head, ev) = if let Some((h, e)) = line.split_once("block_rq_issue: ") {
-            ("issue", h, e)
-        } else if let Some((h, e)) = line.split_once("block_rq_complete: ") {
-            ("complete", h, e)
-        } else {
-            continue;
-        };
-        // "... 12.345678: block_rq_issue: 254,16 R 4096 () 1024 + 8 [cat]"
-        let Some(ts) = head
-            .split_whitespace()
-            .last()
-            .and_then(|t| t.trim_end_matches(':').parse::<f64>().ok())
-        else {
-            continue;
-        };
-        let f: Vec<&str> = ev.split_whitespace().collect();
-        let Some(plus) = f.iter().position(|w| *w == "+") else {
-            continue;
-        };
-        if f.first() != Some(&dev) || !f.get(1).is_some_and(|r| r.contains('R')) || plus < 1 {
-            continue;
-        }
-        let (Ok(sector), Some(Ok(n))) = (
-            f[plus - 1].parse::<u64>(),
-            f.get(plus + 1).map(|n| n.parse::<u64>()),
-        ) else {
-            continue;
-        };
-        match kind {
-            "issue" => {
-                issued.entry((sector, n)).or_insert(ts);
-            }
-            _ => {
-                if issued.contains_key(&(sector, n)) {
-                    done.entry((sector, n)).or_insert(ts);
-                }
-            }
+    let mut out = BTreeMap::new();
+    for r in guest_reads(trace, dev) {
+        let first = out.entry((r.sector, r.sectors)).or_insert(f64::NAN);
+        if first.is_nan() && !r.completed.is_nan() {
+            *first = r.completed - r.issued;
         }
     }
-    done.into_iter()
-        .map(|(k, end)| (k, end - issued[&k]))
-        .collect()
+    out.retain(|_, t| !t.is_nan());
+    out
 }
 
 /// The oracle's submitter of each logged read of disk 1: the single TGID of the bios that
@@ -220,20 +184,7 @@ fn attribution_matches_the_tracepoint_oracle_and_only_background_reads_are_held(
         echo \"SUMA $(cut -d' ' -f1 /tmp/a.sum)\"; echo \"SUMB $(cut -d' ' -f1 /tmp/b.sum)\"; \
         grep -E 'block_(bio_queue|rq_issue|rq_complete)' $T/trace";
     let r = guest_sh(
-        &[
-            "--name",
-            &name,
-            "--disk",
-            img.to_str().unwrap(),
-            "--stage",
-            "disk-model:hdd",
-            "--background",
-            "bgread",
-            "--idle-log",
-            log.to_str().unwrap(),
-            "--stats-json",
-            stats.to_str().unwrap(),
-        ],
+        &hdd_idle_args(&name, &img, "bgread", &log, &stats, &[]),
         script,
     );
     assert_eq!(r.code, Some(0), "guest run failed: {}", r.stderr);
@@ -322,6 +273,34 @@ fn attribution_matches_the_tracepoint_oracle_and_only_background_reads_are_held(
     assert!(idle["background"].as_u64().unwrap() > 0, "stats: {idle}");
     assert!(idle["foreground"].as_u64().unwrap() > 0, "stats: {idle}");
     assert_eq!(idle["attribution"]["available"], true, "stats: {idle}");
+}
+
+/// `vmsight run` options of an HDD-model extra disk `img` with FoxyIdle marking `background`,
+/// its log to `log` and stats to `stats`, plus `extra`.
+fn hdd_idle_args<'a>(
+    name: &'a str,
+    img: &'a Path,
+    background: &'a str,
+    log: &'a Path,
+    stats: &'a Path,
+    extra: &[&'a str],
+) -> Vec<&'a str> {
+    let mut args = vec![
+        "--name",
+        name,
+        "--disk",
+        img.to_str().unwrap(),
+        "--stage",
+        "disk-model:hdd",
+        "--background",
+        background,
+        "--idle-log",
+        log.to_str().unwrap(),
+        "--stats-json",
+        stats.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    args
 }
 
 /// Spawns `vmsight run` with piped stdin/stdout.
@@ -549,22 +528,14 @@ fn a_background_read_after_a_foreground_one_completes_no_sooner_than_the_interva
         grep -E 'block_rq_(issue|complete)' $T/trace";
     let interval = INTERVAL_MS.to_string();
     let r = guest_sh(
-        &[
-            "--name",
+        &hdd_idle_args(
             &name,
-            "--disk",
-            img.to_str().unwrap(),
-            "--stage",
-            "disk-model:hdd",
-            "--background",
+            &img,
             "bgdd",
-            "--idle-interval",
-            &interval,
-            "--idle-log",
-            log.to_str().unwrap(),
-            "--stats-json",
-            stats.to_str().unwrap(),
-        ],
+            &log,
+            &stats,
+            &["--idle-interval", &interval],
+        ),
         script,
     );
     assert_eq!(r.code, Some(0), "guest run failed: {}", r.stderr);
@@ -590,7 +561,10 @@ fn a_background_read_after_a_foreground_one_completes_no_sooner_than_the_interva
              was issued, inside the {INTERVAL_MS} ms interval:\n fg {fg:?}\n bg {bg:?}"
         );
     }
-    assert!(pairs >= 10, "only {pairs} foreground/background pairs in the trace: {reads:?}");
+    assert!(
+        pairs >= 10,
+        "only {pairs} foreground/background pairs in the trace: {reads:?}"
+    );
     // The mechanism engaged: the background data reads were held by the stage (a background
     // `dd` starts well within 500 ms of the foreground one's completion), and those holds
     // came from preemption intervals.

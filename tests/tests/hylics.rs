@@ -509,6 +509,25 @@ echo ===DONE
     )
 }
 
+/// `vmsight run` of VM `name` with a 64 MiB share, no network, the controller `slo`, the
+/// `extra` options, and `sh -c script`.
+fn run_with_slo(name: &str, slo: &str, extra: &[&str], script: &str) -> Run {
+    let mut args = vec![
+        "run",
+        "--name",
+        name,
+        "--net",
+        "none",
+        "--shared-mem",
+        "64M",
+        "--hylics-slo",
+        slo,
+    ];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--", "sh", "-c", script]);
+    run(&args)
+}
+
 /// One `task ...` line of hylics-workload.
 struct Task {
     arrive: f64,
@@ -551,23 +570,12 @@ fn the_controller_sizes_the_share_to_the_slo_of_a_workload_with_known_service_ti
         curve.display(),
         log.display()
     );
-    let r = run(&[
-        "run",
-        "--name",
+    let r = run_with_slo(
         &name,
-        "--net",
-        "none",
-        "--shared-mem",
-        "64M",
-        "--hylics-slo",
         &slo,
-        "--stats-json",
-        stats_path.to_str().unwrap(),
-        "--",
-        "sh",
-        "-c",
+        &["--stats-json", stats_path.to_str().unwrap()],
         &controller_script(),
-    ]);
+    );
     assert_eq!(r.code, Some(0), "stderr: {}", r.stderr);
     let lines: Vec<String> = r.stdout.lines().map(str::to_owned).collect();
     assert!(lines.contains(&"===DONE".to_owned()), "{}", r.stdout);
@@ -660,32 +668,12 @@ fn the_controller_sizes_the_share_to_the_slo_of_a_workload_with_known_service_ti
     // half of its run) within a factor of two of τ. The start (64 MiB) was 4.7x the oracle with
     // R at a fifth of τ.
     let m_star = oracle_mib();
-    let busy: Vec<_> = file
-        .records
-        .iter()
-        .filter(|r| r.decision.tasks > 0)
-        .collect();
-    let late = &busy[busy.len() / 2..];
-    let span: f64 = late
-        .iter()
-        .map(|r| r.input.t_secs - r.input.start_secs)
-        .sum();
-    let late_m = late
-        .iter()
-        .map(|r| (r.input.t_secs - r.input.start_secs) * r.decision.m_before_bytes as f64)
-        .sum::<f64>()
-        / span
-        / (1 << 20) as f64;
+    let late_m = late_mean_mib(&file);
     assert!(
         (m_star / 2.0..=m_star * 2.0).contains(&late_m),
         "late mean size {late_m:.1} MiB, oracle {m_star} MiB"
     );
-    let late_tasks: Vec<f64> = tasks
-        .iter()
-        .filter(|t| t.arrive >= WORKLOAD_SECS / 2.0)
-        .map(|t| t.response)
-        .collect();
-    let late_r = late_tasks.iter().sum::<f64>() / late_tasks.len() as f64;
+    let late_r = late_mean_response(&tasks, WORKLOAD_SECS);
     assert!(
         (TAU / 2.0..=TAU * 2.0).contains(&late_r),
         "late mean response {late_r:.4} s, tau {TAU}"
@@ -976,21 +964,7 @@ fn wrong_model_run(mode: &str) -> (Vec<Task>, vmsight_hylics::LogFile) {
         "hylics-workload --curve {} --rate {WRONG_RATE} --duration {WRONG_SECS} --seed 11",
         truth.join(",")
     );
-    let r = run(&[
-        "run",
-        "--name",
-        &name,
-        "--net",
-        "none",
-        "--shared-mem",
-        "64M",
-        "--hylics-slo",
-        &slo,
-        "--",
-        "sh",
-        "-c",
-        &script,
-    ]);
+    let r = run_with_slo(&name, &slo, &[], &script);
     assert_eq!(r.code, Some(0), "{mode}: stderr: {}", r.stderr);
     let lines: Vec<String> = r.stdout.lines().map(str::to_owned).collect();
     assert!(
@@ -1021,11 +995,12 @@ fn late_mean_mib(file: &vmsight_hylics::LogFile) -> f64 {
         / (1 << 20) as f64
 }
 
-/// The workload's own mean response time over the second half of its run, seconds.
-fn late_mean_response(tasks: &[Task]) -> f64 {
+/// The workload's own mean response time over the second half of its `secs`-long run,
+/// seconds.
+fn late_mean_response(tasks: &[Task], secs: f64) -> f64 {
     let late: Vec<f64> = tasks
         .iter()
-        .filter(|t| t.arrive >= WRONG_SECS / 2.0)
+        .filter(|t| t.arrive >= secs / 2.0)
         .map(|t| t.response)
         .collect();
     late.iter().sum::<f64>() / late.len() as f64
@@ -1063,7 +1038,10 @@ fn with_a_model_wrong_by_1_4x_the_combined_controller_corrects_the_size_and_queu
             .count()
     };
     let (q_m, c_m) = (late_mean_mib(&q_log), late_mean_mib(&c_log));
-    let (q_r, c_r) = (late_mean_response(&q_tasks), late_mean_response(&c_tasks));
+    let (q_r, c_r) = (
+        late_mean_response(&q_tasks, WRONG_SECS),
+        late_mean_response(&c_tasks, WRONG_SECS),
+    );
     eprintln!(
         "true size {m_true} MiB, the model's {m_model} MiB; late mean share: queueing-only \
          {q_m:.1} MiB, combined {c_m:.1} MiB; late mean response: queueing-only {q_r:.4} s, \

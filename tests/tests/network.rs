@@ -409,7 +409,7 @@ fn bottleneck_run(foxyvegas: bool) -> BottleneckRun {
 /// the host end's, both ways), and nothing else changed.
 fn rewrites_are_exactly_the_windows_the_guest_saw_lowered(run: &BottleneckRun) {
     let (guest, host, records, stats) = (&run.guest, &run.host, &run.records, &run.stats);
-    let fv = &nic(&stats)["foxyvegas"];
+    let fv = &nic(stats)["foxyvegas"];
     assert!(
         fv["rewrites"].as_u64().unwrap() > 0,
         "the rewrite engaged: {fv}"
