@@ -518,7 +518,14 @@ fn under_a_bottleneck_foxyvegas_keeps_the_queue_short_at_the_throughput_without_
         w.min_rtt_ms,
         w.throughput_bps / 1e6
     );
-    let dev = |k: &str| median(with.records.iter().map(|r| r[k].as_f64().unwrap()).collect());
+    let dev = |k: &str| {
+        median(
+            with.records
+                .iter()
+                .map(|r| r[k].as_f64().unwrap())
+                .collect(),
+        )
+    };
     eprintln!(
         "with, at the device (rewrite log medians): RTT {:.0} us, base {:.0} us, window {} \
          segments of {} bytes",

@@ -199,12 +199,20 @@ fn a_mapped_slot_naming_a_page_beyond_the_disk_is_never_evicted_there() {
     let (dir, s) = store(16, 4);
     s.write(0, &page(0)).expect("write");
     let l = *s.layout();
-    let slot = s.region().u32_at(l.index_off).expect("page 0's index entry");
+    let slot = s
+        .region()
+        .u32_at(l.index_off)
+        .expect("page 0's index entry");
     let slot = u64::from(slot.load(Ordering::Relaxed)) - 1;
     let word = s.region().u64_at(l.meta_off + slot * 8).expect("its state");
-    word.store(encode(swapr::SLOT_MAPPED, u64::from(u32::MAX)), Ordering::Relaxed);
+    word.store(
+        encode(swapr::SLOT_MAPPED, u64::from(u32::MAX)),
+        Ordering::Relaxed,
+    );
     assert_eq!(s.evict(4), 0);
-    let len = std::fs::metadata(dir.path().join("swap.img")).expect("file").len();
+    let len = std::fs::metadata(dir.path().join("swap.img"))
+        .expect("file")
+        .len();
     assert_eq!(len, 16 * PAGE, "nothing written beyond the disk");
     assert!(s.counters.corrupt.load(Ordering::Relaxed) > 0);
 }
