@@ -35,101 +35,60 @@ fn wait_value(prometheus: &Prometheus, query: &str, done: impl Fn(f64) -> bool) 
 }
 
 #[test]
-
 fn guest_writes_show_up_in_prometheus_while_the_vm_runs() {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("data.img");
     std::fs::File::create(&img)
         .and_then(|f| f.set_len(64 << 20))
         .unwrap();
-    let metrics = SocketAddr::from((Ipv4Addr::LOCALHOST, free_loopback_port().unwrap()));
-    // Scrapes every second; the target is down until vmsight listens.
-    let prometheus = Prometheus::start(&[metrics]).unwrap_or_else(|e| panic!("{e}"));
-    let name = vm_name("metrics");
-    // Write, report dd's own count, then keep the VM up until stdin closes.
+    // Write, report dd's own count and the root disk's, then wait (Scraped adds the pause).
     let script = format!(
-        "set -e; dd if=/dev/urandom of=/dev/vdb bs=1M count={WRITE_MIB} oflag=direct conv=fsync \
+        "dd if=/dev/urandom of=/dev/vdb bs=1M count={WRITE_MIB} oflag=direct conv=fsync \
          2>/tmp/dd.err; sync; cat /tmp/dd.err; \
-         echo \"VDA_READ_SECTORS $(awk '{{print $3}}' /sys/block/vda/stat)\"; echo WRITTEN; \
-         read _ || true"
+         echo \"VDA read_sectors=$(awk '{{print $3}}' /sys/block/vda/stat)\""
     );
-    let mut child = vmsight()
-        .args(["run", "--name", &name, "--metrics", &metrics.to_string()])
-        .args(["--disk", img.to_str().unwrap(), "--", "sh", "-c", &script])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start vmsight");
-    let stdin = child.stdin.take().unwrap();
-    let mut guest_out = String::new();
-    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
-        let line = line.unwrap();
-        guest_out.push_str(&line);
-        guest_out.push('\n');
-        if line == "WRITTEN" {
-            break;
-        }
-    }
-    if !guest_out.ends_with("WRITTEN\n") {
-        drop(stdin);
-        let r = Run::from(child.wait_with_output().unwrap());
-        panic!("the guest did not finish writing: stdout {guest_out:?}, {r:?}");
-    }
-    let written = dd_bytes(&guest_out).unwrap_or_else(|| panic!("no dd count in {guest_out:?}"));
-    assert_eq!(written, WRITE_MIB << 20, "{guest_out}");
-
+    let vm = Scraped::start("metrics", &["--disk", img.to_str().unwrap()], &script);
+    let written = dd_bytes(&vm.out).unwrap_or_else(|| panic!("no dd count in {:?}", vm.out));
+    assert_eq!(written, WRITE_MIB << 20, "{}", vm.out);
     // The guest's own count of what it read from its root disk so far (512-byte sectors).
-    let root_read: f64 = guest_out
-        .lines()
-        .find_map(|l| l.strip_prefix("VDA_READ_SECTORS "))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .unwrap_or_else(|| panic!("no root disk count in {guest_out:?}"))
-        * 512.0;
+    let root_read = vm.guest("VDA ", "read_sectors") * 512.0;
 
     // The VM is still running: its counters come through Prometheus, each bounded on both
     // sides by what the guest itself did.
-    let vm = format!("vm=\"{name}\"");
     let w = written as f64;
     // Exactly dd's bytes reached the raw disk (no file system, O_DIRECT), nothing else wrote.
     let bytes = wait_value(
-        &prometheus,
-        &format!("vmsight_block_bytes_total{{{vm},disk=\"1\",kind=\"write\"}}"),
+        &vm.prometheus,
+        &format!(
+            "vmsight_block_bytes_total{{vm=\"{}\",disk=\"1\",kind=\"write\"}}",
+            vm.name
+        ),
         |v| v >= w,
     );
     assert_eq!(bytes.value, w, "written bytes: {bytes:?}");
-    assert_eq!(bytes.label("vm"), Some(name.as_str()));
+    assert_eq!(bytes.label("vm"), Some(vm.name.as_str()));
     // At least one request per MiB dd wrote, at most one per 4 KiB page.
-    let requests = wait_value(
-        &prometheus,
-        &format!("vmsight_block_requests_total{{{vm},disk=\"1\",kind=\"write\"}}"),
-        |v| v >= WRITE_MIB as f64,
+    vm.within(
+        "vmsight_block_requests_total",
+        "disk=\"1\",kind=\"write\"",
+        WRITE_MIB as f64,
+        w / 4096.0,
     );
-    assert!(requests.value <= w / 4096.0, "write requests: {requests:?}");
     // The root disk (disk 0) served at least what the guest counted as read before it printed
     // the count, and not far more (the guest is idle since, waiting on stdin).
-    let root = wait_value(
-        &prometheus,
-        &format!("vmsight_block_bytes_total{{{vm},disk=\"0\",kind=\"read\"}}"),
-        |v| v >= root_read,
-    );
-    assert!(
-        root_read > 0.0 && root.value <= root_read + f64::from(16u32 << 20),
-        "root disk reads: vmsight {root:?}, the guest {root_read} bytes"
+    assert!(root_read > 0.0, "{}", vm.out);
+    vm.within(
+        "vmsight_block_bytes_total",
+        "disk=\"0\",kind=\"read\"",
+        root_read,
+        root_read + f64::from(16u32 << 20),
     );
     // The guest waits on stdin: nothing is in flight on the disk it wrote.
-    wait_value(
-        &prometheus,
-        &format!("vmsight_block_in_flight_requests{{{vm},disk=\"1\"}}"),
-        |v| v == 0.0,
-    );
-    wait_value(&prometheus, "vmsight_metrics_rejected_samples", |v| {
+    vm.within("vmsight_block_in_flight_requests", "disk=\"1\"", 0.0, 0.0);
+    wait_value(&vm.prometheus, "vmsight_metrics_rejected_samples", |v| {
         v == 0.0
     });
-
-    drop(stdin);
-    let r = Run::from(child.wait_with_output().unwrap());
-    assert_eq!(r.code, Some(0), "{r:?}");
+    vm.finish();
 }
 
 #[test]
