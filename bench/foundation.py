@@ -5,7 +5,7 @@ Same kernel, initramfs, root image, vCPUs and memory for every configuration, al
 several repetitions; results are printed as a Markdown table with ratios to plain QEMU.
 
   bench/foundation.py [--reps N] [--fio-runtime S] [--skip fio,getppid,boot] [--configs a,b]
-                      [--qemu system,trixie] [--fio-jobs randread-4k-qd1,...]
+                      [--qemu system,trixie] [--fio-jobs randread-4k-qd1,...] [--out PATH]
 
 Configurations: qemu-virtio (QEMU's virtio-blk, aio=threads, cache=none), qsd
 (qemu-storage-daemon vhost-user-blk), vmsight, vmsight-noplugin, vmsight-io1 (vmsight
@@ -17,6 +17,9 @@ are then registered read-only instead of with register/PC write access).
 --qemu runs every vmsight configuration on each listed QEMU (`vmsight run --qemu`; `trixie` is
 QEMU 11.1 from `make qemu11`), interleaved in the same repetitions; they are reported as
 CONFIG@QEMU with a QEMU 11 / QEMU 10 table. The peers (qemu-virtio, qsd) use the system QEMU.
+
+Every repetition of every configuration (boot, getppid and fio runs: times, host CPU, memory,
+each fio job) goes to bench/results/foundation.json (--out), with the medians (bench/README.md).
 """
 import argparse
 import json
@@ -29,6 +32,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
 import peers  # noqa: E402
+import results as bench_results  # noqa: E402
 
 CONFIGS = ["qemu-virtio", "qsd", "vmsight", "vmsight-noplugin"]
 ALL_CONFIGS = CONFIGS + ["vmsight-io1", "vmsight-traced", "vmsight-traced-ro"]
@@ -122,6 +126,7 @@ def main():
     ap.add_argument("--fio-jobs", default="",
                     help="comma-separated fio jobs (default all): " +
                     ", ".join(f"{rw}-{bs}-qd{qd}" for rw, bs, qd in FIO_JOBS))
+    bench_results.add_out_option(ap, "foundation")
     a = ap.parse_args()
     configs = [c for c in a.configs.split(",") if c]
     unknown = set(configs) - set(ALL_CONFIGS)
@@ -142,6 +147,12 @@ def main():
         if c.startswith("vmsight"):
             CONFIGS.extend(c if qemus == ["system"] else f"{c}@{q}" for q in qemus)
     skip = set(filter(None, a.skip.split(",")))
+    # The tables' metrics (each fio job in the unit the table shows; the reps hold both).
+    metrics = (["boot_ready_s", "boot_wall_s", "boot_host_cpu_s", "getppid_ns", "getppid_host_cpu_s"]
+               + [f"fio_{rw}-{bs}-qd{qd}_{'mib_s' if bs == '1M' else 'iops'}" for rw, bs, qd in FIO_JOBS]
+               + ["fio_host_cpu_s", "helper_anon_kib", "helper_rss_kib", "qemu_rss_kib"])
+    rec = bench_results.Recorder("foundation", a, out=a.out, metrics=metrics,
+                                 baseline="qemu-virtio" if "qemu-virtio" in CONFIGS else None)
     results = {c: {"t_ready": [], "t_exit": [], "rss": [], "anon": [], "qemu_rss": [], "getppid_ns": [], "getppid_cpu": [], "fio": [],
                    "boot_cpu": [], "fio_cpu": []} for c in CONFIGS}
     with tempfile.TemporaryDirectory(prefix="bench-foundation-") as tmp:
@@ -149,9 +160,13 @@ def main():
         subprocess.run(["dd", "if=/dev/urandom", f"of={disk}", "bs=1M", "count=1024", "status=none"], check=True)
         for rep in range(a.reps):
             for c in CONFIGS:
+                one = rec.rep(config=c, rep=rep)
                 if "boot" not in skip:
                     r = run(c, ["true"])
                     assert r["status"] == 0, (c, r)
+                    one.update(boot_ready_s=r["t_ready"], boot_wall_s=r["t_exit"], boot_host_cpu_s=r["cpu_s"],
+                               helper_rss_kib=r["helper_rss_kib"], helper_anon_kib=r.get("helper_anon_kib"),
+                               qemu_rss_kib=r["qemu_rss_kib"])
                     results[c]["t_ready"].append(r["t_ready"])
                     results[c]["t_exit"].append(r["t_exit"])
                     results[c]["rss"].append(r["helper_rss_kib"])
@@ -162,6 +177,7 @@ def main():
                 if "getppid" not in skip:
                     r = run(c, ["sh", "-c", "s=$(date +%s%N); getppid_loop 1000000; e=$(date +%s%N); echo $((e-s))"])
                     ns = int(r["stdout"].strip().splitlines()[-1])
+                    one.update(getppid_ns=ns / 1e6, getppid_wall_s=r["t_exit"], getppid_host_cpu_s=r["cpu_s"])
                     results[c]["getppid_ns"].append(ns / 1e6)
                     results[c]["getppid_cpu"].append(r["cpu_s"])
                     print(f"[rep {rep}] {c}: getppid {ns/1e6:.1f} ns/call", file=sys.stderr)
@@ -169,10 +185,15 @@ def main():
                     r = run(c, ["sh", "-c", fio_script(a.fio_runtime)], disks=[disk])
                     assert r["status"] == 0, (c, r["stderr"][-2000:])
                     f = parse_fio(r["stdout"])
+                    for job, v in f.items():
+                        one[f"fio_{job}_iops"] = v["iops"]
+                        one[f"fio_{job}_mib_s"] = v["mib_s"]
+                    one.update(fio_wall_s=r["t_exit"], fio_host_cpu_s=r["cpu_s"])
                     results[c]["fio"].append(f)
                     results[c]["fio_cpu"].append(r["cpu_s"])
                     print(f"[rep {rep}] {c}: " + ", ".join(f"{k} {v['iops']:.0f}" for k, v in f.items()), file=sys.stderr)
-    report(results, a)
+    rows = report(results, a)
+    rec.write(summary={"table": {name: by for name, by, _ in rows}})
 
 
 def report(results, a):
@@ -213,6 +234,7 @@ def report(results, a):
         lambda v: f"{v:.1f}", False)
     qemu_table(rows)
     print("\nraw:", json.dumps(results))
+    return rows
 
 
 def qemu_table(rows):

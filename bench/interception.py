@@ -11,7 +11,10 @@ The workload runs as /tmp/wl (a copy of dash) so it can be monitored by name; it
 prepared before the timer starts. Prints a Markdown table: overhead % vs no-plugin and the
 ratio of strace's overhead to vmsight's.
 
-  bench/interception.py [--reps N] [--only cp,find,...]
+  bench/interception.py [--reps N] [--only cp,find,...] [--out PATH]
+
+Every run (workload, configuration, repetition: guest seconds, and for `monitored` the calls
+traced) goes to bench/results/interception.json (--out).
 """
 import argparse
 import json
@@ -24,6 +27,8 @@ import time
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 VMSIGHT = os.environ.get("VMSIGHT", os.path.join(REPO, "target", "release", "vmsight"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
+import results as bench_results  # noqa: E402
 
 WORKLOADS = {
     # name: (prep, timed script)
@@ -76,7 +81,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--only", default="")
+    bench_results.add_out_option(ap, "interception")
     a = ap.parse_args()
+    rec = bench_results.Recorder("interception", a, out=a.out, keys=["workload", "config"],
+                                 baseline="no-plugin")
     names = [n for n in WORKLOADS if not a.only or n in a.only.split(",")]
     res = {n: {c: [] for c in CONFIGS} for n in names}
     extra = {n: {} for n in names}
@@ -85,9 +93,11 @@ def main():
             for c in CONFIGS:
                 t, st = run_one(n, c)
                 res[n][c].append(t)
+                one = rec.rep(workload=n, config=c, rep=rep, guest_s=t)
                 if c == "monitored":
                     tr = st.get("trace") or {}
                     extra[n] = {"entries": tr.get("entries"), "peak_pending_tasks": (tr.get("tracker") or {}).get("peak_pending_tasks")}
+                    one.update(traced_calls=extra[n]["entries"], peak_pending_tasks=extra[n]["peak_pending_tasks"])
                 print(f"[rep {rep}] {n} {c}: {t:.3f}s", file=sys.stderr)
     print(f"\n### Interception overhead ({time.strftime('%Y-%m-%d')}, medians of {a.reps} runs, 2 vCPUs, TCG)\n")
     print("| workload | no plugin (s) | plugin, nothing monitored | monitored by vmsight | strace -f in guest | strace overhead / vmsight overhead | syscalls traced |")
@@ -100,6 +110,7 @@ def main():
         print(f"| {n} | {base:.2f} | {m['plugin-idle']:.2f} ({ov['plugin-idle']:+.1f}%) | {m['monitored']:.2f} ({ov['monitored']:+.1f}%) "
               f"| {m['strace']:.2f} ({ov['strace']:+.1f}%) | {ratio:.1f}x | {extra[n].get('entries')} |")
     print("\nraw:", json.dumps(res))
+    rec.write(summary={"traced": extra})
 
 
 if __name__ == "__main__":

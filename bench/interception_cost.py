@@ -23,7 +23,10 @@ Configurations, rotated within each repetition:
 Prints, per workload, the medians and the median of the per-repetition ratios to the
 no-plugin boot of the same repetition.
 
-  bench/interception_cost.py [--reps N] [--files N] [--configs no-plugin,insights]
+  bench/interception_cost.py [--reps N] [--files N] [--configs no-plugin,insights] [--out PATH]
+
+Every boot's numbers (host CPU and guest seconds per workload) go to
+bench/results/interception_cost.json (--out).
 """
 import argparse
 import os
@@ -36,6 +39,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
 from trees import ext4, make_tree_tar  # noqa: E402
 from vmproc import marked_run  # noqa: E402
+import results as bench_results  # noqa: E402
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 VMSIGHT = os.environ.get("VMSIGHT", os.path.join(REPO, "target", "release", "vmsight"))
@@ -116,6 +120,10 @@ def report(res, configs, reps):
                 row += f" {med:.2f} | {pct(med / b)} ({pct(paired)}) |"
             print(row)
     print("\nraw (cpu s, wall s):", res)
+    # The medians of the per-repetition ratios to no-plugin, as printed in brackets.
+    return {n: {c: {metric: statistics.median(x[m] / y[m] for x, y in zip(res[c][n], res["no-plugin"][n]))
+                    for m, metric in ((0, "host_cpu_s"), (1, "guest_s"))} for c in others}
+            for n in WORKLOADS}
 
 
 def main():
@@ -123,10 +131,13 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--files", type=int, default=100000)
     ap.add_argument("--configs", default="no-plugin,insights")
+    bench_results.add_out_option(ap, "interception_cost")
     a = ap.parse_args()
     configs = a.configs.split(",")
     if "no-plugin" not in configs or any(c not in CONFIGS for c in configs):
         sys.exit(f"--configs: a list of {CONFIGS} that includes no-plugin")
+    rec = bench_results.Recorder("interception_cost", a, out=a.out, keys=["workload", "config"],
+                                 baseline="no-plugin")
     res = {c: {n: [] for n in WORKLOADS} for c in configs}
     with tempfile.TemporaryDirectory(prefix="bench-icost-") as tmp:
         tree = os.path.join(tmp, "tree.tar")
@@ -137,10 +148,12 @@ def main():
             for c in configs[k:] + configs[:k]:
                 for n, v in run_once(c, tree, tmp).items():
                     res[c][n].append(v)
+                    rec.rep(workload=n, config=c, rep=rep, host_cpu_s=v[0], guest_s=v[1])
                 print(f"[rep {rep}] {c}: " + ", ".join(
                     f"{n} cpu {res[c][n][-1][0]:.2f}s wall {res[c][n][-1][1]:.2f}s"
                     for n in WORKLOADS), file=sys.stderr)
-    report(res, configs, a.reps)
+    paired = report(res, configs, a.reps)
+    rec.write(summary={"paired_ratio": paired, "tree_file_bytes": total})
 
 
 if __name__ == "__main__":

@@ -20,7 +20,10 @@ Workloads:
   find        find /usr -xdev four times: kernel-heavy (path walks, getdents, page cache)
   sha256      sha256sum of a 48 MiB file in the page cache, three times: user-heavy
 
-  bench/plugin_idle.py [--reps N]      (default 10)
+  bench/plugin_idle.py [--reps N] [--out PATH]     (default 10 repetitions)
+
+Every boot's numbers (host CPU and guest seconds per workload) go to
+bench/results/plugin_idle.json (--out).
 """
 import argparse
 import os
@@ -30,6 +33,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
 from vmproc import marked_run  # noqa: E402
+import results as bench_results  # noqa: E402
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 VMSIGHT = os.environ.get("VMSIGHT", os.path.join(REPO, "target", "release", "vmsight"))
@@ -66,13 +70,17 @@ def pct(x):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=10)
+    bench_results.add_out_option(ap, "plugin_idle")
     a = ap.parse_args()
+    rec = bench_results.Recorder("plugin_idle", a, out=a.out, keys=["workload", "config"],
+                                 baseline="no-plugin")
     res = {c: {n: [] for n in WORKLOADS} for c in CONFIGS}
     for rep in range(a.reps):
         k = rep % len(CONFIGS)
         for c in CONFIGS[k:] + CONFIGS[:k]:
             for n, v in run_once(c).items():
                 res[c][n].append(v)
+                rec.rep(workload=n, config=c, rep=rep, host_cpu_s=v[0], guest_s=v[1])
             print(f"[rep {rep}] {c}: " + ", ".join(
                 f"{n} cpu {res[c][n][-1][0]:.2f}s wall {res[c][n][-1][1]:.2f}s" for n in WORKLOADS),
                 file=sys.stderr)
@@ -94,6 +102,11 @@ def main():
                   f"| {med['counting']:.2f} | {pct(med['counting'] / med['no-plugin'])} "
                   f"({pct(paired['counting'])}) |")
     print("\nraw (cpu s, wall s):", res)
+    # The medians of the per-repetition ratios to no-plugin, as printed in brackets.
+    paired = {n: {c: {metric: statistics.median(x[m] / b[m] for x, b in zip(res[c][n], res["no-plugin"][n]))
+                      for m, metric in ((0, "host_cpu_s"), (1, "guest_s"))} for c in CONFIGS}
+              for n in WORKLOADS}
+    rec.write(summary={"paired_ratio": paired})
 
 
 if __name__ == "__main__":

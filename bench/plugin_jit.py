@@ -7,8 +7,11 @@ after the workload (48 MiB of sha256sum three times, find /usr) the guest prints
 sleeps while the script asks `info jit`. Translation-block counts differ a little from boot
 to boot; the average host code per block is what the plugin's instrumentation changes.
 
-  bench/plugin_jit.py
+  bench/plugin_jit.py [--out PATH]
+
+The counts of every configuration go to bench/results/plugin_jit.json (--out).
 """
+import argparse
 import os
 import socket
 import subprocess
@@ -23,6 +26,8 @@ WORKLOAD = ("dd if=/dev/urandom of=/tmp/f bs=1M count=48 2>/dev/null; "
             "for i in 1 2 3; do sha256sum /tmp/f >/dev/null; done; find /usr -xdev >/dev/null; "
             "echo READY; sleep 30")
 CONFIGS = {"no-plugin": ["--no-plugin"], "dormant": [], "counting": ["--count-syscalls"]}
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
+import results as bench_results  # noqa: E402
 
 
 def wrapper(tmp):
@@ -87,11 +92,17 @@ def jit(config):
 
 
 def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    bench_results.add_out_option(ap, "plugin_jit")
+    a = ap.parse_args()
+    rec = bench_results.Recorder("plugin_jit", a, out=a.out, baseline="no-plugin")
     print("| configuration | translation blocks | guest bytes per block | host bytes per block |")
     print("|---|---|---|---|")
     for c in CONFIGS:
         v = jit(c)
         print(f"| {c} | {v['blocks']} | {v['guest_bytes']} | {v['host_bytes']} |")
+        rec.rep(config=c, rep=0, **v)
+    rec.write()
 
 
 if __name__ == "__main__":

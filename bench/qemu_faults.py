@@ -36,7 +36,9 @@ root, `make qemu11`).
 
 Writes bench/results/qemu_faults-MODE.json (commit, command, date, load, every run) and prints
 a Markdown table: runs, faults, fault rate, and for a configuration without a fault the 95 %
-upper bound of its rate (3/n).
+upper bound of its rate (3/n). The file has the fields of every bench's results
+(bench/lib/results.py, bench/README.md); its runs are listed both as `runs` (as before) and as
+`reps` (as in every results file).
 """
 import argparse
 import json
@@ -59,6 +61,8 @@ exec qemu-system-x86_64 -device intel-iommu,intremap=on,eim=on "$@"
 """
 X2APIC_QEMU = os.path.join(tempfile.gettempdir(), f"vmsight-qemu-faults-{os.getuid()}",
                            "qemu-system-x86_64")
+sys.path.insert(0, os.path.join(REPO, "bench", "lib"))
+import results as bench_results  # noqa: E402
 
 CONFIGS = {
     "qemu10": ["--qemu", "system", "--tcg-threads", "multi"],
@@ -190,14 +194,21 @@ def write_x2apic_wrapper():
     os.chmod(X2APIC_QEMU, 0o700)
 
 
+SESSION_FIELDS = ("commit", "command", "date", "load_before")
+
+
 def resume(out, fresh):
     """The earlier document at `out`, its sessions listed, ready to take more runs."""
     with open(out) as f:
         old = json.load(f)
     sessions = old.pop("sessions", None) or [
-        {k: old.get(k) for k in ("commit", "command", "date", "load_before", "minutes")}]
-    sessions.append({k: fresh[k] for k in ("commit", "command", "date", "load_before")})
-    old.update({k: fresh[k] for k in ("commit", "command", "date", "load_before")})
+        {k: old.get(k) for k in SESSION_FIELDS + ("minutes",)}]
+    sessions.append({k: fresh[k] for k in SESSION_FIELDS})
+    old.pop("dirty", None)
+    # This session's header (commit, command, date, load, host, params); the runs carry on.
+    old.update({k: v for k, v in fresh.items() if k not in ("runs", "reps")})
+    old["runs"] = old.get("runs") or old.get("reps") or []
+    old["reps"] = old["runs"]
     old["sessions"] = sessions
     old["minutes_before"] = old.get("minutes") or 0
     return old
@@ -225,16 +236,11 @@ def main():
     for c in configs:
         if c not in CONFIGS:
             sys.exit(f"qemu_faults: unknown configuration {c} (known: {', '.join(CONFIGS)})")
-    out = a.out or os.path.join(REPO, "bench", "results", f"qemu_faults-{a.mode}.json")
-    commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True).stdout.strip()
-    with open("/proc/loadavg") as f:
-        load = f.read().strip()
-    doc = {"bench": "qemu_faults", "mode": a.mode, "commit": commit,
-           "command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                                 time.gmtime()),
-           "load_before": load, "toggles_per_vm": a.toggles if a.mode == "stress" else None,
-           "runs": []}
+    out = a.out or bench_results.default_path("qemu_faults", a.mode)
+    doc = bench_results.header("qemu_faults", a)
+    doc.update({"mode": a.mode, "keys": ["config"], "metrics": bench_results.QEMU_FAULTS_METRICS,
+                "toggles_per_vm": a.toggles if a.mode == "stress" else None, "runs": []})
+    doc["reps"] = doc["runs"]  # the same list: `runs` as before, `reps` as in every results file
     if a.resume and os.path.exists(out):
         doc = resume(out, doc)
     done = {c: sum(r["config"] == c for r in doc["runs"]) for c in configs}
@@ -258,23 +264,26 @@ def main():
             done[c] += 2
         doc["summary"] = {c: summary(doc["runs"], c)
                           for c in sorted({r["config"] for r in doc["runs"]})}
-        with open(out, "w") as f:
-            json.dump(doc, f, indent=1)
+        doc["load_after"] = bench_results.loadavg()
+        bench_results.write_json(out, doc)
     doc["minutes"] = round(doc.get("minutes_before", 0) + (time.time() - started) / 60, 1)
     doc.pop("minutes_before", None)
-    with open(out, "w") as f:
-        json.dump(doc, f, indent=1)
-    print(f"\n{a.mode}: up to {a.runs} VMs per configuration, two at a time, "
-          f"{doc['minutes']} min; {out}\n")
-    print("| configuration | VMs | aborts | stalls | other | faulted VMs | rate (95 % bound "
-          "if none) | misdirected reads | toggles |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    doc["load_after"] = bench_results.loadavg()
+    doc.setdefault("summary", {})
+    lines = [f"\n{a.mode}: up to {a.runs} VMs per configuration, two at a time, "
+             f"{doc['minutes']} min; {out}\n",
+             "| configuration | VMs | aborts | stalls | other | faulted VMs | rate (95 % bound "
+             "if none) | misdirected reads | toggles |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for c in doc["summary"]:
         s = doc["summary"][c]
         bad = s["abort"] + s["stall"] + s["other"]
         rate = f"{bad / s['runs']:.3f}" if bad else f"0 (< {3 / s['runs']:.3f})"
-        print(f"| {c} | {s['runs']} | {s['abort']} | {s['stall']} | {s['other']} | {bad} | "
-              f"{rate} | {s['misdirected']} of {s['reads']} | {s['toggles']} |")
+        lines.append(f"| {c} | {s['runs']} | {s['abort']} | {s['stall']} | {s['other']} | {bad} | "
+                     f"{rate} | {s['misdirected']} of {s['reads']} | {s['toggles']} |")
+    print("\n".join(lines))
+    doc["tables"] = bench_results.parse_tables("\n".join(lines))
+    bench_results.write_json(out, doc)
 
 
 if __name__ == "__main__":

@@ -176,10 +176,12 @@ def split_row(line):
 
 
 def parse_tables(text):
-    """Every Markdown table in text: [{"title", "columns", "rows"}]. The title is the nearest
-    non-blank line above the table (headings' #s removed), "" if there is none."""
+    """Every Markdown table in text: [{"title", "columns", "rows"}, plus "heading"]. The title
+    is the nearest non-blank line above the table (a heading's #s removed), "" if there is
+    none; "heading" is the last Markdown heading since the previous table, when it is not the
+    title itself."""
     lines = text.splitlines()
-    out, i, last_text = [], 0, ""
+    out, i, last_text, heading = [], 0, "", ""
     while i < len(lines):
         line = lines[i].strip()
         nxt = lines[i + 1].strip() if i + 1 < len(lines) else ""
@@ -189,12 +191,17 @@ def parse_tables(text):
             while j < len(lines) and lines[j].strip().startswith("|"):
                 rows.append(split_row(lines[j]))
                 j += 1
-            out.append({"title": last_text, "columns": cols, "rows": rows})
-            last_text = ""
+            table = {"title": last_text, "columns": cols, "rows": rows}
+            if heading and heading != last_text:
+                table["heading"] = heading
+            out.append(table)
+            last_text = heading = ""
             i = j
             continue
         if line:
             last_text = line.lstrip("#").strip()
+            if line.startswith("#"):
+                heading = last_text
         i += 1
     return out
 

@@ -50,6 +50,14 @@ class Tables(unittest.TestCase):
         self.assertEqual(t[1]["title"], 'raw: {"x": 1}')
         self.assertEqual(t[1]["rows"], [["8", "0.036"]])
 
+    def test_heading_above_a_caption(self):
+        t = results.parse_tables("### find, disk model hdd\ncache 64 MiB\n\n| a |\n|---|\n| 1 |\n"
+                                 "# second\n| b |\n|---|\n")
+        self.assertEqual((t[0]["title"], t[0]["heading"]), ("cache 64 MiB", "find, disk model hdd"))
+        self.assertEqual(t[1]["title"], "second")
+        self.assertNotIn("heading", t[1])
+        self.assertEqual(t[1]["rows"], [])
+
     def test_empty_cells_and_no_table(self):
         t = results.parse_tables("| a | b | c |\n|---|---|---|\n| x |  | z |\n")
         self.assertEqual(t[0]["rows"], [["x", "", "z"]])
