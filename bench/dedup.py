@@ -20,7 +20,10 @@ once with a cache as large as the metadata (cold misses = pages touched) on the 
 system; the caches are 1 % and 10 % of it (at least 8 pages).
 
 Usage: bench/dedup.py [--mib 16] [--reps 1] [--models hdd,ssd] [--caches 1,10]
-                      [--workloads cp,gpg] [--json out.json]
+                      [--workloads cp,gpg] [--json out.json] [--out PATH]
+
+Every run (seconds, CPU, modelled disk time, the volume's counters) goes to
+bench/results/dedup.json (--out), with the medians; --json still writes the bare list of runs.
 """
 
 import argparse
@@ -36,6 +39,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VMSIGHT = os.path.join(ROOT, "target", "release", "vmsight")
+sys.path.insert(0, os.path.join(ROOT, "bench", "lib"))
+import results as bench_results  # noqa: E402
 VOL_MIB = 256
 
 
@@ -169,6 +174,12 @@ def report(wl, model, pct, cache_kib, rows):
                 f"unique {t.get('unique_hints')} copy-reads {t.get('copy_hints')} "
                 f"meta-reads {t.get('meta_pages_read')} commits {t.get('meta_commits')}")
     print(" | ".join(line), flush=True)
+    out = {"seconds": med, "cpu_seconds": cpu, "modelled_disk_s": mod}
+    if "unhinted" in med and "hinted" in med:
+        out["speedup"] = med["unhinted"] / med["hinted"]
+    if "hinted" in med and "plain" in med:
+        out["hinted_over_plain"] = med["hinted"] / med["plain"]
+    return out
 
 
 def main():
@@ -181,27 +192,36 @@ def main():
     ap.add_argument("--systems", default="unhinted,hinted,plain",
                     help="also: plain-insights (a plain disk with the same interception)")
     ap.add_argument("--json")
+    bench_results.add_out_option(ap, "dedup")
     a = ap.parse_args()
     systems = a.systems.split(",")
     results = []
+    rec = bench_results.Recorder(
+        "dedup", a, out=a.out, keys=["workload", "model", "cache_pct", "system"], baseline={"system": "plain"},
+        metrics=["seconds", "cpu_seconds", "modelled_disk_s", "timed.index_lookups", "timed.hint_hits",
+                 "timed.unique_hints", "timed.copy_hints", "timed.meta_pages_read", "timed.meta_commits"])
+    summary = {}
     with tempfile.TemporaryDirectory(prefix="vmsight-dedup-bench-") as tmp:
         for wl in a.workloads.split(","):
             src = input_dir(tmp, a.mib)
             peak = peak_pages(tmp, src, wl)
             print(f"# {wl}: peak metadata {peak} pages ({peak * 4} KiB)", flush=True)
+            summary[f"{wl}/peak_metadata_pages"] = peak
             for model in a.models.split(","):
                 for pct in [float(c) for c in a.caches.split(",")]:
                     cache_kib = max(8, int(peak * pct / 100 + 0.999)) * 4
                     rows = {s: [] for s in systems}
-                    for _ in range(a.reps):
+                    for rep in range(a.reps):
                         for system in systems:
                             r = run_vm(tmp, src, system, model, cache_kib, wl)
                             r["cache_pct"] = pct
                             rows[system].append(r)
                             results.append(r)
-                    report(wl, model, pct, cache_kib, rows)
+                            rec.add(dict(r, rep=rep, modelled_disk_s=modelled_s(r)))
+                    summary[f"{wl}/{model}/{pct:g}%"] = report(wl, model, pct, cache_kib, rows)
     if a.json:
         json.dump(results, open(a.json, "w"), indent=1)
+    rec.write(summary=summary)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 index size and crawl speed. Baselines run in the same invocation; results are printed as
 Markdown with ratios. Nothing is asserted.
 
-  bench/filestream.py [--reps N] [--lines N] [--skip latency,slowdown,crawl]
+  bench/filestream.py [--reps N] [--lines N] [--skip latency,slowdown,crawl] [--out PATH]
 
 - latency: a guest appends lines carrying its CLOCK_REALTIME (ns) to a file, with `sync` after
   each line and without (default writeback); a `vmsight watch --json --data` subscriber on the
@@ -18,6 +18,9 @@ Markdown with ratios. Nothing is asserted.
   compiler) and a dpkg install of a 2000-file package on the root disk. Guest-side wall time.
 - crawl: bench/fsview-crawl.sh on the default root image, plus a crawl of an image made with
   `mkfs.ext4 -d` from the host's /usr/share (bytes per inode, seconds per GB of used space).
+
+Every measurement (each line's latency, each workload's time per configuration and repetition,
+each crawl) goes to bench/results/filestream.json (--out).
 """
 import argparse
 import base64
@@ -33,6 +36,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
 import peers  # noqa: E402
+import results as bench_results  # noqa: E402
 
 VMSIGHT = peers.VMSIGHT
 
@@ -64,7 +68,8 @@ LINE_RE = re.compile(rb"L (sync|async) (\d+) (\d+)\n")
 
 
 def latency_run(a):
-    """Runs the latency benchmark and returns rows of (mode, n, p50, p99, max) in ms."""
+    """Runs the latency benchmark and returns rows of (mode, n, p50, p99, max) in ms, the guest
+    clock offset and its error (ms), and every line's latency per mode (ms)."""
     name = f"bench-lat-{os.getpid()}"
     rounds = 15
     script = LAT_SCRIPT.format(rounds=rounds, lines=a.lines, settle=40)
@@ -129,11 +134,12 @@ def latency_run(a):
     time.sleep(1)
     watch.terminate()
     watch.wait()
-    rows = []
+    rows, lats = [], {}
     for mode in ("sync", "async"):
         lat = [(t - (g - offset)) / 1e6 for (m, _), (t, g) in first.items() if m == mode]
+        lats[mode] = lat
         rows.append((mode, len(lat), a.lines, pct(lat, 50), pct(lat, 99), max(lat) if lat else None))
-    return rows, offset / 1e6, rtt / 2e6
+    return rows, offset / 1e6, rtt / 2e6, lats
 
 
 # --------------------------------------------------------------------------------------------
@@ -202,7 +208,7 @@ WORKLOADS = ["bonnie", "postmark", "andrew", "dpkg"]
 CONFIGS = {"no-stream": ["--no-stream"], "stream": [], "stream-q1": ["--stream-queue-mb", "1"]}
 
 
-def slowdown(a, tmp):
+def slowdown(a, tmp, rec):
     script = SLOW_SCRIPT.format(postmark=POSTMARK.strip())
     res = {c: {w: [] for w in WORKLOADS} for c in CONFIGS}
     drops = {c: [] for c in CONFIGS}
@@ -226,6 +232,10 @@ def slowdown(a, tmp):
             nob = sum(((x.get("tap") or {}).get("bytes_without_data", 0)) for x in disks)
             drops[c].append(d)
             nobytes[c].append(nob)
+            for w in WORKLOADS:
+                rec.rep(part="slowdown", workload=w, config=c, rep=rep, guest_s=got.get(w))
+            rec.rep(part="slowdown", workload="(whole run)", config=c, rep=rep, wall_s=r["t_exit"],
+                    dropped_data_bytes=d, bytes_without_data=nob)
             print(f"[rep {rep}] {c}: " + ", ".join(f"{w} {got.get(w, 0):.1f}s" for w in WORKLOADS)
                   + f", dropped {d / 2**20:.1f} MiB, queued without bytes {nob / 2**20:.1f} MiB", file=sys.stderr)
     return res, drops, nobytes
@@ -300,15 +310,23 @@ def main():
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--lines", type=int, default=100)
     ap.add_argument("--skip", default="")
+    bench_results.add_out_option(ap, "filestream")
     a = ap.parse_args()
     skip = set(filter(None, a.skip.split(",")))
+    rec = bench_results.Recorder("filestream", a, out=a.out, keys=["part", "workload", "config"],
+                                 baseline="no-stream")
+    summary = {}
     raw = {}
     print(f"\n### File-update streaming ({time.strftime('%Y-%m-%d')}, `bench/filestream.py --reps {a.reps} "
           f"--lines {a.lines}`)\n")
     with tempfile.TemporaryDirectory(prefix="bench-filestream-") as tmp:
         if "latency" not in skip:
-            rows, off, err = latency_run(a)
+            rows, off, err, lats = latency_run(a)
             raw["latency"] = rows
+            for mode, n, total, p50, p99, mx in rows:
+                rec.rep(part="latency", workload="append", config=mode, rep=0, lines_seen=n, lines_written=total,
+                        p50_ms=p50, p99_ms=p99, max_ms=mx, latency_ms=lats[mode], clock_offset_ms=off,
+                        clock_offset_err_ms=err)
             print(f"Latency from a guest append to the `write` event at a `vmsight watch --json --data` subscriber "
                   f"(guest clock offset {off:.1f} ms subtracted, +-{err:.1f} ms):\n")
             print("| guest | lines seen / written | p50 (ms) | p99 (ms) | max (ms) |")
@@ -319,7 +337,7 @@ def main():
                 print(f"| {label} | {n} / {total} | {f(p50)} | {f(p99)} | {f(mx)} |")
             print()
         if "slowdown" not in skip:
-            res, drops, nobytes = slowdown(a, tmp)
+            res, drops, nobytes = slowdown(a, tmp, rec)
             raw["slowdown"] = res
             raw["drops"] = drops
             raw["without_bytes"] = nobytes
@@ -342,6 +360,7 @@ def main():
                       + " | " + " | ".join(cells) + " |")
             for c, label in (("stream", "streaming"), ("stream-q1", "streaming, queue 1 MiB")):
                 if sl[c]:
+                    summary[f"{c}_slowdown"] = {"average": statistics.mean(sl[c]), "worst": max(sl[c])}
                     print(f"\n{label}: average slowdown {statistics.mean(sl[c]) * 100:+.1f}%, "
                           f"worst {max(sl[c]) * 100:+.1f}%; data dropped per run (MiB): "
                           f"{[round(d / 2**20, 1) for d in drops[c]]}, queued without bytes (re-read from the "
@@ -355,8 +374,11 @@ def main():
             print("|---|---|---|---|---|---|---|---|")
             for label, cache, ino, gb, t, tpg, mem, ser in rows:
                 print(f"| {label} | {cache} | {ino} | {gb:.2f} | {t:.3f} | {tpg:.3f} | {mem:.1f} | {ser:.1f} |")
+                rec.rep(part="crawl", workload=label, config=cache, rep=0, inodes=ino, used_gb=gb, crawl_s=t,
+                        s_per_used_gb=tpg, index_bytes_per_inode=mem, serialised_bytes_per_inode=ser)
             print("\nGamma-Ray (paper, not re-runnable here): 323 B/file raw, 34 B compressed, ~20 s for 6 GB.")
     print("\nraw:", json.dumps(raw))
+    rec.write(summary=summary)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,9 @@ Prints a Markdown table: medians of the guest-timed job times, each relative to 
 time, and host CPU seconds (getrusage of vmsight + QEMU) per run.
 
   bench/foxyidle.py [--tree-mib 64] [--intervals 5,10,15,20] [--reps 1] [--schedulers]
-                    [--figs] [--seq-mib 64] [--verbose]
+                    [--figs] [--seq-mib 64] [--verbose] [--out PATH]
+
+Every run (job times, host CPU, held reads) goes to bench/results/foxyidle.json (--out).
 """
 import argparse
 import os
@@ -30,6 +32,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
 from peers import children_cpu_s, run_vmsight  # noqa: E402
+import results as bench_results  # noqa: E402
 
 CACHE = os.path.join(os.environ.get("VMSIGHT_CACHE", os.path.expanduser("~/.cache/vmsight")), "bench")
 SOURCES = ["/usr/include", "/usr/share/perl", "/usr/lib/python3"]
@@ -162,14 +165,23 @@ def main():
     ap.add_argument("--schedulers", action="store_true")
     ap.add_argument("--figs", action="store_true")
     ap.add_argument("--verbose", action="store_true")
+    bench_results.add_out_option(ap, "foxyidle")
     a = ap.parse_args()
+    # Rows: the Table 3 rows (group table3) and each figure's rows (group fig7-seq, fig8-rand),
+    # each against its group's standalone row, as printed.
+    rec = bench_results.Recorder("foxyidle", a, out=a.out, keys=["group", "config"], baseline="standalone")
     img = tree_image(a.tree_mib, a.seq_mib)
     intervals = [int(x) for x in a.intervals.split(",") if x]
     rows = rows_for(intervals, ["none", "mq-deadline", "bfq", "kyber"] if a.schedulers else [], a.figs)
     results = {r["name"]: [] for r in rows}
-    for _ in range(a.reps):
+    for rep in range(a.reps):
         for row in rows:  # interleaved: one of each configuration per repetition
             results[row["name"]].append(run_row(img, row, a.verbose))
+            r = results[row["name"]][-1]
+            fig, _, rest = row["name"].partition("/")
+            group, config = (fig, rest) if fig.startswith("fig") else ("table3", row["name"])
+            rec.rep(group=group, config=config, rep=rep, fg_s=r["fg"], bg_s=r["bg"], host_cpu_s=r["cpu"],
+                    held=r["held"])
     med = {k: {m: statistics.median(x[m] for x in v) for m in ("fg", "bg", "cpu", "held")}
            for k, v in results.items()}
     print(f"machine load: {os.getloadavg()[0]:.2f}; date {time.strftime('%Y-%m-%d %H:%M')}; "
@@ -182,6 +194,7 @@ def main():
         m = med[k]
         print(f"| {k} | {m['fg']:.2f} | {m['bg']:.2f} | {m['fg'] / base['fg']:.2f}x | "
               f"{m['bg'] / base['bg']:.2f}x | {int(m['held'])} | {m['cpu']:.1f} |")
+    rec.write(summary={"medians": med})
 
 
 if __name__ == "__main__":

@@ -22,7 +22,10 @@ smoothed RTT starts from the handshake's sample and decays with a 1/8 gain, so i
 samples are not queueing delay), and with FoxyVegas the ACKs rewritten. The paper sent 400 MB per run; --secs scales that down (20 s = 40 MB at 2000 KB/s).
 
   bench/foxyvegas.py [--ccs cubic,reno,bic,bbr,vegas,westwood] [--secs 20] [--reps 1]
-                     [--rate 2000] [--queue 6000] [--delay-ms 10] [--verbose]
+                     [--rate 2000] [--queue 6000] [--delay-ms 10] [--verbose] [--out PATH]
+
+Every run (throughput, retransmissions, RTT percentiles and every RTT sample, ACKs rewritten)
+goes to bench/results/foxyvegas.json (--out).
 """
 import argparse
 import json
@@ -36,6 +39,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
 from vmproc import wait_net  # noqa: E402
+import results as bench_results  # noqa: E402
 
 VMSIGHT = os.environ.get("VMSIGHT", os.path.join(os.path.dirname(__file__), "..", "target", "release", "vmsight"))
 # `ss` sampling period in the sender guest, and the start left out of the steady-state p99.
@@ -116,7 +120,8 @@ def sender_run(a, cc, foxy, tmp):
             # 1/8 gain; the p99 after the first WARMUP_S seconds leaves that start out.
             "rtt99w": pct(rtts[int(WARMUP_S / SAMPLE_S):], 99), "first": rtts[:3],
             "minrtt": min(minrtts) if minrtts else float("nan"),
-            "rewrites": fv.get("rewrites", 0), "base_rtt_us": fv.get("lowest_base_rtt_us", 0)}
+            "rewrites": fv.get("rewrites", 0), "base_rtt_us": fv.get("lowest_base_rtt_us", 0),
+            "rtts": rtts}
 
 
 def main():
@@ -128,7 +133,9 @@ def main():
     ap.add_argument("--queue", type=int, default=6000, help="bottleneck queue KB")
     ap.add_argument("--delay-ms", type=int, default=10)
     ap.add_argument("--verbose", action="store_true")
+    bench_results.add_out_option(ap, "foxyvegas")
     a = ap.parse_args()
+    rec = bench_results.Recorder("foxyvegas", a, out=a.out, keys=["cc", "config"], baseline="off")
     ccs = (ALL_CCS if a.ccs == "all" else a.ccs).split(",")
     tmp = tempfile.mkdtemp(prefix="bench-fv-")
     rcv = subprocess.Popen([VMSIGHT, "run", "--name", "fvr",
@@ -148,6 +155,10 @@ def main():
                 for foxy in ([False, True] if rep % 2 == 0 else [True, False]):
                     r = sender_run(a, cc, foxy, tmp)
                     rows.setdefault((cc, foxy), []).append(r)
+                    rec.rep(cc=cc, config="on" if foxy else "off", rep=rep, kBps=r["kBps"], retr=r["retr"],
+                            rtt_p50_ms=r["rtt50"], rtt_p99_ms=r["rtt99"], rtt_p99_after_warmup_ms=r["rtt99w"],
+                            min_rtt_ms=r["minrtt"], samples=r["samples"], rewrites=r["rewrites"],
+                            base_rtt_us=r["base_rtt_us"], rtt_samples_ms=r["rtts"])
                     print(f"{cc:10} foxy={int(foxy)}: {r['kBps']:.0f} KB/s retr {r['retr']} "
                           f"rtt p50 {r['rtt50']:.1f} p99 {r['rtt99']:.1f} (after {WARMUP_S:.0f} s {r['rtt99w']:.1f}) "
                           f"min {r['minrtt']:.1f} ms ({r['samples']} samples, first {r['first']}) "
@@ -171,6 +182,7 @@ def main():
     if base:
         print(f"\nbase RTT at the device (FoxyVegas, min over flows): median {statistics.median(base)/1000:.1f} ms; "
               "RTT columns are the sender guest's smoothed RTT (ss -ti), ms")
+    rec.write(summary={"device_base_rtt_ms_median": statistics.median(base) / 1000 if base else None})
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ the share (`vmsight hylics NAME resize`), then the guest runs the workload comma
 it prints with `response=SECONDS` is one task. The mean per size is E[X|m] at that size.
 
   bench/hylics-curve.py --sizes 8,16,32,64,128 --out curve.json
-      [--cmd 'GUEST COMMAND'] [--prepare 'GUEST COMMAND'] [--verbose]
+      [--cmd 'GUEST COMMAND'] [--prepare 'GUEST COMMAND'] [--verbose] [--results PATH]
 
 --cmd defaults to the synthetic workload the controller's test and benchmark use
 (`hylics-workload` with a declared curve, at 1 task/s for 30 s, reports off); the script then
@@ -16,6 +16,9 @@ also prints the measured/declared ratio per size, a check of the method (tasks o
 at 1/s: expect a few percent above 1). For a real workload, give a command that runs tasks one
 at a time on files in /hylics and prints `response=SECONDS` per task; --prepare runs once
 before the first size (e.g. to copy the data set into the share).
+
+Every task's response time per size, the means and the curve go to
+bench/results/hylics-curve.json (--results; --out is the curve file).
 """
 import argparse
 import json
@@ -39,6 +42,8 @@ for s in {sizes}; do
 done
 """
 RESPONSE = re.compile(r"response=([0-9.eE+-]+)")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
+import results as bench_results  # noqa: E402
 
 
 def declared(m):
@@ -85,7 +90,9 @@ def main():
     ap.add_argument("--prepare", default="", help="guest command run once before the sizes")
     ap.add_argument("--out", default="curve.json")
     ap.add_argument("--verbose", action="store_true")
+    bench_results.add_out_option(ap, "hylics-curve", flag="--results")
     a = ap.parse_args()
+    rec = bench_results.Recorder("hylics-curve", a, out=a.results, keys=["share_mib"])
     sizes = sorted({int(s) for s in a.sizes.split(",")}, reverse=True)
     load0 = os.getloadavg()[0]
     samples = measure(a, sizes)
@@ -102,12 +109,15 @@ def main():
         mean = statistics.mean(xs)
         points.append({"m_bytes": m << 20, "service_secs": mean})
         row = f"| {m} | {len(xs)} | {mean:.5f} |"
+        one = rec.rep(share_mib=m, rep=0, tasks=len(xs), mean_s=mean, response_s=xs)
         if synthetic:
             row += f" {declared(m):.5f} | {mean / declared(m):.3f} |"
+            one.update(declared_s=declared(m), measured_over_declared=mean / declared(m))
         print(row)
     with open(a.out, "w") as f:
         json.dump({"points": points}, f, indent=1)
     print(f"\nwrote {a.out}")
+    rec.write(summary={"curve": {"points": points}, "curve_file": a.out})
 
 
 if __name__ == "__main__":

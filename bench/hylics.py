@@ -29,7 +29,12 @@ Part "control" (paper §6.4 / Table 3 shape, scaled to minutes): the share-size 
 each mode against a synthetic workload with known E[X|m]; see bench/lib/hylics_control.py.
 
   bench/hylics.py [--parts fs,stream,control] [--reps 3] [--size-mb 64] [--stream-mb 256]
-                  [--control-secs 120] [--verbose]
+                  [--control-secs 120] [--verbose] [--out PATH]
+
+Every run (each fio job's MiB/s, each stream configuration's times, throughput and host CPU,
+each controller run's errors and share sizes) goes to bench/results/hylics.json for the
+default parts, else hylics-PARTS[-COMPUTE].json (e.g. hylics-control.json,
+hylics-stream-ffmpeg.json), or to --out.
 """
 import argparse
 import os
@@ -42,6 +47,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
 from vmproc import TICK, cpu_ticks, descendants, wait_net  # noqa: E402
+import results as bench_results  # noqa: E402
 
 VMSIGHT = os.environ.get("VMSIGHT", os.path.join(os.path.dirname(__file__), "..", "target", "release", "vmsight"))
 BLOCK_SIZES = ["4k", "64k", "1m"]
@@ -262,7 +268,16 @@ def main():
     ap.add_argument("--compute", choices=sorted(COMPUTE), default="gzip", help="the stream part's computation")
     ap.add_argument("--ffmpeg-secs", type=int, default=4, help="length of the video ffmpeg transcodes")
     ap.add_argument("--verbose", action="store_true")
+    bench_results.add_out_option(ap, "hylics", variant_note="[-PARTS[-COMPUTE]]")
     a = ap.parse_args()
+    variant = None
+    if a.parts != "fs,stream" or a.compute != "gzip":
+        variant = "+".join(a.parts.split(","))
+        if a.compute != "gzip" and "stream" in a.parts:
+            variant += f"-{a.compute}"
+    rec = bench_results.Recorder("hylics", a, out=a.out, variant=variant,
+                                 keys=["part", "workload", "bs", "config"], baseline="disk")
+    summary = {}
     if a.compute != "gzip" and "stream" in a.parts:
         a.media_disk = subprocess.run(["bash", os.path.join(os.path.dirname(__file__), "media-disk.sh")],
                                       check=True, capture_output=True, text=True).stdout.strip()
@@ -270,6 +285,10 @@ def main():
     load0 = os.getloadavg()[0]
     if "fs" in parts:
         runs = [run_fs(a, rep) for rep in range(a.reps)]
+        for rep, r in enumerate(runs):
+            for (d, bs, name), mib_s in r.items():
+                rec.rep(part="fs", workload=name, bs=bs, config="hylics" if d == "/hylics" else "disk", rep=rep,
+                        mib_s=mib_s)
         print(f"\nbench/hylics.py --parts fs --reps {a.reps} --size-mb {a.size_mb}; load {load0:.2f} -> {os.getloadavg()[0]:.2f}\n")
         print("| job | bs | /hylics MiB/s | virtual disk MiB/s | hylics / disk |")
         print("|---|---|---|---|---|")
@@ -280,6 +299,12 @@ def main():
                 print(f"| {name} | {bs} | {h:.1f} | {d:.1f} | {h / d:.2f}x |")
     if "stream" in parts:
         runs = [run_stream(a, rep) for rep in range(a.reps)]
+        for rep, r in enumerate(runs):
+            for c in CONFIGS:
+                v = r.get(c, {})
+                rec.rep(part="stream", workload=a.compute, config=c, rep=rep, compute_s=v.get("compute"),
+                        stream_mb_s=v.get("mbps"), host_cpu_s=v.get("cpu"), wall_s=v.get("wall"),
+                        stream_bytes=v.get("bytes"))
         print(f"\nbench/hylics.py --parts stream --reps {a.reps} --stream-mb {a.stream_mb} --seq {a.seq} "
               f"--compute {a.compute} --ffmpeg-secs {a.ffmpeg_secs}; "
               f"load {load0:.2f} -> {os.getloadavg()[0]:.2f}\n")
@@ -299,9 +324,36 @@ def main():
               f"Hylics {rows['both-hylics']['mbps'] / sh:.2f}x of its alone, Hylics-socket "
               f"{rows['both-socket']['mbps'] / so:.2f}x of its alone; Hylics alone / guest alone {sh / sg:.2f}x, "
               f"Hylics-socket alone / guest alone {so / sg:.2f}x")
+        summary["stream"] = {
+            "medians": rows,
+            "compute_under_interference": {c: rows[f"both-{c}"]["compute"] / c0 for c in ("guest", "hylics", "socket")},
+            "stream_under_interference": {"guest": rows["both-guest"]["mbps"] / sg,
+                                          "hylics": rows["both-hylics"]["mbps"] / sh,
+                                          "socket": rows["both-socket"]["mbps"] / so},
+            "alone_over_guest_alone": {"hylics": sh / sg, "socket": so / sg}}
     if "control" in parts:
         import hylics_control
+        record_control_runs(hylics_control, rec, a.control_secs, a.control_workloads)
         hylics_control.run(VMSIGHT, a.reps, a.control_secs, a.verbose, a.control_workloads)
+    rec.write(summary=summary)
+
+
+def record_control_runs(hylics_control, rec, secs, which):
+    """Records every controller run: hylics_control.run keeps them to itself, so its run_one
+    is wrapped (the same calls, the same results) to copy each result into the record."""
+    run_one = hylics_control.run_one
+    names = {spec: name for name, spec in hylics_control.workloads(secs, which).items()}
+    count = {}
+
+    def recorded(vmsight, mode, wl, secs, tmp, verbose):
+        r = run_one(vmsight, mode, wl, secs, tmp, verbose)
+        key = (names.get(wl), mode)
+        count[key] = count.get(key, -1) + 1
+        rec.rep(part="control", workload=names.get(wl), config=mode, rep=count[key], error_s=r["err"],
+                error_over_tau=r["err"] / hylics_control.TAU, mean_response_s=r["r"], mean_share_mib=r["mean_m"],
+                peak_share_mib=r["peak_m"], replayed=r["replayed"], tasks=r["tasks"], decisions=r["decisions"])
+        return r
+    hylics_control.run_one = recorded
 
 
 if __name__ == "__main__":

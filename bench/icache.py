@@ -17,7 +17,10 @@ Configurations per disk model (hdd, ssd; the model applies to every extra disk):
 Prints a Markdown table: phase times, the speedup of priority over lru, hit rates by class.
 
   bench/icache.py [--files N] [--cache-mib M] [--rows R] [--only find,sqlite] [--models hdd,ssd]
-                  [--configs nocache,lru,lru+insights,priority] [--reps N] [--verbose]
+                  [--configs nocache,lru,lru+insights,priority] [--reps N] [--verbose] [--out PATH]
+
+Every run (phase times in the guest, host wall time, the cache's counters) goes to
+bench/results/icache.json (--out).
 """
 import argparse
 import json
@@ -30,6 +33,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
 from trees import ext4, make_tree_tar  # noqa: E402
+import results as bench_results  # noqa: E402
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 VMSIGHT = os.environ.get("VMSIGHT", os.path.join(REPO, "target", "release", "vmsight"))
@@ -146,7 +150,11 @@ def main():
     ap.add_argument("--configs", default="nocache,lru,lru+insights,priority")
     ap.add_argument("--reps", type=int, default=1, help="runs per configuration (median)")
     ap.add_argument("--verbose", action="store_true", help="print every run's cache counters")
+    bench_results.add_out_option(ap, "icache")
     a = ap.parse_args()
+    rec = bench_results.Recorder("icache", a, out=a.out, keys=["workload", "model", "config"],
+                                 baseline="lru")
+    speedups = {}
     configs = a.configs.split(",")
     print(f"# bench/icache.py --files {a.files} --cache-mib {a.cache_mib} --rows {a.rows} --reps {a.reps}, "
           f"{time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} host CPUs")
@@ -161,7 +169,7 @@ def main():
                 runs = {c: [] for c in configs}
                 # Repetitions interleave the configurations, so slow phases of a shared
                 # machine spread over all of them.
-                for _ in range(a.reps):
+                for rep in range(a.reps):
                     for config in configs:
                         img = os.path.join(tmp, "target.img")
                         ext4(img, 4096)
@@ -171,6 +179,12 @@ def main():
                             r = run(config, model, a.cache_mib, [img], sqlite_script(a.rows))
                         runs[config].append(r)
                         os.unlink(img)
+                        cache = r["cache"] or {}
+                        rec.rep(workload=wl, model=model, config=config, rep=rep,
+                                **{f"{p}_s": t for p, t in r["times"].items()}, total_s=sum(r["times"].values()),
+                                wall_s=r["wall"], cache_hits=cache.get("hits"), cache_misses=cache.get("misses"),
+                                cache_class_hits={f"c{c['class']}": c["hits"] for c in cache.get("classes", [])},
+                                cache=r["cache"], model_desc=r["model"])
                         print(f"  {wl}/{model}/{config}: {r['times']} wall {r['wall']:.0f}s", file=sys.stderr)
                         if a.verbose:
                             print(f"    cache: {json.dumps(r['cache'])}", file=sys.stderr)
@@ -193,11 +207,14 @@ def main():
                     ratios = ", ".join(f"{p} {lru[p] / pri[p]:.2f}x" for p in phases if pri[p] > 0)
                     print(f"\nspeedup priority vs lru: {ratios}, total "
                           f"{sum(lru.values()) / sum(pri.values()):.2f}x")
+                    speedups[f"{wl}/{model}"] = dict({p: lru[p] / pri[p] for p in phases if pri[p] > 0},
+                                                     total=sum(lru.values()) / sum(pri.values()))
                 if "lru" in rows and "lru+insights" in rows:
                     l0, l1 = rows["lru"]["times"], rows["lru+insights"]["times"]
                     ov = ", ".join(f"{p} {100 * (l1[p] / l0[p] - 1):+.0f}%" for p in phases if l0[p] > 0)
                     print(f"interception overhead (lru+insights vs lru): {ov}")
                 sys.stdout.flush()
+    rec.write(summary={"speedup_priority_vs_lru": speedups})
 
 
 if __name__ == "__main__":

@@ -11,7 +11,10 @@ plain frames). Per configuration and repetition (interleaved), in one fresh gues
 Host CPU: utime+stime of QEMU and vmsight (all threads, /proc/PID/stat) over each iperf3 run,
 per GB moved. Prints a Markdown table of medians and the vmsight/QEMU ratios.
 
-  bench/net.py [--reps 3] [--secs 10] [--offload on|off] [--verbose]
+  bench/net.py [--reps 3] [--secs 10] [--offload on|off] [--verbose] [--out PATH]
+
+Every run (throughput both ways, host CPU per direction, every ping RTT) goes to
+bench/results/net.json (--out).
 """
 import argparse
 import json
@@ -24,6 +27,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
 from vmproc import TICK, cpu_ticks  # noqa: E402
+import results as bench_results  # noqa: E402
 
 VMSIGHT = os.environ.get("VMSIGHT", os.path.join(os.path.dirname(__file__), "..", "target", "release", "vmsight"))
 
@@ -97,13 +101,21 @@ def main():
     ap.add_argument("--secs", type=int, default=10)
     ap.add_argument("--offload", choices=["on", "off"], default="on")
     ap.add_argument("--verbose", action="store_true")
+    bench_results.add_out_option(ap, "net")
     a = ap.parse_args()
+    rec = bench_results.Recorder("net", a, out=a.out, baseline="qemu")
     configs = ["vmsight", "qemu"]
     runs = {c: [] for c in configs}
     for rep in range(a.reps):
         for c in (configs if rep % 2 == 0 else configs[::-1]):
             r = run_one(c, a, rep)
             runs[c].append(r)
+            gb = {k: r["bps"][k] * a.secs / 8e9 for k in ("tx", "rx")}
+            rec.rep(config=c, rep=rep, tx_mbit_s=r["bps"]["tx"] / 1e6, rx_mbit_s=r["bps"]["rx"] / 1e6,
+                    rtt_p50_ms=med(r["rtt"]), host_cpu_tx_s=r["cpu"].get("tx"), host_cpu_rx_s=r["cpu"].get("rx"),
+                    cpu_s_per_gb_tx=r["cpu"].get("tx", float("nan")) / gb["tx"] if gb["tx"] else None,
+                    cpu_s_per_gb_rx=r["cpu"].get("rx", float("nan")) / gb["rx"] if gb["rx"] else None,
+                    rtt_ms=r["rtt"])
             print(f"rep {rep} {c}: tx {r['bps']['tx']/1e6:.0f} rx {r['bps']['rx']/1e6:.0f} Mbit/s, "
                   f"rtt p50 {med(r['rtt']):.3f} ms", file=sys.stderr)
 
@@ -129,6 +141,8 @@ def main():
     v, q = rows[0], rows[1]
     print(f"| vmsight / QEMU | {v[1]/q[1]:.2f}x | {v[2]/q[2]:.2f}x | {v[3]/q[3]:.2f}x | {v[4]/q[4]:.2f}x | {v[5]/q[5]:.2f}x |")
     print("\n" + json.dumps({c: runs[c] for c in configs}))
+    rec.write(summary={"medians": {c: dict(zip(("tx_bit_s", "rx_bit_s", "rtt_p50_ms", "cpu_s_per_gb_tx",
+                                                 "cpu_s_per_gb_rx"), row[1:])) for c, row in zip(configs, rows)}})
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ workloads bigger than its memory, with its swap served five ways.
                       [--configs hdd,ramdisk,zram,ideal,bypass]
                       [--cache-sizes 0,64M,128M,256M,512M] [--mem 256M] [--swap-size 512M]
                       [--ideal-mem 1G] [--timeout 1800] [--data canonical|random] [--nohuge]
-                      [--zram-comp ALG] [--args NAME=ARGS ...] [--json FILE]
+                      [--zram-comp ALG] [--args NAME=ARGS ...] [--json FILE] [--out PATH]
 
 Configurations, one VM (2 vCPUs) per configuration, workload and repetition, interleaved
 within each repetition:
@@ -53,6 +53,8 @@ a bound in wall-time terms is known (timeout / the bypass run's wall time), show
 --quick is a smoke run: 1 repetition, a 128 MB guest (vmsight's smallest) with 256 MB of swap,
 192 MiB workloads and caches 0,32M,64M,128M,256M (explicit options still win). VMSIGHT names the vmsight binary
 (default target/release/vmsight).
+
+Every run (as --json has it) and the medians go to bench/results/swapbypass.json (--out).
 """
 import argparse
 import json
@@ -70,6 +72,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
 import peers  # noqa: E402
+import results as bench_results  # noqa: E402
 
 VMSIGHT = os.environ.get("VMSIGHT", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "target",
                                                  "release", "vmsight"))
@@ -473,6 +476,7 @@ def main():
     ap.add_argument("--args", action="append", default=[], metavar="NAME=ARGS",
                     help="extra arguments for one workload, e.g. 'gups=--updates-per-word 0.03125'")
     ap.add_argument("--json", help="write every run's raw results (and the medians) to this file")
+    bench_results.add_out_option(ap, "swapbypass")
     a = ap.parse_args()
     # The VMs run in process groups of their own (so a timeout can stop QEMU too); a SIGTERM
     # must unwind through run_vm to stop the current one, as ^C does.
@@ -501,6 +505,10 @@ def main():
         sys.exit("swapbypass.py: --reps and --timeout must be positive, --workloads not empty")
     cfgs = configs(a)
     check_vmsight(any(c[1] in ("hdd", "ramdisk", "bypass") for c in cfgs))
+    rec = bench_results.Recorder(
+        "swapbypass", a, out=a.out, keys=["workload", "config"], baseline="ramdisk",
+        metrics=["guest_s", "wall_s", "cpu_s", "pswpin", "pswpout", "swap.bypass_loads", "swap.bypass_stores",
+                 "swap.block_reads", "swap.block_writes", "swap.evictions"])
 
     with open("/proc/loadavg") as f:
         print(f"# load before: {f.read().strip()}", flush=True)
@@ -522,6 +530,9 @@ def main():
         print(f"# load after: {f.read().strip()}", flush=True)
     summary = report(a, cfgs, results)
     dump(summary)
+    for r in results:
+        rec.add(r)
+    rec.write(summary={"by_workload": summary})
 
 
 if __name__ == "__main__":

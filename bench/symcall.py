@@ -2,7 +2,7 @@
 """SymCall latency (issue 15; the paper's §7.1: cold 35 us, warm 9 us on 2011 hardware).
 
   bench/symcall.py [--reps N] [--calls N] [--transports doorbell@system,doorbell@trixie,sync@trixie]
-                   [--loads idle,syscalls,spin] [--skip overhead,burst]
+                   [--loads idle,syscalls,spin] [--skip overhead,burst] [--out PATH]
 
 Per transport (doorbell on QEMU 10, doorbell and sync on QEMU 11.1) and guest load (idle; a
 getppid loop, i.e. a guest busy in the kernel; a user-mode spin that enters the kernel only on
@@ -23,6 +23,9 @@ reply), so the control socket's cost is not in it. The same run measures a guest
 QEMU 11 (the synchronous transport instruments every kernel block), and 10 000 echo calls in a
 row without a loss (`--repeat`, each answer checked). Host CPU seconds of QEMU + vmsight per VM
 come from getrusage of the children.
+
+Every VM's numbers (latencies, each isolated call, the burst, the getppid runs) go to
+bench/results/symcall.json (--out).
 """
 import argparse
 import json
@@ -34,6 +37,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
 import peers  # noqa: E402
+import results as bench_results  # noqa: E402
 
 VMSIGHT = os.environ.get("VMSIGHT", os.path.join(os.path.dirname(__file__), "..", "target", "release", "vmsight"))
 LOADS = {
@@ -115,7 +119,8 @@ def latency_run(transport_at, load, calls, burst):
             time.sleep(0.05)
             isolated.append(call(name, transport, "echo", i))
         out = {"cold_us": cold, "warm_us": warm["latency_us"]["median"], "warm_p99_us": warm["latency_us"]["p99"],
-               "floor_us": floor["latency_us"]["median"], "isolated_us": statistics.median(isolated)}
+               "floor_us": floor["latency_us"]["median"], "isolated_us": statistics.median(isolated),
+               "isolated_calls_us": isolated}
         if burst:
             b = repeat(name, transport, "echo", 10000)
             out["burst"] = {k: b[k] for k in ("calls", "ok", "failed", "wrong", "wall_s")}
@@ -149,7 +154,11 @@ def main():
     ap.add_argument("--transports", default="doorbell@system,doorbell@trixie,sync@trixie")
     ap.add_argument("--loads", default="idle,syscalls,spin")
     ap.add_argument("--skip", default="")
+    bench_results.add_out_option(ap, "symcall")
     a = ap.parse_args()
+    # Rows: latency per transport (config) and guest load; getppid per QEMU (config "trixie",
+    # "trixie+symbiotic", "system"), against QEMU 11 without --symbiotic.
+    rec = bench_results.Recorder("symcall", a, out=a.out, keys=["part", "config", "load"], baseline="trixie")
     skip = set(filter(None, a.skip.split(",")))
     transports = a.transports.split(",")
     loads = a.loads.split(",")
@@ -163,12 +172,18 @@ def main():
                 burst = "burst" not in skip and rep == 0 and load == "syscalls"
                 r = latency_run(t, load, a.calls, burst)
                 res.setdefault((t, load), []).append(r)
-                print(f"rep {rep} {t} {load}: {json.dumps({k: v for k, v in r.items() if k != 'counters'})}",
+                print(f"rep {rep} {t} {load}: "
+                      f"{json.dumps({k: v for k, v in r.items() if k not in ('counters', 'isolated_calls_us')})}",
                       flush=True)
+                burst_fields = {f"burst_{k}": v for k, v in r.get("burst", {}).items()}
+                rec.rep(part="latency", config=t, load=load, rep=rep, host_cpu_s=r["cpu_s"],
+                        **{k: v for k, v in r.items() if k not in ("burst", "cpu_s")}, **burst_fields)
         if "overhead" not in skip:
             for qemu, symb in (("trixie", False), ("trixie", True), ("system", False)):
                 ns, cpu = getppid_ns(qemu, symb)
                 overhead.setdefault((qemu, symb), []).append((ns, cpu))
+                rec.rep(part="getppid", config=qemu + ("+symbiotic" if symb else ""), rep=rep, getppid_ns=ns,
+                        host_cpu_s=cpu)
                 print(f"rep {rep} getppid {qemu} symbiotic={symb}: {ns} ns/call, cpu {cpu:.1f} s", flush=True)
     with open("/proc/loadavg") as f:
         print(f"# load after: {f.read().strip()}")
@@ -192,6 +207,8 @@ def main():
         print("|---|---|---|---|")
         for (q, s), v in overhead.items():
             print(f"| {q} | {s} | {med(x[0] for x in v)} | {med(x[1] for x in v):.1f} |")
+    rec.write(summary={"warm_over_floor": {f"{t}/{load}": med(r["warm_us"] for r in rs) / med(r["floor_us"] for r in rs)
+                                           for (t, load), rs in res.items()}})
 
 
 if __name__ == "__main__":
