@@ -6,8 +6,20 @@
 # the file's blocks (debugfs on the host). The psync and pvsync2 files are the baseline of the
 # same run.
 #
-#   bench/insight_gaps.sh            (VMSIGHT=path/to/vmsight to use another binary)
+#   bench/insight_gaps.sh [--out PATH]   (VMSIGHT=path/to/vmsight to use another binary)
+#
+# Every file's counts go to bench/results/insight_gaps.json (--out).
 set -euo pipefail
+ARGV=("$0" "$@")
+START=$(date -u +%Y-%m-%dT%H:%M:%SZ) LOAD0=$(cut -d' ' -f1-3 /proc/loadavg) T0=$SECONDS
+OUT=
+while [ $# -gt 0 ]; do
+    case $1 in
+        --out) OUT=$(realpath -m "$2"); shift 2 ;;
+        -h|--help) sed -n '2,11s/^# \{0,1\}//p' "$0"; exit 0 ;;
+        *) echo "insight_gaps.sh: unknown option $1 (--out PATH)" >&2; exit 2 ;;
+    esac
+done
 cd "$(dirname "$0")/.."
 VMSIGHT=${VMSIGHT:-target/release/vmsight}
 tmp=$(mktemp -d)
@@ -22,12 +34,19 @@ fio_job() { # name engine
     "set -e; mkdir -p /mnt/v; mount /dev/vdb /mnt/v
 $(fio_job io_uring io_uring); $(fio_job psync psync); $(fio_job pvsync2 pvsync2)
 umount /mnt/v" > /dev/null
-echo "| file (fio ioengine) | data chunks recognised | blocks of the file |"
-echo "|---|---|---|"
-for f in io_uring psync pvsync2; do
-    blocks=$(debugfs -R "blocks /$f" "$tmp/d.img" 2> /dev/null | wc -w)
-    data=$(jq -r --arg f "/mnt/v/$f" \
-        'select(.op == "write" and .disk == 1 and .content == "data" and .file == $f) | .len' \
-        "$tmp/ins.jsonl" | awk '{n += $1 / 4096} END {print n + 0}')
-    echo "| $f | $data | $blocks |"
-done
+{
+    echo "| file (fio ioengine) | data chunks recognised | blocks of the file |"
+    echo "|---|---|---|"
+    for f in io_uring psync pvsync2; do
+        blocks=$(debugfs -R "blocks /$f" "$tmp/d.img" 2> /dev/null | wc -w)
+        data=$(jq -r --arg f "/mnt/v/$f" \
+            'select(.op == "write" and .disk == 1 and .content == "data" and .file == $f) | .len' \
+            "$tmp/ins.jsonl" | awk '{n += $1 / 4096} END {print n + 0}')
+        echo "| $f | $data | $blocks |"
+        printf '{"config": "%s", "rep": 0, "data_chunks": %s, "file_blocks": %s}\n' "$f" "$data" "$blocks" \
+            >> "$tmp/reps"
+    done
+} | tee "$tmp/table"
+cat "$tmp/reps" "$tmp/table" | python3 bench/lib/results.py --bench insight_gaps ${OUT:+--out "$OUT"} \
+    --baseline psync --date "$START" --load-before "$LOAD0" --elapsed $((SECONDS - T0)) \
+    --from-stdin -- "${ARGV[@]}"
