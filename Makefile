@@ -84,8 +84,14 @@ lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --release -- -D warnings
 
+# Every benchmark of bench/benches.tsv, one after another (hours under TCG), each writing
+# bench/results/NAME.json; then bench/report.py regenerates docs/benchmarks-generated.md and
+# docs/plots/ from all results (bench/README.md). BENCH=NAME runs that one benchmark only,
+# BENCH=list lists them. A failed benchmark does not stop the others, but fails the target.
 bench: image
-	bash bench/run-all.sh
+	@status=0; bash bench/run-all.sh $(BENCH) || status=$$?; \
+	if [ "$(BENCH)" != list ]; then python3 bench/report.py || status=1; fi; \
+	exit $$status
 
 clean:
 	$(CARGO) clean
