@@ -14,6 +14,8 @@ use serde::Serialize;
 use thiserror::Error;
 
 use crate::memory::{AddressSpace, GuestRam, MemError, PagingMode};
+
+pub mod pages;
 use crate::profile::{Addr, KernelProfile, ProfileError};
 
 /// Virtual base of the kernel image mapping (`__START_KERNEL_map`).

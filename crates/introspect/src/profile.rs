@@ -178,12 +178,19 @@ pub const OPTIONAL_MEMBERS: &[(&str, &[&str])] = &[
     ("file", &["f_count", "private_data", "f_op"]),
     (
         "inode",
-        &["i_uid", "i_gid", "i_nlink", "i_mtime", "i_sb_list"],
+        &[
+            "i_uid",
+            "i_gid",
+            "i_nlink",
+            "i_mtime",
+            "i_sb_list",
+            "i_dentry",
+        ],
     ),
     ("super_block", &["s_dev", "s_type", "s_root", "s_id"]),
     ("file_system_type", &["name"]),
     ("mount", &["mnt_devname", "mnt_list", "mnt_id"]),
-    ("dentry", &["d_hash"]),
+    ("dentry", &["d_hash", "d_u"]),
     ("signal_struct", &["thread_head"]),
     // FoxyIdle: a bio's sectors, direction and disk; the prctl arguments in pt_regs.
     ("bio", &["bi_bdev", "bi_opf", "bi_iter"]),
@@ -191,6 +198,9 @@ pub const OPTIONAL_MEMBERS: &[(&str, &[&str])] = &[
     ("block_device", &["bd_disk", "bd_dev"]),
     ("gendisk", &["major", "first_minor", "disk_name"]),
     ("pt_regs", &["di", "si", "dx"]),
+    // Page ownership (`kernel::pages`): whose data a block request's pages hold.
+    ("page", &["mapping", "index"]),
+    ("address_space", &["host"]),
 ];
 
 /// Config options copied into the profile when present.

@@ -75,7 +75,7 @@ fn options_parse() {
 }
 
 const PROFILE: &str = r#"{
-  "format": 2, "kernel_version": "6.1", "kernel_release": "x",
+  "format": 3, "kernel_version": "6.1", "kernel_release": "x",
   "symbols": {"current_task": "0x000000000001fb80", "__per_cpu_start": "0x0000000000000000",
               "page_offset_base": "0xffffffff82398480"},
   "structs": {

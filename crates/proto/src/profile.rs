@@ -13,8 +13,9 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-/// Version of the profile JSON layout; bump on incompatible changes.
-pub const PROFILE_FORMAT: u32 = 2;
+/// Version of the profile JSON layout; bump when what a profile holds changes, so cached
+/// profiles are regenerated (3: `page` and `address_space` members for page ownership).
+pub const PROFILE_FORMAT: u32 = 3;
 
 /// Largest profile file read (real ones are a few KiB).
 pub const MAX_PROFILE_BYTES: u64 = 64 << 20;

@@ -603,3 +603,106 @@ fn paging_mode_from_page_offset_base() {
     assert!(mode_from(0, None).is_err());
     assert!(mode_from(0xffff_8880_0000_0000, Some(true)).is_err());
 }
+
+/// Page ownership: `struct page` at `vmemmap_base + pfn * 64`, `mapping` at 0x18, `index` at
+/// 0x20; `address_space.host` at 0.
+#[test]
+fn page_owners_follow_mapping_host_and_index() {
+    use super::pages::{PageOwner, PageOwners};
+    const SYM_VMEMMAP: u64 = 0x1120;
+    const VMEMMAP: u64 = 0xffff_ea00_0000_0000;
+    const VMEMMAP_PA: u64 = 0xa0_0000;
+    let (_, mut p, mut f) = build(PagingMode::FourLevel, false);
+    p.symbols
+        .insert("vmemmap_base".into(), Addr(START_KERNEL_MAP + SYM_VMEMMAP));
+    p.structs.insert(
+        "page".into(),
+        st(64, &[("mapping", 0x18, 8), ("index", 0x20, 8)]),
+    );
+    p.structs
+        .insert("address_space".into(), st(0x40, &[("host", 0, 8)]));
+    f.w64(START_KERNEL_MAP + SYM_VMEMMAP, VMEMMAP);
+    f.pt.map(VMEMMAP, VMEMMAP_PA, 0x20_0000, 0);
+    let add = |p: &mut KernelProfile, s: &str, m: &str, offset: u64, size: u64| {
+        let st = p.structs.get_mut(s).unwrap();
+        st.members.insert(m.into(), MemberLayout { offset, size });
+    };
+    add(&mut p, "inode", "i_dentry", 0x28, 8);
+    add(&mut p, "dentry", "d_u", 0x38, 16);
+    let sb = f.super_block("ext4");
+    let file = f.inode(sb, 77, 0o100644, 9000, 1);
+    let i_dir = f.inode(sb, 2, 0o040755, 4096, 2);
+    let root = f.dentry("/", None, i_dir, true);
+    let dir = f.dentry("data", Some(root), i_dir, false);
+    let d_file = f.dentry("db.sqlite", Some(dir), file, false);
+    f.w64(file + 0x28, d_file + 0x38);
+    let unlinked = f.inode(sb, 78, 0o100644, 1, 0);
+    let d_gone = f.dentry("gone", Some(dir), unlinked, true);
+    f.w64(unlinked + 0x28, d_gone + 0x38);
+    let gone_space = {
+        let a = f.alloc(0x40);
+        f.w64(a, unlinked);
+        a
+    };
+    let bdev = f.inode(sb, 0, 0o060600, 1 << 30, 1);
+    let space = |f: &mut Fake, host: u64| {
+        let a = f.alloc(0x40);
+        f.w64(a, host);
+        a
+    };
+    let (file_space, bdev_space) = (space(&mut f, file), space(&mut f, bdev));
+    let dangling = space(&mut f, 0xffff_c900_dead_0000); // host not mapped
+    let mut page = |pfn: u64, mapping: u64, index: u64| {
+        f.pt.write_u64(VMEMMAP_PA + pfn * 64 + 0x18, mapping);
+        f.pt.write_u64(VMEMMAP_PA + pfn * 64 + 0x20, index);
+    };
+    page(0x100, file_space, 2);
+    page(0x101, bdev_space, 7);
+    page(0x102, 0, 0);
+    page(0x103, 0xffff_8880_0123_4001, 0); // PAGE_MAPPING_ANON
+    page(0x104, 0x1000, 0); // not a kernel pointer
+    page(0x105, dangling, 0);
+    page(0x106, gone_space, 1);
+    let ram = finish(f);
+    let view = KernelView::new(ram, &p).expect("kernel view");
+    let owners = PageOwners::new(view, &p).expect("page owners");
+    assert_eq!(
+        owners.owner(0x100 << 12),
+        PageOwner::File {
+            inode: file,
+            ino: 77,
+            offset: 8192,
+            size: 9000,
+            path: Some("/data/db.sqlite".into()),
+        }
+    );
+    assert!(
+        matches!(
+            owners.owner(0x106 << 12),
+            PageOwner::File {
+                ino: 78,
+                path: None,
+                ..
+            }
+        ),
+        "an unlinked file has no path"
+    );
+    assert_eq!(owners.owner((0x100 << 12) + 123), owners.owner(0x100 << 12));
+    assert_eq!(owners.owner(0x101 << 12), PageOwner::Metadata);
+    assert_eq!(owners.owner(0x102 << 12), PageOwner::Metadata);
+    assert_eq!(owners.owner(0x103 << 12), PageOwner::Anonymous);
+    assert_eq!(owners.owner(0x104 << 12), PageOwner::Unknown);
+    assert_eq!(owners.owner(0x105 << 12), PageOwner::Unknown);
+    // Beyond guest RAM, and absurd addresses: unknown, never a panic.
+    assert_eq!(owners.owner(RAM as u64 + 0x1000), PageOwner::Unknown);
+    assert_eq!(owners.owner(u64::MAX), PageOwner::Unknown);
+}
+
+#[test]
+fn page_owners_need_the_page_members_and_a_kernel_vmemmap() {
+    use super::pages::PageOwners;
+    let (_, p, f) = build(PagingMode::FourLevel, false);
+    let view = KernelView::new(finish(f), &p).expect("kernel view");
+    let e = PageOwners::new(view, &p).expect_err("no page members in this profile");
+    assert!(e.to_string().contains("page"), "{e}");
+}
