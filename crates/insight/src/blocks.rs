@@ -8,6 +8,7 @@
 //! data: the ranges are hints.
 
 use std::ops::Range;
+use std::path::Path;
 
 /// A run of a file's bytes on one virtual disk.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,4 +41,22 @@ pub trait FileBlocks: Send + Sync {
 
     /// A monitored process unmounted `target`.
     fn note_umount(&self, _target: &str) {}
+}
+
+/// The disk of a virtio-blk device node: `/dev/vda` → 0, `/dev/vdb1` → 1 (devices are named
+/// in the order of the disks: the root disk first, then `--disk` in order).
+pub fn virtio_disk(source: &str) -> Option<u32> {
+    let name = Path::new(source).file_name()?.to_str()?;
+    let letters = name.strip_prefix("vd")?;
+    let letters = letters.trim_end_matches(|c: char| c.is_ascii_digit());
+    if letters.is_empty() || !letters.bytes().all(|b| b.is_ascii_lowercase()) {
+        return None;
+    }
+    // vda..vdz, then vdaa.. (the kernel's sd-style naming).
+    letters
+        .bytes()
+        .try_fold(0u32, |n, b| {
+            n.checked_mul(26)?.checked_add(u32::from(b - b'a') + 1)
+        })
+        .map(|n| n - 1)
 }

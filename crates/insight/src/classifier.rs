@@ -12,6 +12,7 @@ use vmsight_blockdev::pipeline::{Io, Stage, Status};
 use vmsight_blockdev::request::{Request, RequestKind};
 
 use crate::engine::InsightEngine;
+use crate::pages::PageOwner;
 
 /// Largest request read into one scratch buffer (virtio-blk requests are bounded by the
 /// backend's limits; this is only a guard).
@@ -50,10 +51,22 @@ impl Classifier {
         let off = req.offset();
         let journal = self.in_journal(off, req.len);
         match load(req) {
-            Some(data) => self
-                .engine
-                .lock()
-                .classify_write(self.disk, off, &data, journal),
+            Some(data) => {
+                let pages = self.engine.page_owners().map(|src| {
+                    let gpas = crate::pages::chunk_pages(&req.segments, req.len);
+                    (src, gpas)
+                });
+                let mut owner = |i: usize| match &pages {
+                    Some((src, gpas)) => match gpas.get(i).copied().flatten() {
+                        Some(gpa) => src.owner(gpa),
+                        None => PageOwner::Unknown,
+                    },
+                    None => PageOwner::Unknown,
+                };
+                self.engine
+                    .lock()
+                    .classify_write_owned(self.disk, off, &data, journal, &mut owner)
+            }
             None => {
                 let mut m = RequestInsight::metadata();
                 m.journal = journal;

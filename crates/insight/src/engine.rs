@@ -25,6 +25,7 @@ use crate::config::InsightConfig;
 use crate::hint::hint_of;
 use crate::log::InsightLog;
 use crate::lookup::Lookup;
+use crate::pages::{PageOwner, PageOwnerSource};
 use crate::CHUNK;
 
 mod copy;
@@ -79,6 +80,13 @@ pub struct ClassCounters {
     /// 4 KiB chunks of block reads matched by a read syscall (data) / not within the window.
     pub read_chunks_data: u64,
     pub read_chunks_metadata: u64,
+    /// Of the block-write chunks no write syscall's checksum matched: those the guest kernel's
+    /// page ownership says are a regular file's page-cache data (counted as data above, see
+    /// [`crate::pages`]), those in a process's anonymous memory (an `O_DIRECT` buffer), and
+    /// those whose owner could not be read.
+    pub write_chunks_by_page: u64,
+    pub write_chunks_anonymous: u64,
+    pub write_chunks_owner_unknown: u64,
     /// Chunks matched only after the block request was classified (trace thread lag).
     pub late_matches: u64,
     /// Partial chunks completed from the recent-I/O cache / that could not be completed.
@@ -243,8 +251,26 @@ pub struct Engine {
     pending_read_max: u64,
     /// Copies without a user buffer being followed.
     copies: copy::Copies,
+    /// What the write syscalls said about a guest inode (by `struct inode *`): the file and
+    /// its last writer, for block writes classified by page ownership.
+    inodes: HashMap<u64, InodeFacts>,
+    inode_order: VecDeque<u64>,
+    /// Where each disk's file system is mounted in the guest (from the mounts the trace saw;
+    /// the root disk at `/`): turns a page owner's path within its file system into a guest path.
+    disk_mounts: HashMap<u32, String>,
     counters: ClassCounters,
 }
+
+/// What the engine knows of a guest inode from the write syscalls it saw.
+#[derive(Debug, Clone)]
+struct InodeFacts {
+    file: Option<Arc<str>>,
+    pid: u32,
+    pattern: Option<Pattern>,
+}
+
+/// Most inodes remembered for page-owned chunks (oldest first out).
+const MAX_INODES: usize = 65_536;
 
 fn comm_is(comm: &str, list: &[&str]) -> bool {
     list.contains(&comm)
@@ -290,6 +316,9 @@ impl Engine {
             pending_reads: BTreeSet::new(),
             pending_read_max: 0,
             copies: copy::Copies::default(),
+            inodes: HashMap::new(),
+            inode_order: VecDeque::new(),
+            disk_mounts: HashMap::from([(0, "/".to_string())]),
             counters: ClassCounters::default(),
         }
     }
@@ -399,6 +428,7 @@ impl Engine {
             at: now,
             copied: false,
         };
+        self.note_inode(&base);
         for c in &io.chunks {
             let mut m = base.clone();
             m.offset = c.offset;
@@ -476,6 +506,95 @@ impl Engine {
                 }
             }
         }
+    }
+
+    /// Remembers the file and writer of `m`'s inode for page-owned chunks.
+    fn note_inode(&mut self, m: &ChunkMeta) {
+        if m.inode == 0 {
+            return;
+        }
+        let facts = InodeFacts {
+            file: m.file.clone(),
+            pid: m.pid,
+            pattern: m.pattern,
+        };
+        if self.inodes.insert(m.inode, facts).is_none() {
+            self.inode_order.push_back(m.inode);
+            while self.inode_order.len() > MAX_INODES {
+                if let Some(k) = self.inode_order.pop_front() {
+                    self.inodes.remove(&k);
+                }
+            }
+        }
+    }
+
+    /// The guest path of `path` (from the root of disk `disk`'s file system), when the disk's
+    /// mount point is known.
+    fn guest_path(&self, disk: u32, path: &str) -> Option<String> {
+        let mount = self.disk_mounts.get(&disk)?;
+        Some(match (mount.as_str(), path) {
+            ("/", p) => p.to_string(),
+            (m, "/") => m.to_string(),
+            (m, p) => format!("{}{p}", m.trim_end_matches('/')),
+        })
+    }
+
+    /// A mount the trace saw: a virtio disk's file system now appears at `target`.
+    pub(crate) fn note_mount(&mut self, source: &str, target: &str) {
+        if let Some(disk) = crate::blocks::virtio_disk(source) {
+            self.disk_mounts.insert(disk, normalize(target));
+        }
+    }
+
+    /// An unmount the trace saw.
+    pub(crate) fn note_umount(&mut self, target: &str) {
+        let t = normalize(target);
+        self.disk_mounts.retain(|_, m| *m != t);
+    }
+
+    /// The meta of a block-write chunk no checksum matched, from its page's owner: a regular
+    /// file's page-cache page is that file's data at `offset` (the file and writer as the
+    /// write syscalls named the inode, when they did; the size class from the inode's size).
+    fn page_meta(&mut self, disk: u32, owner: PageOwner, now: u64) -> Option<ChunkMeta> {
+        let (inode, offset, size, path) = match owner {
+            PageOwner::File {
+                inode,
+                offset,
+                size,
+                path,
+                ..
+            } => (inode, offset, size, path),
+            PageOwner::Anonymous => {
+                self.counters.write_chunks_anonymous += 1;
+                return None;
+            }
+            PageOwner::Unknown => {
+                self.counters.write_chunks_owner_unknown += 1;
+                return None;
+            }
+            PageOwner::Metadata => return None,
+        };
+        let facts = self.inodes.get(&inode).cloned();
+        let file = facts
+            .as_ref()
+            .and_then(|f| f.file.clone())
+            .or_else(|| Some(self.guest_path(disk, &path?)?.into()));
+        if !self.cfg.paths.is_empty() && !file.as_deref().is_some_and(|p| self.cfg.selects(p)) {
+            return None; // not a selected file (or not known to be one)
+        }
+        let size = size.max(self.file_size(file.as_ref()).unwrap_or(0));
+        self.counters.write_chunks_by_page += 1;
+        Some(ChunkMeta {
+            pid: facts.as_ref().map_or(0, |f| f.pid),
+            file,
+            inode,
+            offset,
+            size_class: self.cfg.size_classes.class_of(size),
+            pattern: facts.and_then(|f| f.pattern),
+            app_class: None,
+            at: now,
+            copied: false,
+        })
     }
 
     fn index_write(&mut self, sum: u64, m: ChunkMeta) {
@@ -624,6 +743,7 @@ impl Engine {
             at: now,
             copied: false,
         };
+        self.note_inode(&base);
         for c in &io.chunks {
             let mut m = base.clone();
             m.offset = c.offset;
@@ -936,14 +1056,30 @@ impl Engine {
         data: &[u8],
         journal: bool,
     ) -> RequestInsight {
+        self.classify_write_owned(disk, offset, data, journal, &mut |_| PageOwner::Unknown)
+    }
+
+    /// [`Self::classify_write`], and a chunk no checksum matched is file data if `owner`
+    /// (the chunk's index in the request → what the guest kernel says its page holds) says
+    /// it is a regular file's page (see [`crate::pages`]).
+    pub fn classify_write_owned(
+        &mut self,
+        disk: u32,
+        offset: u64,
+        data: &[u8],
+        journal: bool,
+        owner: &mut dyn FnMut(usize) -> PageOwner,
+    ) -> RequestInsight {
         let now = self.now();
         let mut chunks = Vec::with_capacity(data.len() / CHUNK as usize + 1);
         for (i, c) in data.chunks(CHUNK as usize).enumerate() {
             let sum = chunk_sum(c);
-            let m = if c.len() == CHUNK as usize {
-                self.take_write(sum)
-            } else {
-                None
+            let whole = c.len() == CHUNK as usize;
+            let m = if whole { self.take_write(sum) } else { None };
+            let m = match m {
+                Some(m) => Some(m),
+                None if whole => self.page_meta(disk, owner(i), now),
+                None => None,
             };
             if let Some(m) = &m {
                 // The block now holds these bytes: they complete later partial writes.
@@ -952,7 +1088,6 @@ impl Engine {
                 }
                 self.remember_known(sum, m.clone());
             }
-            let _ = i;
             chunks.push((sum, m));
         }
         let insight = self.insight_of(&chunks, journal);
@@ -1211,7 +1346,7 @@ impl Engine {
         } else {
             Content::Mixed
         };
-        ins.pid = Some(first.pid);
+        ins.pid = (first.pid != 0).then_some(first.pid); // 0: a page-owned chunk, writer unknown
         ins.file = first.file.clone();
         ins.file_offset = Some(first.offset.saturating_sub(i0 as u64 * CHUNK));
         ins.size_class = hits.iter().map(|h| h.1.size_class).max();
@@ -1261,6 +1396,9 @@ pub struct InsightEngine {
     /// Where the observer asks for what it did not see (module `facts`). Its own lock, taken
     /// only by the trace thread (and `set_lookup`), so a slow lookup never holds the engine's.
     lookup: Arc<Mutex<Option<Box<dyn Lookup>>>>,
+    /// Who owns a guest page (module `pages`): set once guest memory can be read; used
+    /// without the engine's lock.
+    pages: Arc<OnceLock<Arc<dyn PageOwnerSource>>>,
 }
 
 impl InsightEngine {
@@ -1275,6 +1413,7 @@ impl InsightEngine {
             inner: Arc::new(Mutex::new(Engine::new(cfg, log, clock))),
             blocks: Arc::default(),
             lookup: Arc::default(),
+            pages: Arc::default(),
         }
     }
 
@@ -1295,6 +1434,17 @@ impl InsightEngine {
     /// one was already set (it stays).
     pub fn set_file_blocks(&self, blocks: Arc<dyn FileBlocks>) -> bool {
         self.blocks.set(blocks).is_ok()
+    }
+
+    /// Sets the source of page ownership with which block-write chunks no checksum matched are
+    /// classified (every clone shares it). `false` if one was already set (it stays).
+    pub fn set_page_owners(&self, pages: Arc<dyn PageOwnerSource>) -> bool {
+        self.pages.set(pages).is_ok()
+    }
+
+    /// The page ownership source, when one is set.
+    pub fn page_owners(&self) -> Option<&Arc<dyn PageOwnerSource>> {
+        self.pages.get()
     }
 
     /// Sets (or, with `None`, removes) the source the engine asks for the working directory of
@@ -1367,11 +1517,13 @@ impl SyscallObserver for InsightEngine {
         match follow {
             Some(copy::Followup::Copy(req)) => self.begin_copy(req),
             Some(copy::Followup::Mount { source, target }) => {
+                self.lock().note_mount(&source, &target);
                 if let Some(b) = self.blocks.get() {
                     b.note_mount(&source, &target);
                 }
             }
             Some(copy::Followup::Umount { target }) => {
+                self.lock().note_umount(&target);
                 if let Some(b) = self.blocks.get() {
                     b.note_umount(&target);
                 }

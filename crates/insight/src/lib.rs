@@ -15,6 +15,9 @@
 //!
 //! What the engine did not see (the working directory of a process traced from its middle, an
 //! inherited fd) it asks a [`Lookup`] (the launcher's reads guest kernel memory), once.
+//! Block-write chunks no checksum matched (io_uring, shared file mappings, bytes beyond the
+//! plugin's cap) are classified by what the guest kernel says owns their pages
+//! ([`PageOwnerSource`]).
 
 pub mod blocks;
 pub mod classifier;
@@ -24,6 +27,7 @@ pub mod fuzzing;
 pub mod hint;
 pub mod log;
 pub mod lookup;
+pub mod pages;
 
 pub use blocks::{DiskRange, FileBlocks, WHOLE_FILE};
 pub use classifier::Classifier;
@@ -32,6 +36,7 @@ pub use engine::{ClassCounters, Engine, InsightEngine, Tally};
 pub use hint::{hint_of, VMSIGHT_HINT_MAGIC};
 pub use log::InsightLog;
 pub use lookup::{FdFacts, Lookup, LookupSource, TaskFacts};
+pub use pages::{PageOwner, PageOwnerSource};
 
 /// Bytes per checksum chunk (Sky §3.4).
 pub const CHUNK: u64 = 4096;

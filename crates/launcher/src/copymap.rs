@@ -18,10 +18,10 @@
 //! Locking: [`CopyMap::ranges`] is called by the insight engine on the trace thread without
 //! the engine's lock held; it takes one disk's engine read lock at a time and nothing else.
 
-use std::path::Path;
 use std::sync::{Arc, Mutex, RwLock};
 
 use vmsight_fsview::{FileExtent, FileKind, FsRead};
+use vmsight_insight::blocks::virtio_disk;
 use vmsight_insight::{DiskRange, FileBlocks, WHOLE_FILE};
 
 use crate::config::VmConfig;
@@ -201,24 +201,6 @@ fn suffixes(path: &str) -> impl Iterator<Item = &str> {
     path.char_indices()
         .filter(|&(i, c)| c == '/' && i + 1 < path.len())
         .map(move |(i, _)| &path[i..])
-}
-
-/// The disk of a virtio-blk device node: `/dev/vda` → 0, `/dev/vdb1` → 1 (devices are named
-/// in the order of the disks: the root disk first, then `--disk` in order).
-fn virtio_disk(source: &str) -> Option<u32> {
-    let name = Path::new(source).file_name()?.to_str()?;
-    let letters = name.strip_prefix("vd")?;
-    let letters = letters.trim_end_matches(|c: char| c.is_ascii_digit());
-    if letters.is_empty() || !letters.bytes().all(|b| b.is_ascii_lowercase()) {
-        return None;
-    }
-    // vda..vdz, then vdaa.. (the kernel's sd-style naming).
-    letters
-        .bytes()
-        .try_fold(0u32, |n, b| {
-            n.checked_mul(26)?.checked_add(u32::from(b - b'a') + 1)
-        })
-        .map(|n| n - 1)
 }
 
 /// The disk ranges of bytes `[off, off + len)` of a file of `size` bytes with data extents

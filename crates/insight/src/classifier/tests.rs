@@ -595,3 +595,130 @@ fn vectored_writes_and_reads_are_matched_and_move_the_fd_offset_like_the_kernel(
     });
     assert!(read_data, "the readv's block read is reclassified as data");
 }
+
+#[test]
+fn chunks_no_checksum_matched_are_data_when_their_page_belongs_to_a_regular_file() {
+    use crate::pages::PageOwner;
+    let mut w = world(InsightConfig::default());
+    w.open(100, "app", "/data/big", 3, 0o101);
+    // The syscall showed only the first chunk's checksum (as with the plugin's cap); the
+    // kernel's pages say what the other three are.
+    let buf = content(3, 4 * 4096);
+    let mut c = w.io_event(100, "app", 3, 0, &buf[..4096], 3 << 20, false);
+    c.entry.io.as_mut().unwrap().len = buf.len() as u64;
+    w.syscall(&c);
+    let inode = INODE + 3 * 0x1000;
+    let owners = [
+        PageOwner::File {
+            inode,
+            ino: 12,
+            offset: 0,
+            size: 3 << 20,
+            path: None,
+        },
+        PageOwner::File {
+            inode,
+            ino: 12,
+            offset: 4096,
+            size: 3 << 20,
+            path: None,
+        },
+        PageOwner::Anonymous,
+        PageOwner::File {
+            inode: 0xffff_8880_0000_9000, // a file no syscall named
+            ino: 13,
+            offset: 12 << 20,
+            size: 16 << 20,
+            path: Some("/other".into()),
+        },
+    ];
+    let mut asked = Vec::new();
+    let i = w
+        .engine
+        .lock()
+        .classify_write_owned(0, 0, &buf, false, &mut |k| {
+            asked.push(k);
+            owners[k].clone()
+        });
+    assert_eq!(asked, vec![1, 2, 3], "a matched chunk is not asked about");
+    assert_eq!(i.content, Content::Mixed);
+    assert_eq!(
+        i.block_classes,
+        vec![2, 2, 5, 0],
+        "size classes from the inodes"
+    );
+    let writes: Vec<_> = w
+        .records()
+        .into_iter()
+        .filter_map(|r| match r {
+            InsightRecord::Write(b) => Some(b),
+            _ => None,
+        })
+        .collect();
+    let parts: Vec<_> = writes
+        .iter()
+        .map(|b| {
+            (
+                b.offset,
+                b.insight.content,
+                b.insight.file.as_deref().map(str::to_owned),
+                b.insight.file_offset,
+                b.insight.pid,
+            )
+        })
+        .collect();
+    assert_eq!(
+        parts,
+        vec![
+            (
+                0,
+                Content::Data,
+                Some("/data/big".into()),
+                Some(0),
+                Some(100)
+            ),
+            (8192, Content::Metadata, None, None, None),
+            (
+                12288,
+                Content::Data,
+                Some("/other".into()),
+                Some(12 << 20),
+                None
+            ),
+        ]
+    );
+    // Counted when final (the anonymous chunk waited for a late syscall).
+    let cnt = w.engine.counters();
+    assert_eq!(
+        (
+            cnt.write_chunks_data,
+            cnt.write_chunks_by_page,
+            cnt.write_chunks_anonymous,
+            cnt.write_chunks_metadata
+        ),
+        (3, 2, 1, 1)
+    );
+}
+
+#[test]
+fn page_owned_chunks_of_unselected_files_stay_metadata() {
+    use crate::pages::PageOwner;
+    let cfg = InsightConfig {
+        paths: vec!["/data".into()],
+        ..InsightConfig::default()
+    };
+    let mut w = world(cfg);
+    let buf = content(4, 4096);
+    let i = w
+        .engine
+        .lock()
+        .classify_write_owned(0, 0, &buf, false, &mut |_| PageOwner::File {
+            inode: INODE,
+            ino: 12,
+            offset: 0,
+            size: 4096,
+            path: Some("/elsewhere/x".into()),
+        });
+    assert_eq!(i.content, Content::Metadata, "an unselected file");
+    assert_eq!(w.engine.counters().write_chunks_by_page, 0);
+}
