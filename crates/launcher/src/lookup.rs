@@ -6,7 +6,8 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use vmsight_insight::{FdFacts, Lookup, LookupSource, TaskFacts};
+use vmsight_insight::{FdFacts, Lookup, LookupSource, PageOwner, PageOwnerSource, TaskFacts};
+use vmsight_introspect::kernel::pages::PageOwners;
 use vmsight_introspect::kernel::KernelView;
 use vmsight_introspect::memory::GuestRam;
 use vmsight_introspect::{KernelError, KernelProfile, MemError, ProfileError};
@@ -182,6 +183,78 @@ impl Lookup for ProfileLookup {
     }
 }
 
+/// Page ownership read from guest kernel memory (`vmsight_introspect::kernel::pages`) for the
+/// insight classifier. Guest memory is opened at the first question after the guest kernel
+/// set up its page tables: a failure that may pass (the kernel not running yet) is retried at
+/// most once a second, one that cannot (the profile lacks the page members) ends the
+/// attempts, reported once.
+pub struct ProfilePages {
+    qemu_pid: u32,
+    profile: PathBuf,
+    owners: std::sync::OnceLock<PageOwners>,
+    /// When the next attempt to open may run; `None` once the source gave up.
+    retry: std::sync::Mutex<Option<std::time::Instant>>,
+}
+
+/// Retry interval of [`ProfilePages`] while the guest kernel is not readable yet.
+const PAGES_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl ProfilePages {
+    /// A source reading the memory of QEMU `qemu_pid`'s guest with the profile at `profile`.
+    pub fn new(qemu_pid: u32, profile: PathBuf) -> Self {
+        ProfilePages {
+            qemu_pid,
+            profile,
+            owners: std::sync::OnceLock::new(),
+            retry: std::sync::Mutex::new(Some(std::time::Instant::now())),
+        }
+    }
+
+    fn open(&self) -> Result<PageOwners, ProfileLookupError> {
+        let profile = KernelProfile::load(&self.profile)?;
+        let ram = GuestRam::open_qemu(self.qemu_pid, None)?;
+        let view = KernelView::new(Arc::new(ram), &profile)?;
+        Ok(PageOwners::new(view, &profile)?)
+    }
+
+    /// The reader, opening it if it is time to try.
+    fn owners(&self) -> Option<&PageOwners> {
+        if let Some(o) = self.owners.get() {
+            return Some(o);
+        }
+        let mut retry = self.retry.try_lock().ok()?; // another thread is trying right now
+        let now = std::time::Instant::now();
+        if !retry.is_some_and(|at| now >= at) {
+            return None;
+        }
+        match self.open() {
+            Ok(o) => {
+                let _ = self.owners.set(o);
+                self.owners.get()
+            }
+            Err(
+                ProfileLookupError::Kernel(KernelError::Profile(e))
+                | ProfileLookupError::Profile(e),
+            ) => {
+                tracing::warn!("insights by page ownership are off: {e}");
+                *retry = None;
+                None
+            }
+            Err(e) => {
+                tracing::debug!("guest page ownership not readable yet: {e}");
+                *retry = Some(now + PAGES_RETRY);
+                None
+            }
+        }
+    }
+}
+
+impl PageOwnerSource for ProfilePages {
+    fn owner(&self, gpa: u64) -> PageOwner {
+        self.owners().map_or(PageOwner::Unknown, |o| o.owner(gpa))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -196,5 +269,14 @@ mod tests {
             Err(ProfileLookupError::Unavailable)
         ));
         assert!(l.fd(1, 0).is_none());
+    }
+
+    #[test]
+    fn unreadable_guest_memory_owns_nothing_and_waits_before_retrying() {
+        let p = ProfilePages::new(u32::MAX, PathBuf::from("/nonexistent/profile.json"));
+        assert_eq!(p.owner(0x1000), PageOwner::Unknown);
+        // A missing profile cannot get better: the source gave up.
+        assert!(p.retry.lock().unwrap().is_none());
+        assert_eq!(p.owner(0x1000), PageOwner::Unknown);
     }
 }

@@ -184,6 +184,11 @@ fn start_trace(
     if let Some((engine, _)) = insight {
         // Before the first record: a process's first event already asks for its cwd.
         engine.set_lookup(Some(insight_lookup(qemu_pid, profile, svc.sym.as_ref())));
+        // Block writes no checksum matched: what the guest kernel says owns their pages.
+        engine.set_page_owners(std::sync::Arc::new(crate::lookup::ProfilePages::new(
+            qemu_pid,
+            profile.to_path_buf(),
+        )));
     }
     let extra: Vec<Box<dyn vmsight_introspect::syscall::SyscallObserver>> = insight
         .iter()
