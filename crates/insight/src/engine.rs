@@ -51,6 +51,16 @@ pub struct ChunkMeta {
     /// An expected destination chunk of a copy without a user buffer (`copy_file_range`,
     /// `sendfile`, `splice`): indexed from the block read of its source.
     pub copied: bool,
+    /// Known only from the page's owner (no write syscall's checksum matched yet): final only
+    /// if none arrives within the write grace, which would bring the writer's hint and pid.
+    pub by_page: bool,
+}
+
+impl ChunkMeta {
+    /// A match that no later syscall can improve.
+    fn settled(m: &Option<ChunkMeta>) -> bool {
+        m.as_ref().is_some_and(|m| !m.by_page)
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -427,6 +437,7 @@ impl Engine {
             app_class: hint_of(e),
             at: now,
             copied: false,
+            by_page: false,
         };
         self.note_inode(&base);
         for c in &io.chunks {
@@ -583,7 +594,6 @@ impl Engine {
             return None; // not a selected file (or not known to be one)
         }
         let size = size.max(self.file_size(file.as_ref()).unwrap_or(0));
-        self.counters.write_chunks_by_page += 1;
         Some(ChunkMeta {
             pid: facts.as_ref().map_or(0, |f| f.pid),
             file,
@@ -594,6 +604,7 @@ impl Engine {
             app_class: None,
             at: now,
             copied: false,
+            by_page: true,
         })
     }
 
@@ -668,11 +679,11 @@ impl Engine {
                 if let Some(slot) = p
                     .chunks
                     .iter_mut()
-                    .find(|(f, mm)| *f == sum && mm.is_none())
+                    .find(|(f, mm)| *f == sum && !ChunkMeta::settled(mm))
                 {
                     slot.1 = Some(m.clone());
                     self.counters.late_matches += u64::from(write);
-                    if p.chunks.iter().all(|c| c.1.is_some()) {
+                    if p.chunks.iter().all(|c| ChunkMeta::settled(&c.1)) {
                         self.finish_pending(id);
                     }
                     return true;
@@ -742,6 +753,7 @@ impl Engine {
             app_class: hint_of(e),
             at: now,
             copied: false,
+            by_page: false,
         };
         self.note_inode(&base);
         for c in &io.chunks {
@@ -1098,7 +1110,7 @@ impl Engine {
             len: data.len() as u64,
             insight: insight.clone(),
         };
-        let all = chunks.iter().all(|c| c.1.is_some());
+        let all = chunks.iter().all(|c| ChunkMeta::settled(&c.1));
         if all || self.cfg.write_grace.is_zero() {
             self.emit(true, record, &chunks);
         } else {
@@ -1168,7 +1180,7 @@ impl Engine {
             self.pending_read_max = self.pending_read_max.max(record.len);
         }
         for (f, m) in &chunks {
-            if m.is_none() {
+            if !ChunkMeta::settled(m) {
                 self.pending_by_fnv.entry(*f).or_default().push(id);
             }
         }
@@ -1277,6 +1289,10 @@ impl Engine {
         *d += data;
         *m += meta;
         if write {
+            self.counters.write_chunks_by_page += chunks
+                .iter()
+                .filter(|c| c.1.as_ref().is_some_and(|m| m.by_page))
+                .count() as u64;
             self.counters.copy_write_chunks += chunks
                 .iter()
                 .filter(|c| c.1.as_ref().is_some_and(|m| m.copied))

@@ -722,3 +722,46 @@ fn page_owned_chunks_of_unselected_files_stay_metadata() {
     assert_eq!(i.content, Content::Metadata, "an unselected file");
     assert_eq!(w.engine.counters().write_chunks_by_page, 0);
 }
+
+#[test]
+fn a_page_owned_chunk_still_takes_the_hint_of_a_syscall_that_arrives_within_the_grace() {
+    use crate::pages::PageOwner;
+    let mut w = world(InsightConfig::default());
+    w.open(13, "db", "/db/index", 3, 0o2);
+    let h = content(12, 4096);
+    // The block write comes before the trace thread delivered the hinted pwrite64.
+    let i = w
+        .engine
+        .lock()
+        .classify_write_owned(0, 0, &h, false, &mut |_| PageOwner::File {
+            inode: INODE + 3 * 0x1000,
+            ino: 40,
+            offset: 0,
+            size: 4096,
+            path: Some("/db/index".into()),
+        });
+    assert_eq!(
+        (i.content, i.app_class),
+        (Content::Data, None),
+        "data by its page"
+    );
+    let mut c = w.io_event(13, "db", 3, 0, &h, 0, false);
+    c.entry.args[4] = VMSIGHT_HINT_MAGIC;
+    c.entry.args[5] = 1;
+    w.syscall(&c);
+    let recs = w.records();
+    let b = recs
+        .iter()
+        .find_map(|r| match r {
+            InsightRecord::Write(b) => Some(b),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(
+        (b.insight.app_class, b.insight.pid, b.insight.content),
+        (Some(1), Some(13), Content::Data),
+        "the log record carries the late syscall's hint and writer"
+    );
+    let cnt = w.engine.counters();
+    assert_eq!((cnt.write_chunks_by_page, cnt.late_matches), (0, 1));
+}

@@ -117,6 +117,7 @@ impl CopyCall {
             app_class: None,
             at: now,
             copied: false,
+            by_page: false,
         }
     }
 
@@ -141,6 +142,7 @@ impl CopyCall {
             app_class: None,
             at: now,
             copied: true,
+            by_page: false,
         })
     }
 }
