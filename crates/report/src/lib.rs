@@ -147,6 +147,8 @@ pub struct LifetimeSummary {
     pub alive_age: Option<Percentiles>,
     /// (limit in seconds, fraction of born blocks dead within it) at decades.
     pub cdf: Vec<(f64, f64)>,
+    /// The same at 1-2-5 steps from 1 ms to 10 000 s (for plots).
+    pub cdf_fine: Vec<(f64, f64)>,
 }
 
 /// The whole report.
@@ -164,6 +166,9 @@ pub struct Report {
     pub unlinks: u64,
     pub truncates: u64,
     pub lifetimes: LifetimeSummary,
+    /// Lifetimes as a block device alone would see them (Sky Fig 4's "naive" approach): a
+    /// block dies only when it is overwritten; unlinks, truncates and discards are ignored.
+    pub lifetimes_naive: LifetimeSummary,
     #[serde(skip)]
     pub raw_lifetimes: Lifetimes,
 }
@@ -194,6 +199,7 @@ pub fn build(
     let mut fss: BTreeMap<u32, FsTotals> = BTreeMap::new();
     let mut record_fs: BTreeMap<u32, String> = BTreeMap::new();
     let mut tracker = Tracker::new();
+    let mut naive = Tracker::new();
     let (mut first_ts, mut last_ts) = (u64::MAX, 0u64);
     let (mut unlinks, mut truncates) = (0u64, 0u64);
     for (i, line) in input.lines().enumerate() {
@@ -234,11 +240,13 @@ pub fn build(
             InsightRecord::Unlink(f) => {
                 unlinks += 1;
                 tracker.unlink(f.ts_ns, &f.file);
+                naive.observe(f.ts_ns);
                 continue;
             }
             InsightRecord::Truncate(f) => {
                 truncates += 1;
                 tracker.truncate(f.ts_ns, &f.file, f.size);
+                naive.observe(f.ts_ns);
                 continue;
             }
         };
@@ -255,7 +263,10 @@ pub fn build(
         }
         match op {
             Op::Read => tracker.observe(b.ts_ns),
-            Op::Discard => tracker.discard(b.ts_ns, b.disk, b.offset, b.len),
+            Op::Discard => {
+                tracker.discard(b.ts_ns, b.disk, b.offset, b.len);
+                naive.observe(b.ts_ns);
+            }
             Op::Write => {
                 let f = fss.entry(b.disk).or_insert_with(|| FsTotals {
                     disk: b.disk,
@@ -284,6 +295,7 @@ pub fn build(
                     data,
                     owner.as_ref().map(|(f, o)| (f, *o)),
                 );
+                naive.write(b.ts_ns, b.disk, b.offset, b.len, data, None);
             }
         }
     }
@@ -305,6 +317,7 @@ pub fn build(
     }
     let lt = tracker.finish();
     let lifetimes = summarize(&lt);
+    let lifetimes_naive = summarize(&naive.finish());
     Ok(Report {
         file: path.to_path_buf(),
         records,
@@ -317,6 +330,7 @@ pub fn build(
         unlinks,
         truncates,
         lifetimes,
+        lifetimes_naive,
         raw_lifetimes: lt,
     })
 }
@@ -342,6 +356,12 @@ fn summarize(lt: &Lifetimes) -> LifetimeSummary {
         cdf: CDF_LIMITS
             .iter()
             .map(|s| (*s, lt.cdf_at((s * 1e9) as u64)))
+            .collect(),
+        cdf_fine: CDF_LIMITS
+            .iter()
+            .flat_map(|d| [1.0, 2.0, 5.0].map(|m| d * m))
+            .take_while(|s| *s <= 10_000.0)
+            .map(|s| (s, lt.cdf_at((s * 1e9) as u64)))
             .collect(),
     }
 }
@@ -640,8 +660,22 @@ mod tests {
         let text = r.text();
         assert!(text.contains("class 2"), "{text}");
         assert!(text.contains("xfs"), "{text}");
+        // A block device alone (Sky Fig 4's naive approach) sees no unlink: all three alive.
+        assert_eq!(r.lifetimes_naive.born, 3);
+        assert_eq!(r.lifetimes_naive.alive, 3);
+        assert!(r.lifetimes_naive.ended.values().all(|n| *n == 0));
         let json: serde_json::Value = serde_json::from_str(&r.json()).unwrap();
         assert_eq!(json["lifetimes"]["ended"]["unlink"], 2);
+        assert_eq!(json["lifetimes_naive"]["alive"], 3);
+        // The plot's CDF: 1-2-5 steps, 2 of 3 blocks dead within 5 s, none within 2 s.
+        let fine = json["lifetimes"]["cdf_fine"].as_array().unwrap();
+        assert_eq!(fine.len(), 22);
+        let at = |s: f64| {
+            fine.iter().find(|p| p[0] == s).unwrap()[1]
+                .as_f64()
+                .unwrap()
+        };
+        assert_eq!((at(2.0), at(5.0)), (0.0, 2.0 / 3.0));
         assert_eq!(json["classes"]["5"]["metadata_bytes"], 4096);
     }
 
