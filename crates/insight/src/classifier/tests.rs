@@ -707,7 +707,7 @@ fn page_owned_chunks_of_unselected_files_stay_metadata() {
         paths: vec!["/data".into()],
         ..InsightConfig::default()
     };
-    let mut w = world(cfg);
+    let w = world(cfg);
     let buf = content(4, 4096);
     let i = w
         .engine
