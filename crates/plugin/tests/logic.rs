@@ -185,8 +185,8 @@ fn profile_parse() {
         "task_struct.pid has size 8 at offset 2416, expected 4 bytes"
     );
     assert!(layout("not json").is_err());
-    let e = layout(&PROFILE.replace("\"format\": 2", "\"format\": 3")).expect_err("format");
-    assert!(e.contains("profile format 3"), "{e}");
+    let e = layout(&PROFILE.replace("\"format\": 3", "\"format\": 2")).expect_err("format");
+    assert!(e.contains("profile format 2"), "{e}");
     let e = layout(&PROFILE.replace("0x000000000001fb80", "0xffffffff8201fb80"))
         .expect_err("not per-cpu");
     assert!(e.contains("per-CPU"), "{e}");
