@@ -181,6 +181,122 @@ fn content_name(c: Content) -> &'static str {
     }
 }
 
+/// How far out of time order the engine may log a record: a block request's record waits for
+/// late syscall events (write grace 1 s, read window 4 s) while later ones are logged. Lifetimes
+/// are followed in time order through a reorder buffer this wide.
+const REORDER_WINDOW_NS: u64 = 10_000_000_000;
+
+/// What the lifetime trackers learn from one record.
+#[derive(Debug)]
+enum LtEvent {
+    Write {
+        disk: u32,
+        offset: u64,
+        len: u64,
+        data: bool,
+        owner: Option<(Arc<str>, u64)>,
+    },
+    Discard {
+        disk: u32,
+        offset: u64,
+        len: u64,
+    },
+    Unlink(String),
+    Truncate(String, u64),
+    Observe,
+}
+
+/// Sky's lifetimes and the naive ones (a block device alone: overwrites only).
+#[derive(Default)]
+struct LifetimeTrackers {
+    sky: Tracker,
+    naive: Tracker,
+}
+
+impl LifetimeTrackers {
+    fn apply(&mut self, ts: u64, ev: LtEvent) {
+        match ev {
+            LtEvent::Write {
+                disk,
+                offset,
+                len,
+                data,
+                owner,
+            } => {
+                let owner = owner.as_ref().map(|(f, o)| (f, *o));
+                self.sky.write(ts, disk, offset, len, data, owner);
+                self.naive.write(ts, disk, offset, len, data, None);
+            }
+            LtEvent::Discard { disk, offset, len } => {
+                self.sky.discard(ts, disk, offset, len);
+                self.naive.observe(ts);
+            }
+            LtEvent::Unlink(f) => {
+                self.sky.unlink(ts, &f);
+                self.naive.observe(ts);
+            }
+            LtEvent::Truncate(f, size) => {
+                self.sky.truncate(ts, &f, size);
+                self.naive.observe(ts);
+            }
+            LtEvent::Observe => {
+                self.sky.observe(ts);
+                self.naive.observe(ts);
+            }
+        }
+    }
+}
+
+/// Lifetime events in time order: each waits until a record [`REORDER_WINDOW_NS`] newer was
+/// read (log order is not time order, see there).
+#[derive(Default)]
+struct Reorder {
+    heap: std::collections::BinaryHeap<std::cmp::Reverse<Timed>>,
+    seq: u64,
+    newest: u64,
+}
+
+/// An event ordered by (time, log order).
+#[derive(Debug)]
+struct Timed(u64, u64, LtEvent);
+
+impl PartialEq for Timed {
+    fn eq(&self, o: &Self) -> bool {
+        (self.0, self.1) == (o.0, o.1)
+    }
+}
+impl Eq for Timed {}
+impl PartialOrd for Timed {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Timed {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        (self.0, self.1).cmp(&(o.0, o.1))
+    }
+}
+
+impl Reorder {
+    fn push(&mut self, ts: u64, ev: LtEvent, lt: &mut LifetimeTrackers) {
+        self.seq += 1;
+        self.heap.push(std::cmp::Reverse(Timed(ts, self.seq, ev)));
+        self.newest = self.newest.max(ts);
+        let horizon = self.newest.saturating_sub(REORDER_WINDOW_NS);
+        while self.heap.peek().is_some_and(|e| e.0 .0 < horizon) {
+            if let Some(std::cmp::Reverse(Timed(ts, _, ev))) = self.heap.pop() {
+                lt.apply(ts, ev);
+            }
+        }
+    }
+
+    fn drain(&mut self, lt: &mut LifetimeTrackers) {
+        while let Some(std::cmp::Reverse(Timed(ts, _, ev))) = self.heap.pop() {
+            lt.apply(ts, ev);
+        }
+    }
+}
+
 /// Decade limits of the CDF table, in seconds.
 const CDF_LIMITS: [f64; 8] = [1e-3, 1e-2, 0.1, 1.0, 10.0, 100.0, 1000.0, 10000.0];
 
@@ -198,8 +314,8 @@ pub fn build(
     let mut content: BTreeMap<&'static str, Totals> = BTreeMap::new();
     let mut fss: BTreeMap<u32, FsTotals> = BTreeMap::new();
     let mut record_fs: BTreeMap<u32, String> = BTreeMap::new();
-    let mut tracker = Tracker::new();
-    let mut naive = Tracker::new();
+    let mut lt = LifetimeTrackers::default();
+    let mut order = Reorder::default();
     let (mut first_ts, mut last_ts) = (u64::MAX, 0u64);
     let (mut unlinks, mut truncates) = (0u64, 0u64);
     for (i, line) in input.lines().enumerate() {
@@ -239,14 +355,12 @@ pub fn build(
             InsightRecord::Discard(b) => (Op::Discard, b),
             InsightRecord::Unlink(f) => {
                 unlinks += 1;
-                tracker.unlink(f.ts_ns, &f.file);
-                naive.observe(f.ts_ns);
+                order.push(f.ts_ns, LtEvent::Unlink(f.file.clone()), &mut lt);
                 continue;
             }
             InsightRecord::Truncate(f) => {
                 truncates += 1;
-                tracker.truncate(f.ts_ns, &f.file, f.size);
-                naive.observe(f.ts_ns);
+                order.push(f.ts_ns, LtEvent::Truncate(f.file.clone(), f.size), &mut lt);
                 continue;
             }
         };
@@ -262,11 +376,16 @@ pub fn build(
                 .add(op, b);
         }
         match op {
-            Op::Read => tracker.observe(b.ts_ns),
-            Op::Discard => {
-                tracker.discard(b.ts_ns, b.disk, b.offset, b.len);
-                naive.observe(b.ts_ns);
-            }
+            Op::Read => order.push(b.ts_ns, LtEvent::Observe, &mut lt),
+            Op::Discard => order.push(
+                b.ts_ns,
+                LtEvent::Discard {
+                    disk: b.disk,
+                    offset: b.offset,
+                    len: b.len,
+                },
+                &mut lt,
+            ),
             Op::Write => {
                 let f = fss.entry(b.disk).or_insert_with(|| FsTotals {
                     disk: b.disk,
@@ -287,15 +406,17 @@ pub fn build(
                         (Content::Data, Some(file), Some(off)) => Some((Arc::clone(file), off)),
                         _ => None,
                     };
-                tracker.write(
+                order.push(
                     b.ts_ns,
-                    b.disk,
-                    b.offset,
-                    b.len,
-                    data,
-                    owner.as_ref().map(|(f, o)| (f, *o)),
+                    LtEvent::Write {
+                        disk: b.disk,
+                        offset: b.offset,
+                        len: b.len,
+                        data,
+                        owner,
+                    },
+                    &mut lt,
                 );
-                naive.write(b.ts_ns, b.disk, b.offset, b.len, data, None);
             }
         }
     }
@@ -315,9 +436,10 @@ pub fn build(
     for (disk, f) in fss.iter_mut() {
         f.fs = record_fs.get(disk).or_else(|| fs_types.get(disk)).cloned();
     }
-    let lt = tracker.finish();
+    order.drain(&mut lt);
+    let lifetimes_naive = summarize(&lt.naive.finish());
+    let lt = lt.sky.finish();
     let lifetimes = summarize(&lt);
-    let lifetimes_naive = summarize(&naive.finish());
     Ok(Report {
         file: path.to_path_buf(),
         records,
@@ -677,6 +799,25 @@ mod tests {
         };
         assert_eq!((at(2.0), at(5.0)), (0.0, 2.0 / 3.0));
         assert_eq!(json["classes"]["5"]["metadata_bytes"], 4096);
+    }
+
+    #[test]
+    fn lifetimes_follow_time_order_not_log_order() {
+        // The engine logs a write that waited for its grace after later records: here the
+        // block written at 1 s is logged after its overwrite at 3 s. In time order it lived
+        // 2 s; in log order it would be born after its death (a lifetime of 0) and live on.
+        let log = [
+            rec("write", 3 * S, 0, 0, 4096, "data", 2, Some(("/a", 0))),
+            rec("write", S, 0, 0, 4096, "data", 2, Some(("/a", 0))),
+            rec("read", 20 * S, 0, 1 << 20, 4096, "metadata", 5, None),
+        ]
+        .join("\n");
+        let r = report(&log).unwrap();
+        assert_eq!(r.lifetimes.born, 2);
+        assert_eq!(r.lifetimes.ended[&EndKind::Overwrite], 1);
+        assert_eq!(r.lifetimes.by_kind[&EndKind::Overwrite].p50_ns, 2 * S);
+        assert_eq!(r.lifetimes.alive, 1);
+        assert_eq!(r.lifetimes.alive_age.as_ref().unwrap().p50_ns, 17 * S);
     }
 
     #[test]
