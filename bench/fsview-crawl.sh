@@ -7,16 +7,9 @@
 #
 # Every crawl (time, inodes, index bytes) goes to bench/results/fsview-crawl.json (--out).
 set -euo pipefail
-ARGV=("$0" "$@")
-START=$(date -u +%Y-%m-%dT%H:%M:%SZ) LOAD0=$(cut -d' ' -f1-3 /proc/loadavg) T0=$SECONDS
-OUT=
-while [ $# -gt 0 ]; do
-    case $1 in
-        --out) OUT=$(realpath -m "$2"); shift 2 ;;
-        -h|--help) sed -n '2,8s/^# \{0,1\}//p' "$0"; exit 0 ;;
-        *) echo "fsview-crawl.sh: unknown option $1 (--out PATH)" >&2; exit 2 ;;
-    esac
-done
+# shellcheck source=bench/lib/args.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/args.sh"
+bench_start fsview-crawl.sh 8 "$@"
 cd "$(dirname "$0")/.."
 VMSIGHT=${VMSIGHT:-target/release/vmsight}
 IMG="$("$VMSIGHT" image info --json | jq -r .dir)/rootfs.img"

@@ -12,16 +12,9 @@
 # without --out, as bench/hylics.py asks for it, leaves the results file alone).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-ARGV=("$0" "$@")
-START=$(date -u +%Y-%m-%dT%H:%M:%SZ) LOAD0=$(cut -d' ' -f1-3 /proc/loadavg) T0=$SECONDS
-OUT=
-while [ $# -gt 0 ]; do
-    case $1 in
-        --out) OUT=$(realpath -m "$2"); shift 2 ;;
-        -h|--help) sed -n '2,13s/^# \{0,1\}//p' "$0"; exit 0 ;;
-        *) echo "media-disk.sh: unknown option $1 (--out PATH)" >&2; exit 2 ;;
-    esac
-done
+# shellcheck source=bench/lib/args.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/args.sh"
+bench_start media-disk.sh 13 "$@"
 # shellcheck source=scripts/lib/debian-mirror.sh
 . "$HERE/../scripts/lib/debian-mirror.sh"
 
