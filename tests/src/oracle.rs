@@ -3,7 +3,7 @@
 //! (`--stats-json`, the insight log) read back as JSON.
 #![allow(clippy::unwrap_used)] // Test code: a failed unwrap is a failed test.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 use std::process::Command;
 
@@ -176,4 +176,65 @@ File size of /y is 2048 (2 blocks of 1024 bytes)\n   \
         // 1 KiB blocks 8..11 are the 4 KiB disk block 2 (plus the 1 MiB start).
         assert_eq!(at(256 + 2).file, "/x");
     }
+}
+
+/// The insight log's write records of one disk judged per 4 KiB block against a FIEMAP truth
+/// (`fiemap_map`) of the files `ours`, in both directions.
+#[derive(Debug, Default)]
+pub struct BlockJudgement {
+    /// Blocks of the files whose last write is not data of the right file at the right offset:
+    /// (file, block, what the log says).
+    pub missed: Vec<(String, u64, String)>,
+    /// Blocks a record calls data of one of the files that are not that file's at that offset.
+    pub spurious: Vec<String>,
+    /// Blocks records attributed to the files (right or wrong).
+    pub attributed: u64,
+}
+
+/// Judges `writes` (write records of one disk, in any order) per block against `truth`.
+pub fn judge_file_blocks(
+    writes: &[Value],
+    truth: &HashMap<u64, FileBlock>,
+    ours: &BTreeSet<String>,
+) -> BlockJudgement {
+    let mut writes: Vec<&Value> = writes.iter().collect();
+    writes.sort_by_key(|r| r["ts_ns"].as_u64().unwrap());
+    let mut j = BlockJudgement::default();
+    // Per block: the last write record covering it and the file offset it says.
+    let mut last: HashMap<u64, (&Value, Option<u64>)> = HashMap::new();
+    for rec in writes {
+        let off = rec["offset"].as_u64().unwrap();
+        let file = rec["file"].as_str();
+        for k in 0..rec["len"].as_u64().unwrap().div_ceil(4096) {
+            let block = off / 4096 + k;
+            let file_off = rec["file_offset"].as_u64().map(|f| f + k * 4096);
+            last.insert(block, (rec, file_off));
+            if file.is_some_and(|f| ours.contains(f)) && rec["content"] != "metadata" {
+                j.attributed += 1;
+                let right = truth.get(&block).is_some_and(|t| {
+                    Some(t.file.as_str()) == file && Some(t.file_offset) == file_off
+                });
+                if !right {
+                    j.spurious.push(format!("block {block}: {rec}"));
+                }
+            }
+        }
+    }
+    for (block, t) in truth {
+        let ok = last.get(block).is_some_and(|(rec, file_off)| {
+            rec["content"] == "data"
+                && rec["file"].as_str() == Some(t.file.as_str())
+                && *file_off == Some(t.file_offset)
+        });
+        if !ok {
+            let got = last.get(block).map(|(r, _)| r.to_string());
+            j.missed.push((
+                t.file.clone(),
+                *block,
+                format!("offset {}: last write {got:?}", t.file_offset),
+            ));
+        }
+    }
+    j.missed.sort();
+    j
 }

@@ -11,14 +11,15 @@
 //!   without `mount=` at `@disk2`, each equal to the guest's own `find` and `sha256sum`.
 #![allow(clippy::unwrap_used)] // Test code: a failed unwrap is a failed test.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use vmsight_tests::oracle::{
-    fiemap_map, find_listing, insight_log, json_file, line_diff, section, sh_out, whole_seconds,
+    fiemap_map, find_listing, insight_log, json_file, judge_file_blocks, line_diff, section,
+    sh_out, whole_seconds,
 };
 use vmsight_tests::*;
 
@@ -194,59 +195,23 @@ fn root_disk_writes_are_classified_as_data_per_block() {
     );
     assert!(truth.values().all(|b| ours.contains(&b.file)));
 
-    let mut writes: Vec<Value> = insight_log(&log)
+    let writes: Vec<Value> = insight_log(&log)
         .into_iter()
         .filter(|r| r["op"] == "write" && r["disk"] == 0)
         .collect();
-    writes.sort_by_key(|r| r["ts_ns"].as_u64().unwrap());
-    // Per 4 KiB block of disk 0: the last write record covering it, and where that record
-    // says the block's bytes are in its file.
-    let mut last: HashMap<u64, (&Value, Option<u64>)> = HashMap::new();
-    let mut spurious = Vec::new();
-    let mut attributed = 0u64;
-    for rec in &writes {
-        let off = rec["offset"].as_u64().unwrap();
-        let len = rec["len"].as_u64().unwrap();
-        let file = rec["file"].as_str();
-        for k in 0..len.div_ceil(4096) {
-            let block = (off + k * 4096) / 4096;
-            let file_off = rec["file_offset"].as_u64().map(|f| f + k * 4096);
-            last.insert(block, (rec, file_off));
-            // Nothing outside the files' blocks is data of the files.
-            if file.is_some_and(|f| ours.contains(f)) && rec["content"] != "metadata" {
-                attributed += 1;
-                let right = truth.get(&block).is_some_and(|t| {
-                    Some(t.file.as_str()) == file && Some(t.file_offset) == file_off
-                });
-                if !right {
-                    spurious.push(format!("block {block}: {rec}"));
-                }
-            }
-        }
-    }
-    // Every block of the files: its last write is data of the right file at the right offset.
-    let mut missed = Vec::new();
-    for (block, t) in &truth {
-        let ok = last.get(block).is_some_and(|(rec, file_off)| {
-            rec["content"] == "data"
-                && rec["file"].as_str() == Some(t.file.as_str())
-                && *file_off == Some(t.file_offset)
-        });
-        if !ok {
-            let got = last.get(block).map(|(r, _)| r.to_string());
-            missed.push(format!("block {block} ({t:?}): last write {got:?}"));
-        }
-    }
-    missed.sort();
+    // Every block of the files: its last write is data of the right file at the right offset;
+    // nothing else is called data of those files.
+    let j = judge_file_blocks(&writes, &truth, &ours);
     println!(
         "root disk: {} write records, {} file blocks (truth), {} blocks attributed to the files, \
          {} missed, {} spurious",
         writes.len(),
         truth.len(),
-        attributed,
-        missed.len(),
-        spurious.len()
+        j.attributed,
+        j.missed.len(),
+        j.spurious.len()
     );
+    let missed: Vec<String> = j.missed.iter().map(|m| format!("{m:?}")).collect();
     assert!(
         missed.is_empty(),
         "{} missed:\n{}",
@@ -254,10 +219,10 @@ fn root_disk_writes_are_classified_as_data_per_block() {
         missed[..missed.len().min(10)].join("\n")
     );
     assert!(
-        spurious.is_empty(),
+        j.spurious.is_empty(),
         "{} spurious:\n{}",
-        spurious.len(),
-        spurious[..spurious.len().min(10)].join("\n")
+        j.spurious.len(),
+        j.spurious[..j.spurious.len().min(10)].join("\n")
     );
     // The classification engaged: metadata writes of disk 0 were told apart too.
     let metadata = writes.iter().filter(|r| r["content"] == "metadata").count();

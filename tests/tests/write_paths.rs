@@ -8,10 +8,10 @@
 //! right file at the right offset, and no write record calls any other block data of them.
 #![allow(clippy::unwrap_used)] // Test code: a failed unwrap is a failed test.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
-use vmsight_tests::oracle::{fiemap_map, insight_log, json_file, section};
+use vmsight_tests::oracle::{fiemap_map, insight_log, json_file, judge_file_blocks, section};
 use vmsight_tests::*;
 
 /// The files and how each is written (all on the root disk, under /root/wp).
@@ -91,69 +91,41 @@ fn large_vectored_mmap_and_io_uring_writes_are_data_per_block() {
     .collect();
     assert_eq!(per_file, want, "FIEMAP blocks per file");
 
-    let mut writes: Vec<Value> = insight_log(&log)
+    let writes: Vec<Value> = insight_log(&log)
         .into_iter()
         .filter(|r| r["op"] == "write" && r["disk"] == 0)
         .collect();
-    writes.sort_by_key(|r| r["ts_ns"].as_u64().unwrap());
-    // Per disk block: the last write record covering it and the file offset it says.
-    let mut last: HashMap<u64, (&Value, Option<u64>)> = HashMap::new();
-    let mut spurious = Vec::new();
-    for rec in &writes {
-        let off = rec["offset"].as_u64().unwrap();
-        let file = rec["file"].as_str();
-        for k in 0..rec["len"].as_u64().unwrap().div_ceil(4096) {
-            let block = off / 4096 + k;
-            let file_off = rec["file_offset"].as_u64().map(|f| f + k * 4096);
-            last.insert(block, (rec, file_off));
-            if file.is_some_and(|f| ours.contains(f)) && rec["content"] != "metadata" {
-                let right = truth.get(&block).is_some_and(|t| {
-                    Some(t.file.as_str()) == file && Some(t.file_offset) == file_off
-                });
-                if !right {
-                    spurious.push(format!("block {block}: {rec}"));
-                }
-            }
-        }
-    }
-    let mut missed: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for (block, t) in &truth {
-        let ok = last.get(block).is_some_and(|(rec, file_off)| {
-            rec["content"] == "data"
-                && rec["file"].as_str() == Some(t.file.as_str())
-                && *file_off == Some(t.file_offset)
-        });
-        if !ok {
-            let got = last.get(block).map(|(r, _)| r.to_string());
-            missed.entry(t.file.clone()).or_default().push(format!(
-                "block {block} (offset {}): last write {got:?}",
-                t.file_offset
-            ));
-        }
-    }
+    let j = judge_file_blocks(&writes, &truth, &ours);
     for (n, how) in FILES {
-        let m = missed.get(&path(n)).map_or(0, Vec::len);
+        let m = j.missed.iter().filter(|(f, ..)| *f == path(n)).count();
         println!(
             "{}: {how}: {} blocks, {m} missed",
             path(n),
             want[path(n).as_str()]
         );
     }
-    println!("{} spurious", spurious.len());
-    let first: Vec<String> = missed
-        .values()
-        .flat_map(|v| v.iter().take(3).cloned())
-        .collect();
+    println!("{} spurious", j.spurious.len());
+    let mut first: Vec<String> = Vec::new();
+    for (n, _) in FILES {
+        let p = path(n);
+        first.extend(
+            j.missed
+                .iter()
+                .filter(|(f, ..)| *f == p)
+                .take(3)
+                .map(|m| format!("{m:?}")),
+        );
+    }
     assert!(
-        missed.is_empty(),
+        j.missed.is_empty(),
         "missed blocks, first of each file:\n{}",
         first.join("\n")
     );
     assert!(
-        spurious.is_empty(),
+        j.spurious.is_empty(),
         "{} spurious:\n{}",
-        spurious.len(),
-        spurious[..spurious.len().min(10)].join("\n")
+        j.spurious.len(),
+        j.spurious[..j.spurious.len().min(10)].join("\n")
     );
 
     // The mechanism engaged: at least the blocks no syscall checksummed (mmap, io_uring, and
