@@ -20,7 +20,7 @@ Parts (--parts, default all):
              (Sky used four Filebench workloads; Filebench is not packaged by Debian).
 
 Every run's numbers go to bench/results/sky_insights.json (--out); the plots of Figures 4 and 5
-to docs/plots/sky-fig4.svg and docs/plots/sky-fig5.svg (matplotlib; skipped with a message when
+to docs/figures/sky-fig4.svg and docs/figures/sky-fig5.svg (matplotlib; skipped with a message when
 it is missing).
 
   bench/sky_insights.py [--parts accuracy,fig4,fig5] [--reps 3] [--fs ext2,ext3,ext4,xfs,btrfs]
@@ -39,7 +39,8 @@ import results as bench_results  # noqa: E402
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 VMSIGHT = os.environ.get("VMSIGHT", os.path.join(REPO, "target", "release", "vmsight"))
-PLOTS = os.path.join(REPO, "docs", "plots")
+# Paper figures live apart from docs/plots, which bench/report.py owns (one plot per results file).
+PLOTS = os.path.join(REPO, "docs", "figures")
 MARK = "dd if=/dev/zero of=/dev/vdc bs=4096 count=1 oflag=direct status=none"
 VARMAIL = "varmail -d /mnt/v/vm -n 300 -o 20000 -s 11 -j"
 # Sky Table 5 (Linux rows): misclassification error in percent.
@@ -135,7 +136,7 @@ def fig5_once(w, tmp):
 
 
 def plot(res_path):
-    """Figures 4 and 5 from the results file (SVG under docs/plots)."""
+    """Figures 4 and 5 from the results file (SVG under docs/figures)."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -148,6 +149,7 @@ def plot(res_path):
                   file=sys.stderr)
         return
     doc = json.load(open(res_path))
+    plt.rcParams["svg.hashsalt"] = "vmsight-bench"  # the same SVG for the same data
     os.makedirs(PLOTS, exist_ok=True)
     for fig, part in (("sky-fig4", "fig4"), ("sky-fig5", "fig5")):
         reps = [r for r in doc["reps"] if r.get("part") == part]
@@ -253,7 +255,7 @@ def main():
         if not rows:
             continue
         print(f"\n### Sky {'Figure 4' if part == 'fig4' else 'Figure 5'}: block lifetimes "
-              f"({a.reps} reps, medians; plot docs/plots/sky-{part}.svg)\n")
+              f"({a.reps} reps, medians; plot docs/figures/sky-{part}.svg)\n")
         if part == "fig4":
             print("| curve | blocks born | ended | still alive at the end | median lifetime |")
             print("|---|---|---|---|---|")
