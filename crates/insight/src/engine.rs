@@ -97,6 +97,9 @@ pub struct ClassCounters {
     pub write_chunks_by_page: u64,
     pub write_chunks_anonymous: u64,
     pub write_chunks_owner_unknown: u64,
+    /// Block-write chunks whose checksum matched content several writes produced, moved by
+    /// their page's owner to another file or offset, or to metadata.
+    pub write_chunks_reattributed: u64,
     /// Chunks matched only after the block request was classified (trace thread lag).
     pub late_matches: u64,
     /// Partial chunks completed from the recent-I/O cache / that could not be completed.
@@ -657,13 +660,42 @@ impl Engine {
     }
 
     /// Takes one indexed write chunk with checksum `sum` (Sky removes matched sums).
-    fn take_write(&mut self, sum: u64) -> Option<ChunkMeta> {
-        let m = self.writes.get(&sum)?.meta.clone();
+    /// Takes the indexed write of content `sum`, and whether other writes of the same content
+    /// were indexed too (then the meta is the latest writer's, which need not be this block's).
+    fn take_write(&mut self, sum: u64) -> Option<(ChunkMeta, bool)> {
+        let ix = self.writes.get(&sum)?;
+        let (m, ambiguous) = (ix.meta.clone(), ix.count > 1);
         self.unindex(sum);
         if m.inode != 0 && self.latest.get(&(m.inode, m.offset / CHUNK)) == Some(&sum) {
             self.latest.remove(&(m.inode, m.offset / CHUNK));
         }
-        Some(m)
+        Some((m, ambiguous))
+    }
+
+    /// A checksum match of content several writes produced (identical chunks: zeros, a
+    /// program writing one buffer to many files) names the latest writer; the page's owner
+    /// says whose block this is. A regular file's page elsewhere re-attributes the chunk, a
+    /// metadata page makes it metadata; an unreadable or anonymous owner keeps the match.
+    fn verify_ambiguous(
+        &mut self,
+        disk: u32,
+        m: ChunkMeta,
+        owner: PageOwner,
+        now: u64,
+    ) -> Option<ChunkMeta> {
+        match owner {
+            PageOwner::File { inode, offset, .. } if (inode, offset) != (m.inode, m.offset) => {
+                self.counters.write_chunks_reattributed += 1;
+                let mut pm = self.page_meta(disk, owner, now)?;
+                pm.by_page = false; // a write syscall did write this content
+                Some(pm)
+            }
+            PageOwner::Metadata => {
+                self.counters.write_chunks_reattributed += 1;
+                None
+            }
+            _ => Some(m),
+        }
     }
 
     /// Marks the first pending block request (of the given direction) waiting for `sum`.
@@ -1089,7 +1121,8 @@ impl Engine {
             let whole = c.len() == CHUNK as usize;
             let m = if whole { self.take_write(sum) } else { None };
             let m = match m {
-                Some(m) => Some(m),
+                Some((m, false)) => Some(m),
+                Some((m, true)) => self.verify_ambiguous(disk, m, owner(i), now),
                 None if whole => self.page_meta(disk, owner(i), now),
                 None => None,
             };
@@ -1308,12 +1341,12 @@ impl Engine {
         while start < chunks.len() {
             let ins = self.insight_of(&chunks[start..start + 1], r.insight.journal);
             let mut end = start + 1;
-            while end < chunks.len()
-                && same_run(
-                    &self.insight_of(&chunks[end..end + 1], r.insight.journal),
-                    &ins,
-                )
-            {
+            while end < chunks.len() && {
+                let next = self.insight_of(&chunks[end..end + 1], r.insight.journal);
+                // A record says where its first byte is in its file; the rest must follow on.
+                let follows = ins.file_offset.map(|o| o + (end - start) as u64 * CHUNK);
+                same_run(&next, &ins) && next.file_offset == follows
+            } {
                 end += 1;
             }
             let off = start as u64 * CHUNK;

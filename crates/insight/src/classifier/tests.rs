@@ -765,3 +765,78 @@ fn a_page_owned_chunk_still_takes_the_hint_of_a_syscall_that_arrives_within_the_
     let cnt = w.engine.counters();
     assert_eq!((cnt.write_chunks_by_page, cnt.late_matches), (0, 1));
 }
+
+#[test]
+fn blocks_of_one_file_that_do_not_follow_on_in_the_file_are_logged_apart() {
+    let mut w = world(InsightConfig::default());
+    w.open(100, "app", "/data/f", 3, 0o101);
+    let (a, b) = (content(21, 4096), content(22, 4096));
+    // File chunks 0 and 2, written next to each other on the disk.
+    let c = w.io_event(100, "app", 3, 0, &a, 0, false);
+    w.syscall(&c);
+    let c = w.io_event(100, "app", 3, 8192, &b, 4096, false);
+    w.syscall(&c);
+    let mut both = a.clone();
+    both.extend_from_slice(&b);
+    assert_eq!(w.block_write(1 << 30, &both).content, Content::Data);
+    let parts: Vec<_> = w
+        .records()
+        .into_iter()
+        .filter_map(|r| match r {
+            InsightRecord::Write(b) => Some((b.offset, b.len, b.insight.file_offset)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        parts,
+        vec![
+            (1 << 30, 4096, Some(0)),
+            ((1 << 30) + 4096, 4096, Some(8192))
+        ],
+        "one record would say the second block is the file's bytes 4096..8192"
+    );
+}
+
+#[test]
+fn identical_content_of_several_files_is_attributed_by_the_pages_owner() {
+    use crate::pages::PageOwner;
+    let mut w = world(InsightConfig::default());
+    let same = content(30, 4096);
+    // Two files get the same bytes (one buffer written twice); the index names the latest.
+    w.open(100, "app", "/data/a", 3, 0o101);
+    let c = w.io_event(100, "app", 3, 0, &same, 0, false);
+    w.syscall(&c);
+    w.open(100, "app", "/data/b", 4, 0o101);
+    let c = w.io_event(100, "app", 4, 8192, &same, 0, false);
+    w.syscall(&c);
+    let a_page = PageOwner::File {
+        inode: INODE + 3 * 0x1000,
+        ino: 50,
+        offset: 0,
+        size: 4096,
+        path: Some("/data/a".into()),
+    };
+    let i = w
+        .engine
+        .lock()
+        .classify_write_owned(0, 0, &same, false, &mut |_| a_page.clone());
+    assert_eq!(
+        (i.file.as_deref(), i.file_offset),
+        (Some("/data/a"), Some(0)),
+        "the block is /data/a's, not the latest writer's"
+    );
+    // The other copy is /data/b's, now unambiguous; a third identical block whose page is
+    // metadata (say a zeroed table) is not called data of either.
+    let i = w.block_write(4096, &same);
+    assert_eq!(i.file.as_deref(), Some("/data/b"));
+    let c = w.io_event(100, "app", 4, 16384, &same, 12288, false);
+    w.syscall(&c);
+    let c = w.io_event(100, "app", 4, 20480, &same, 16384, false);
+    w.syscall(&c);
+    let i = w
+        .engine
+        .lock()
+        .classify_write_owned(0, 8192, &same, false, &mut |_| PageOwner::Metadata);
+    assert_eq!(i.content, Content::Metadata);
+    assert_eq!(w.engine.counters().write_chunks_reattributed, 2);
+}
