@@ -706,3 +706,55 @@ fn page_owners_need_the_page_members_and_a_kernel_vmemmap() {
     let e = PageOwners::new(view, &p).expect_err("no page members in this profile");
     assert!(e.to_string().contains("page"), "{e}");
 }
+
+proptest::proptest! {
+    /// A hostile guest controls every byte the page reader follows: `struct page`, the
+    /// mapping, the inode, the dentries. Whatever they hold, an answer comes back (no panic,
+    /// no endless walk), and a file page's path is never longer than the kernel allows.
+    #[test]
+    fn page_owners_survive_arbitrary_guest_memory(
+        words in proptest::collection::vec(proptest::prelude::any::<u64>(), 64),
+        ptrs in proptest::collection::vec(0u64..8, 64),
+        gpas in proptest::collection::vec(0u64..(RAM as u64 + 0x10000), 16),
+    ) {
+        use super::pages::PageOwners;
+        const SYM_VMEMMAP: u64 = 0x1120;
+        const VMEMMAP: u64 = 0xffff_ea00_0000_0000;
+        const VMEMMAP_PA: u64 = 0xa0_0000;
+        let (_, mut p, mut f) = build(PagingMode::FourLevel, false);
+        p.symbols.insert("vmemmap_base".into(), Addr(START_KERNEL_MAP + SYM_VMEMMAP));
+        p.structs.insert("page".into(), st(64, &[("mapping", 0x18, 8), ("index", 0x20, 8)]));
+        p.structs.insert("address_space".into(), st(0x40, &[("host", 0, 8)]));
+        let add = |p: &mut KernelProfile, s: &str, m: &str, offset: u64, size: u64| {
+            let st = p.structs.get_mut(s).unwrap();
+            st.members.insert(m.into(), MemberLayout { offset, size });
+        };
+        add(&mut p, "inode", "i_dentry", 0x28, 8);
+        add(&mut p, "dentry", "d_u", 0x38, 16);
+        f.w64(START_KERNEL_MAP + SYM_VMEMMAP, VMEMMAP);
+        f.pt.map(VMEMMAP, VMEMMAP_PA, 0x20_0000, 0);
+        // A pool of objects whose words are either arbitrary or pointers into the pool, so
+        // the walks go deep, loop and wander off as a corrupt guest could make them.
+        let pool = f.alloc(64 * 8);
+        for (i, (w, sel)) in words.iter().zip(&ptrs).enumerate() {
+            let v = match sel {
+                0..=3 => pool + (w % 64) * 8,
+                4 => pool + (w % 64) * 8 + 1, // anonymous-looking
+                _ => *w,
+            };
+            f.w64(pool + i as u64 * 8, v);
+        }
+        for (k, w) in words.iter().enumerate().take(32) {
+            let pfn = 0x100 + k as u64;
+            f.pt.write_u64(VMEMMAP_PA + pfn * 64 + 0x18, pool + (w % 64) * 8);
+            f.pt.write_u64(VMEMMAP_PA + pfn * 64 + 0x20, *w);
+        }
+        let view = KernelView::new(finish(f), &p).expect("kernel view");
+        let owners = PageOwners::new(view, &p).expect("page owners");
+        for g in gpas.iter().chain((0x100u64..0x120).map(|pfn| pfn << 12).collect::<Vec<_>>().iter()) {
+            if let super::pages::PageOwner::File { path: Some(path), .. } = owners.owner(*g) {
+                proptest::prop_assert!(path.len() <= 256 * 256 + 256);
+            }
+        }
+    }
+}
