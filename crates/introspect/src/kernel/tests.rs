@@ -604,15 +604,14 @@ fn paging_mode_from_page_offset_base() {
     assert!(mode_from(0xffff_8880_0000_0000, Some(true)).is_err());
 }
 
-/// Page ownership: `struct page` at `vmemmap_base + pfn * 64`, `mapping` at 0x18, `index` at
-/// 0x20; `address_space.host` at 0.
-#[test]
-fn page_owners_follow_mapping_host_and_index() {
-    use super::pages::{PageOwner, PageOwners};
+/// Where the page tests put `struct page` (`vmemmap_base`) and what they add to the profile:
+/// `page.mapping` at 0x18, `page.index` at 0x20, `address_space.host` at 0, `inode.i_dentry`
+/// at 0x28 and `dentry.d_u` at 0x38.
+const PAGES_VMEMMAP: u64 = 0xffff_ea00_0000_0000;
+const PAGES_VMEMMAP_PA: u64 = 0xa0_0000;
+
+fn with_pages(p: &mut KernelProfile, f: &mut Fake) {
     const SYM_VMEMMAP: u64 = 0x1120;
-    const VMEMMAP: u64 = 0xffff_ea00_0000_0000;
-    const VMEMMAP_PA: u64 = 0xa0_0000;
-    let (_, mut p, mut f) = build(PagingMode::FourLevel, false);
     p.symbols
         .insert("vmemmap_base".into(), Addr(START_KERNEL_MAP + SYM_VMEMMAP));
     p.structs.insert(
@@ -621,14 +620,22 @@ fn page_owners_follow_mapping_host_and_index() {
     );
     p.structs
         .insert("address_space".into(), st(0x40, &[("host", 0, 8)]));
-    f.w64(START_KERNEL_MAP + SYM_VMEMMAP, VMEMMAP);
-    f.pt.map(VMEMMAP, VMEMMAP_PA, 0x20_0000, 0);
-    let add = |p: &mut KernelProfile, s: &str, m: &str, offset: u64, size: u64| {
+    for (s, m, offset, size) in [("inode", "i_dentry", 0x28, 8), ("dentry", "d_u", 0x38, 16)] {
         let st = p.structs.get_mut(s).unwrap();
         st.members.insert(m.into(), MemberLayout { offset, size });
-    };
-    add(&mut p, "inode", "i_dentry", 0x28, 8);
-    add(&mut p, "dentry", "d_u", 0x38, 16);
+    }
+    f.w64(START_KERNEL_MAP + SYM_VMEMMAP, PAGES_VMEMMAP);
+    f.pt.map(PAGES_VMEMMAP, PAGES_VMEMMAP_PA, 0x20_0000, 0);
+}
+
+/// Page ownership: `struct page` at `vmemmap_base + pfn * 64`, `mapping` at 0x18, `index` at
+/// 0x20; `address_space.host` at 0.
+#[test]
+fn page_owners_follow_mapping_host_and_index() {
+    use super::pages::{PageOwner, PageOwners};
+    const VMEMMAP_PA: u64 = PAGES_VMEMMAP_PA;
+    let (_, mut p, mut f) = build(PagingMode::FourLevel, false);
+    with_pages(&mut p, &mut f);
     let sb = f.super_block("ext4");
     let file = f.inode(sb, 77, 0o100644, 9000, 1);
     let i_dir = f.inode(sb, 2, 0o040755, 4096, 2);
@@ -718,21 +725,9 @@ proptest::proptest! {
         gpas in proptest::collection::vec(0u64..(RAM as u64 + 0x10000), 16),
     ) {
         use super::pages::PageOwners;
-        const SYM_VMEMMAP: u64 = 0x1120;
-        const VMEMMAP: u64 = 0xffff_ea00_0000_0000;
-        const VMEMMAP_PA: u64 = 0xa0_0000;
+        const VMEMMAP_PA: u64 = PAGES_VMEMMAP_PA;
         let (_, mut p, mut f) = build(PagingMode::FourLevel, false);
-        p.symbols.insert("vmemmap_base".into(), Addr(START_KERNEL_MAP + SYM_VMEMMAP));
-        p.structs.insert("page".into(), st(64, &[("mapping", 0x18, 8), ("index", 0x20, 8)]));
-        p.structs.insert("address_space".into(), st(0x40, &[("host", 0, 8)]));
-        let add = |p: &mut KernelProfile, s: &str, m: &str, offset: u64, size: u64| {
-            let st = p.structs.get_mut(s).unwrap();
-            st.members.insert(m.into(), MemberLayout { offset, size });
-        };
-        add(&mut p, "inode", "i_dentry", 0x28, 8);
-        add(&mut p, "dentry", "d_u", 0x38, 16);
-        f.w64(START_KERNEL_MAP + SYM_VMEMMAP, VMEMMAP);
-        f.pt.map(VMEMMAP, VMEMMAP_PA, 0x20_0000, 0);
+        with_pages(&mut p, &mut f);
         // A pool of objects whose words are either arbitrary or pointers into the pool, so
         // the walks go deep, loop and wander off as a corrupt guest could make them.
         let pool = f.alloc(64 * 8);
