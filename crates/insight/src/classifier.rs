@@ -52,16 +52,19 @@ impl Classifier {
         let journal = self.in_journal(off, req.len);
         match load(req) {
             Some(data) => {
-                let pages = self.engine.page_owners().map(|src| {
-                    let gpas = crate::pages::chunk_pages(&req.segments, req.len);
-                    (src, gpas)
-                });
-                let mut owner = |i: usize| match &pages {
-                    Some((src, gpas)) => match gpas.get(i).copied().flatten() {
+                // The request's pages are listed only if a chunk no checksum matched asks.
+                let src = self.engine.page_owners();
+                let mut gpas: Option<Vec<Option<u64>>> = None;
+                let mut owner = |i: usize| {
+                    let Some(src) = src else {
+                        return PageOwner::Unknown;
+                    };
+                    let gpas = gpas
+                        .get_or_insert_with(|| crate::pages::chunk_pages(&req.segments, req.len));
+                    match gpas.get(i).copied().flatten() {
                         Some(gpa) => src.owner(gpa),
                         None => PageOwner::Unknown,
-                    },
-                    None => PageOwner::Unknown,
+                    }
                 };
                 self.engine
                     .lock()
