@@ -1062,8 +1062,9 @@ fn format_stats(v: &VmStatus) -> String {
     };
     if let Some(ins) = v.insights.as_ref().filter(|i| !i.is_null()) {
         out.push_str(&format!(
-            "insights: data chunks {} / metadata chunks {} | writes by class {} | reads by class {}\n",
+            "insights: data chunks {} / unknown chunks {} / metadata chunks {} | writes by class {} | reads by class {}\n",
             ins["write_chunks_data"],
+            ins["write_chunks_unknown"],
             ins["write_chunks_metadata"],
             tally(&ins["writes"]),
             tally(&ins["reads"])

@@ -56,15 +56,10 @@ impl Classifier {
                 let src = self.engine.page_owners();
                 let mut gpas: Option<Vec<Option<u64>>> = None;
                 let mut owner = |i: usize| {
-                    let Some(src) = src else {
-                        return PageOwner::Unknown;
-                    };
+                    let src = src?;
                     let gpas = gpas
                         .get_or_insert_with(|| crate::pages::chunk_pages(&req.segments, req.len));
-                    match gpas.get(i).copied().flatten() {
-                        Some(gpa) => src.owner(gpa),
-                        None => PageOwner::Unknown,
-                    }
+                    Some(src.owner(gpas.get(i).copied().flatten()?))
                 };
                 self.engine
                     .lock()
@@ -76,6 +71,20 @@ impl Classifier {
                 m
             }
         }
+    }
+}
+
+impl Classifier {
+    /// The owners of a read request's pages (empty without a page source): a block read
+    /// fills the guest page cache's own pages, locked until the read completes.
+    fn read_owners(&self, req: &Request) -> Vec<Option<PageOwner>> {
+        let Some(src) = self.engine.page_owners() else {
+            return Vec::new();
+        };
+        crate::pages::chunk_pages(&req.segments, req.len)
+            .into_iter()
+            .map(|gpa| Some(src.owner(gpa?)))
+            .collect()
     }
 }
 
@@ -102,14 +111,22 @@ impl Stage for Classifier {
                 io.forward();
             }
             RequestKind::Read => {
-                // The data is only there once the stages below have read it.
+                // What the guest's page cache says the pages will hold goes down with the
+                // request (the cache sees the class at the first access); the data is only
+                // there once the stages below have read it, and is classified then.
+                let owners = self.read_owners(io.request());
+                if !owners.is_empty() {
+                    let insight = self.engine.lock().read_owners_insight(self.disk, &owners);
+                    io.request_mut().insights = Some(Arc::new(insight));
+                }
                 let engine = self.engine.clone();
                 let disk = self.disk;
                 io.forward_then(move |mut io, result| {
                     if matches!(result, Ok(Status::Ok)) {
                         if let Some(data) = load(io.request()) {
                             let off = io.request().offset();
-                            let insight = engine.lock().classify_read(disk, off, &data);
+                            let insight =
+                                engine.lock().classify_read_owned(disk, off, &data, &owners);
                             io.request_mut().insights = Some(Arc::new(insight));
                         }
                     }

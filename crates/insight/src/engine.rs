@@ -54,12 +54,44 @@ pub struct ChunkMeta {
     /// Known only from the page's owner (no write syscall's checksum matched yet): final only
     /// if none arrives within the write grace, which would bring the writer's hint and pid.
     pub by_page: bool,
+    /// Neither data of a known file nor metadata: no checksum matched and the guest kernel's
+    /// page says only that it is a process's anonymous memory (an `O_DIRECT` buffer), or the
+    /// page could not be read. Logged as `unknown` (lowest class, deduplicated as usual),
+    /// never as metadata. Provisional like `by_page`.
+    pub unknown: bool,
 }
 
 impl ChunkMeta {
     /// A match that no later syscall can improve.
     fn settled(m: &Option<ChunkMeta>) -> bool {
         m.as_ref().is_some_and(|m| !m.by_page)
+    }
+
+    /// Data of a known (or at least real) file: matched, copied or page-owned, not unknown.
+    fn is_data(m: &Option<ChunkMeta>) -> bool {
+        m.as_ref().is_some_and(|m| !m.unknown)
+    }
+
+    /// Unknown (see [`ChunkMeta::unknown`]).
+    fn is_unknown(m: &Option<ChunkMeta>) -> bool {
+        m.as_ref().is_some_and(|m| m.unknown)
+    }
+
+    /// A chunk the engine cannot place (see [`ChunkMeta::unknown`]), seen at `now`.
+    fn unplaced(now: u64, size_class: u8) -> ChunkMeta {
+        ChunkMeta {
+            pid: 0,
+            file: None,
+            inode: 0,
+            offset: 0,
+            size_class,
+            pattern: None,
+            app_class: None,
+            at: now,
+            copied: false,
+            by_page: true,
+            unknown: true,
+        }
     }
 }
 
@@ -84,19 +116,26 @@ pub struct ClassCounters {
     pub writes: BTreeMap<u8, Tally>,
     /// Read requests by final class.
     pub reads: BTreeMap<u8, Tally>,
-    /// 4 KiB chunks of block writes that matched a write syscall (data) / did not.
+    /// 4 KiB chunks of block writes, final: data (a write syscall's checksum, a copy or the
+    /// page's owner), unknown (an anonymous or unreadable page no checksum matched), metadata.
     pub write_chunks_data: u64,
+    pub write_chunks_unknown: u64,
     pub write_chunks_metadata: u64,
-    /// 4 KiB chunks of block reads matched by a read syscall (data) / not within the window.
+    /// 4 KiB chunks of block reads, final: data (content a syscall showed, a copy's source,
+    /// or the page's owner), unknown, metadata.
     pub read_chunks_data: u64,
+    pub read_chunks_unknown: u64,
     pub read_chunks_metadata: u64,
-    /// Of the block-write chunks no write syscall's checksum matched: those the guest kernel's
-    /// page ownership says are a regular file's page-cache data (counted as data above, see
-    /// [`crate::pages`]), those in a process's anonymous memory (an `O_DIRECT` buffer), and
-    /// those whose owner could not be read.
+    /// Of the data chunks above, those known only from their page's owner (a regular file's
+    /// page-cache page, see [`crate::pages`]; final).
     pub write_chunks_by_page: u64,
+    pub read_chunks_by_page: u64,
+    /// Chunks no checksum matched whose page was a process's anonymous memory (an `O_DIRECT`
+    /// buffer) / could not be read, counted when asked (a late syscall may still match).
     pub write_chunks_anonymous: u64,
     pub write_chunks_owner_unknown: u64,
+    pub read_chunks_anonymous: u64,
+    pub read_chunks_owner_unknown: u64,
     /// Block-write chunks whose checksum matched content several writes produced, moved by
     /// their page's owner to another file or offset, or to metadata.
     pub write_chunks_reattributed: u64,
@@ -441,6 +480,7 @@ impl Engine {
             at: now,
             copied: false,
             by_page: false,
+            unknown: false,
         };
         self.note_inode(&base);
         for c in &io.chunks {
@@ -566,11 +606,13 @@ impl Engine {
         self.disk_mounts.retain(|_, m| *m != t);
     }
 
-    /// The meta of a block-write chunk no checksum matched, from its page's owner: a regular
-    /// file's page-cache page is that file's data at `offset` (the file and writer as the
-    /// write syscalls named the inode, when they did; the size class from the inode's size).
-    fn page_meta(&mut self, disk: u32, owner: PageOwner, now: u64) -> Option<ChunkMeta> {
-        let (inode, offset, size, path) = match owner {
+    /// The meta of a block chunk no checksum matched, from its page's owner (`None`: no page
+    /// source, or the chunk is not one whole page): a regular file's page-cache page is that
+    /// file's data at `offset` (the file and writer as the write syscalls named the inode,
+    /// when they did; the size class from the inode's size); an anonymous or unreadable page
+    /// is unknown; anything else, and no owner at all (Sky's rule), metadata.
+    fn page_meta(&mut self, disk: u32, owner: Option<PageOwner>, now: u64) -> Option<ChunkMeta> {
+        let (inode, offset, size, path) = match owner? {
             PageOwner::File {
                 inode,
                 offset,
@@ -578,13 +620,8 @@ impl Engine {
                 path,
                 ..
             } => (inode, offset, size, path),
-            PageOwner::Anonymous => {
-                self.counters.write_chunks_anonymous += 1;
-                return None;
-            }
-            PageOwner::Unknown => {
-                self.counters.write_chunks_owner_unknown += 1;
-                return None;
+            PageOwner::Anonymous | PageOwner::Unknown => {
+                return Some(ChunkMeta::unplaced(now, self.cfg.size_classes.otherwise));
             }
             PageOwner::Metadata => return None,
         };
@@ -608,7 +645,20 @@ impl Engine {
             at: now,
             copied: false,
             by_page: true,
+            unknown: false,
         })
+    }
+
+    /// Counts what a page's owner said about a chunk no checksum matched.
+    fn count_owner(&mut self, write: bool, owner: Option<&PageOwner>) {
+        let c = &mut self.counters;
+        match (write, owner) {
+            (true, Some(PageOwner::Anonymous)) => c.write_chunks_anonymous += 1,
+            (true, Some(PageOwner::Unknown)) => c.write_chunks_owner_unknown += 1,
+            (false, Some(PageOwner::Anonymous)) => c.read_chunks_anonymous += 1,
+            (false, Some(PageOwner::Unknown)) => c.read_chunks_owner_unknown += 1,
+            _ => {}
+        }
     }
 
     fn index_write(&mut self, sum: u64, m: ChunkMeta) {
@@ -680,17 +730,19 @@ impl Engine {
         &mut self,
         disk: u32,
         m: ChunkMeta,
-        owner: PageOwner,
+        owner: Option<PageOwner>,
         now: u64,
     ) -> Option<ChunkMeta> {
         match owner {
-            PageOwner::File { inode, offset, .. } if (inode, offset) != (m.inode, m.offset) => {
+            Some(PageOwner::File { inode, offset, .. })
+                if (inode, offset) != (m.inode, m.offset) =>
+            {
                 self.counters.write_chunks_reattributed += 1;
                 let mut pm = self.page_meta(disk, owner, now)?;
                 pm.by_page = false; // a write syscall did write this content
                 Some(pm)
             }
-            PageOwner::Metadata => {
+            Some(PageOwner::Metadata) => {
                 self.counters.write_chunks_reattributed += 1;
                 None
             }
@@ -786,6 +838,7 @@ impl Engine {
             at: now,
             copied: false,
             by_page: false,
+            unknown: false,
         };
         self.note_inode(&base);
         for c in &io.chunks {
@@ -1100,19 +1153,20 @@ impl Engine {
         data: &[u8],
         journal: bool,
     ) -> RequestInsight {
-        self.classify_write_owned(disk, offset, data, journal, &mut |_| PageOwner::Unknown)
+        self.classify_write_owned(disk, offset, data, journal, &mut |_| None)
     }
 
     /// [`Self::classify_write`], and a chunk no checksum matched is file data if `owner`
-    /// (the chunk's index in the request → what the guest kernel says its page holds) says
-    /// it is a regular file's page (see [`crate::pages`]).
+    /// (the chunk's index in the request → what the guest kernel says its page holds; `None`
+    /// without a page source or when the chunk is not one whole page) says it is a regular
+    /// file's page, unknown if an anonymous or unreadable one (see [`crate::pages`]).
     pub fn classify_write_owned(
         &mut self,
         disk: u32,
         offset: u64,
         data: &[u8],
         journal: bool,
-        owner: &mut dyn FnMut(usize) -> PageOwner,
+        owner: &mut dyn FnMut(usize) -> Option<PageOwner>,
     ) -> RequestInsight {
         let now = self.now();
         let mut chunks = Vec::with_capacity(data.len() / CHUNK as usize + 1);
@@ -1123,10 +1177,14 @@ impl Engine {
             let m = match m {
                 Some((m, false)) => Some(m),
                 Some((m, true)) => self.verify_ambiguous(disk, m, owner(i), now),
-                None if whole => self.page_meta(disk, owner(i), now),
+                None if whole => {
+                    let o = owner(i);
+                    self.count_owner(true, o.as_ref());
+                    self.page_meta(disk, o, now)
+                }
                 None => None,
             };
-            if let Some(m) = &m {
+            if let Some(m) = m.as_ref().filter(|m| !m.unknown) {
                 // The block now holds these bytes: they complete later partial writes.
                 if m.inode != 0 {
                     self.cache_chunk(m.inode, m.offset / CHUNK, c.to_vec().into_boxed_slice());
@@ -1163,18 +1221,46 @@ impl Engine {
     /// request gets the best-known insight now: data of a known file if its content was seen
     /// at a syscall recently, else metadata.
     pub fn classify_read(&mut self, disk: u32, offset: u64, data: &[u8]) -> RequestInsight {
+        self.classify_read_owned(disk, offset, data, &[])
+    }
+
+    /// [`Self::classify_read`] with the owners of the request's pages (`owners[i]` for chunk
+    /// `i`, from [`Self::read_owners_insight`]'s caller; missing or `None`: not known): a
+    /// chunk whose content no syscall showed is its page's file's data (readahead fills the
+    /// page cache's own pages), unknown for an anonymous or unreadable page, else metadata.
+    /// Page-owned chunks still wait the read window for the read syscall that names the
+    /// reader.
+    pub fn classify_read_owned(
+        &mut self,
+        disk: u32,
+        offset: u64,
+        data: &[u8],
+        owners: &[Option<PageOwner>],
+    ) -> RequestInsight {
         let now = self.now();
         let mut chunks: Vec<(u64, Option<ChunkMeta>)> = data
             .chunks(CHUNK as usize)
             .map(|c| {
                 let sum = chunk_sum(c);
-                (sum, self.known.get(&sum).cloned())
+                // Content seen at a syscall: a past fact, final.
+                let m = self.known.get(&sum).cloned().map(|mut m| {
+                    m.by_page = false;
+                    m
+                });
+                (sum, m)
             })
             .collect();
         // Data of a file being copied without a user buffer (no read syscall will match it).
         self.expire_copies(now);
         if self.copy_hint_read(disk, offset, data.len() as u64, &mut chunks, now) {
             self.counters.copy_reads += 1;
+        }
+        for (i, c) in chunks.iter_mut().enumerate() {
+            if c.1.is_none() {
+                let o = owners.get(i).cloned().flatten();
+                self.count_owner(false, o.as_ref());
+                c.1 = self.page_meta(disk, o, now);
+            }
         }
         let insight = self.insight_of(&chunks, false);
         let record = BlockRecord {
@@ -1184,7 +1270,7 @@ impl Engine {
             len: data.len() as u64,
             insight: insight.clone(),
         };
-        if chunks.iter().all(|c| c.1.is_some()) || self.cfg.read_window.is_zero() {
+        if chunks.iter().all(|c| ChunkMeta::settled(&c.1)) || self.cfg.read_window.is_zero() {
             self.emit(false, record, &chunks);
         } else {
             // Known chunks are final; the others wait for a read syscall in the window.
@@ -1197,6 +1283,23 @@ impl Engine {
         }
         self.expire(now);
         insight
+    }
+
+    /// The insight of a block read before it goes down, from its pages' owners alone (what
+    /// the guest kernel's page cache says the pages will hold), so stages below (the cache)
+    /// see the class at the first access. Nothing is logged or counted: the read is
+    /// classified again, with its data, by [`Self::classify_read_owned`].
+    pub fn read_owners_insight(
+        &mut self,
+        disk: u32,
+        owners: &[Option<PageOwner>],
+    ) -> RequestInsight {
+        let now = self.now();
+        let chunks: Vec<(u64, Option<ChunkMeta>)> = owners
+            .iter()
+            .map(|o| (0, self.page_meta(disk, o.clone(), now)))
+            .collect();
+        self.insight_of(&chunks, false)
     }
 
     fn add_pending(
@@ -1304,36 +1407,47 @@ impl Engine {
     }
 
     fn emit(&mut self, write: bool, r: BlockRecord, chunks: &[(u64, Option<ChunkMeta>)]) {
-        let data = chunks.iter().filter(|c| c.1.is_some()).count() as u64;
-        let meta = chunks.len() as u64 - data;
-        let (tally, d, m) = if write {
+        let data = chunks.iter().filter(|c| ChunkMeta::is_data(&c.1)).count() as u64;
+        let unknown = chunks
+            .iter()
+            .filter(|c| ChunkMeta::is_unknown(&c.1))
+            .count() as u64;
+        let meta = chunks.len() as u64 - data - unknown;
+        let by_page = chunks
+            .iter()
+            .filter(|c| c.1.as_ref().is_some_and(|m| m.by_page && !m.unknown))
+            .count() as u64;
+        let c = &mut self.counters;
+        let (tally, d, u, m, p) = if write {
             (
-                &mut self.counters.writes,
-                &mut self.counters.write_chunks_data,
-                &mut self.counters.write_chunks_metadata,
+                &mut c.writes,
+                &mut c.write_chunks_data,
+                &mut c.write_chunks_unknown,
+                &mut c.write_chunks_metadata,
+                &mut c.write_chunks_by_page,
             )
         } else {
             (
-                &mut self.counters.reads,
-                &mut self.counters.read_chunks_data,
-                &mut self.counters.read_chunks_metadata,
+                &mut c.reads,
+                &mut c.read_chunks_data,
+                &mut c.read_chunks_unknown,
+                &mut c.read_chunks_metadata,
+                &mut c.read_chunks_by_page,
             )
         };
         *d += data;
+        *u += unknown;
         *m += meta;
+        *p += by_page;
+        let t = tally.entry(r.insight.class).or_default();
+        t.requests += 1;
+        t.bytes += r.len;
         if write {
-            self.counters.write_chunks_by_page += chunks
-                .iter()
-                .filter(|c| c.1.as_ref().is_some_and(|m| m.by_page))
-                .count() as u64;
             self.counters.copy_write_chunks += chunks
                 .iter()
                 .filter(|c| c.1.as_ref().is_some_and(|m| m.copied))
                 .count() as u64;
         }
-        let t = tally.entry(r.insight.class).or_default();
-        t.requests += 1;
-        t.bytes += r.len;
         // One log record per run of chunks with the same classification: a request the guest
         // merged from blocks of several files is logged as the parts it is made of, so hints
         // and files are attributed to exactly their blocks.
@@ -1379,43 +1493,53 @@ impl Engine {
 
     /// The insight of a request from its chunks' matches.
     fn insight_of(&self, chunks: &[(u64, Option<ChunkMeta>)], journal: bool) -> RequestInsight {
+        let sizes = &self.cfg.size_classes;
         let hits: Vec<(usize, &ChunkMeta)> = chunks
             .iter()
             .enumerate()
-            .filter_map(|(i, c)| c.1.as_ref().map(|m| (i, m)))
+            .filter_map(|(i, c)| c.1.as_ref().filter(|m| !m.unknown).map(|m| (i, m)))
             .collect();
+        let unknown = chunks
+            .iter()
+            .filter(|c| ChunkMeta::is_unknown(&c.1))
+            .count();
+        let metadata = chunks.len() - hits.len() - unknown;
         let mut ins = RequestInsight::metadata();
         ins.journal = journal;
-        ins.class = self.cfg.size_classes.metadata;
-        let Some(&(i0, first)) = hits.first() else {
-            return ins;
+        ins.class = sizes.metadata;
+        ins.content = match (hits.len(), unknown, metadata) {
+            (0, 0, _) => return ins,
+            (_, 0, 0) => Content::Data,
+            (0, _, 0) => Content::Unknown,
+            _ => Content::Mixed,
         };
-        ins.content = if hits.len() == chunks.len() {
-            Content::Data
-        } else {
-            Content::Mixed
-        };
-        ins.pid = (first.pid != 0).then_some(first.pid); // 0: a page-owned chunk, writer unknown
-        ins.file = first.file.clone();
-        ins.file_offset = Some(first.offset.saturating_sub(i0 as u64 * CHUNK));
-        ins.size_class = hits.iter().map(|h| h.1.size_class).max();
-        ins.pattern = hits.iter().find_map(|h| h.1.pattern);
-        ins.app_class = hits.iter().find_map(|h| h.1.app_class);
+        if let Some(&(i0, first)) = hits.first() {
+            ins.pid = (first.pid != 0).then_some(first.pid); // 0: a page-owned chunk, writer unknown
+            ins.file = first.file.clone();
+            ins.file_offset = Some(first.offset.saturating_sub(i0 as u64 * CHUNK));
+            ins.size_class = hits.iter().map(|h| h.1.size_class).max();
+            ins.pattern = hits.iter().find_map(|h| h.1.pattern);
+            ins.app_class = hits.iter().find_map(|h| h.1.app_class);
+        }
+        // Per block: metadata its class, unknown the lowest (like a file of unknown size),
+        // data its hint or size class.
+        let per: Vec<u8> = chunks
+            .iter()
+            .map(|c| match &c.1 {
+                None => sizes.metadata,
+                Some(m) if m.unknown => sizes.otherwise,
+                Some(m) => m.app_class.unwrap_or(m.size_class),
+            })
+            .collect();
         ins.class = match (ins.app_class, ins.content) {
             (Some(a), _) => a,
             // A mixed request carries metadata: it keeps the metadata class.
-            (None, Content::Mixed) => self.cfg.size_classes.metadata,
-            (None, _) => ins.size_class.unwrap_or(self.cfg.size_classes.otherwise),
+            (None, Content::Mixed) if metadata > 0 => sizes.metadata,
+            (None, Content::Unknown) => sizes.otherwise,
+            (None, _) => per.iter().copied().max().unwrap_or(sizes.otherwise),
         };
         if chunks.len() > 1 {
             // Blocks of different files (or data next to metadata) keep their own class.
-            let per: Vec<u8> = chunks
-                .iter()
-                .map(|c| match &c.1 {
-                    None => self.cfg.size_classes.metadata,
-                    Some(m) => m.app_class.unwrap_or(m.size_class),
-                })
-                .collect();
             let apps: Vec<Option<u8>> = chunks
                 .iter()
                 .map(|c| c.1.as_ref().and_then(|m| m.app_class))

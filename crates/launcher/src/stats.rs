@@ -321,10 +321,14 @@ impl fmt::Display for RunStats {
             };
             writeln!(
                 f,
-                "  insights: write chunks data={} metadata={}; read chunks data={} metadata={}; late matches={}",
+                "  insights: write chunks data={} (by page {}) unknown={} metadata={}; read chunks data={} (by page {}) unknown={} metadata={}; late matches={}",
                 c.write_chunks_data,
+                c.write_chunks_by_page,
+                c.write_chunks_unknown,
                 c.write_chunks_metadata,
                 c.read_chunks_data,
+                c.read_chunks_by_page,
+                c.read_chunks_unknown,
                 c.read_chunks_metadata,
                 c.late_matches
             )?;

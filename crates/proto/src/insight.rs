@@ -41,6 +41,10 @@ pub enum Content {
     Metadata,
     /// Part matched, part did not.
     Mixed,
+    /// Not placed: no checksum matched and the guest kernel's page says only that it is a
+    /// process's anonymous memory (an `O_DIRECT` buffer) or could not be read. Treated as
+    /// data of unknown size (the lowest class, deduplicated as usual), never as metadata.
+    Unknown,
 }
 
 /// What the classifier knows about one request.

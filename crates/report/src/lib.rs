@@ -66,10 +66,12 @@ pub struct Totals {
     pub write_bytes: u64,
     pub discard_requests: u64,
     pub discard_bytes: u64,
-    /// Bytes of read and write requests classified as data / metadata / mixed.
+    /// Bytes of read and write requests classified as data / metadata / mixed / unknown
+    /// (pages the guest kernel does not place: `O_DIRECT` buffers, unreadable pages).
     pub data_bytes: u64,
     pub metadata_bytes: u64,
     pub mixed_bytes: u64,
+    pub unknown_bytes: u64,
     /// Requests that carried an application hint (libvmsight / shim).
     pub app_hinted_requests: u64,
 }
@@ -104,6 +106,7 @@ impl Totals {
             Content::Data => self.data_bytes += r.len,
             Content::Metadata => self.metadata_bytes += r.len,
             Content::Mixed => self.mixed_bytes += r.len,
+            Content::Unknown => self.unknown_bytes += r.len,
         }
         if r.insight.app_class.is_some() {
             self.app_hinted_requests += 1;
@@ -121,6 +124,7 @@ pub struct FsTotals {
     pub metadata_write_bytes: u64,
     pub data_write_bytes: u64,
     pub mixed_write_bytes: u64,
+    pub unknown_write_bytes: u64,
     /// Part of the metadata written to the file system's journal.
     pub journal_write_bytes: u64,
 }
@@ -178,6 +182,7 @@ fn content_name(c: Content) -> &'static str {
         Content::Data => "data",
         Content::Metadata => "metadata",
         Content::Mixed => "mixed",
+        Content::Unknown => "unknown",
     }
 }
 
@@ -396,11 +401,12 @@ pub fn build(
                     Content::Data => f.data_write_bytes += b.len,
                     Content::Metadata => f.metadata_write_bytes += b.len,
                     Content::Mixed => f.mixed_write_bytes += b.len,
+                    Content::Unknown => f.unknown_write_bytes += b.len,
                 }
                 if b.insight.journal {
                     f.journal_write_bytes += b.len;
                 }
-                let data = b.insight.content != Content::Metadata;
+                let data = matches!(b.insight.content, Content::Data | Content::Mixed);
                 let owner: Option<(Arc<str>, u64)> =
                     match (b.insight.content, &b.insight.file, b.insight.file_offset) {
                         (Content::Data, Some(file), Some(off)) => Some((Arc::clone(file), off)),
@@ -523,7 +529,7 @@ pub fn human_ns(ns: u64) -> String {
 fn totals_row(out: &mut String, label: &str, t: &Totals) {
     let _ = writeln!(
         out,
-        "{label:<10} {:>9} {:>11} {:>9} {:>11} {:>9} {:>11} {:>11} {:>11} {:>11}",
+        "{label:<10} {:>9} {:>11} {:>9} {:>11} {:>9} {:>11} {:>11} {:>11} {:>11} {:>11}",
         t.requests,
         human_bytes(t.bytes),
         t.read_requests,
@@ -533,6 +539,7 @@ fn totals_row(out: &mut String, label: &str, t: &Totals) {
         human_bytes(t.data_bytes),
         human_bytes(t.metadata_bytes),
         human_bytes(t.mixed_bytes),
+        human_bytes(t.unknown_bytes),
     );
 }
 
@@ -576,7 +583,7 @@ impl Report {
             );
         }
         let header = format!(
-            "{:<10} {:>9} {:>11} {:>9} {:>11} {:>9} {:>11} {:>11} {:>11} {:>11}\n",
+            "{:<10} {:>9} {:>11} {:>9} {:>11} {:>9} {:>11} {:>11} {:>11} {:>11} {:>11}\n",
             "",
             "requests",
             "bytes",
@@ -586,7 +593,8 @@ impl Report {
             "written",
             "data",
             "metadata",
-            "mixed"
+            "mixed",
+            "unknown"
         );
         let _ = writeln!(o, "\nPer class (5 = metadata, higher = more important):");
         o.push_str(&header);
@@ -615,11 +623,22 @@ impl Report {
         let _ = writeln!(o, "\nWrites per file system:");
         let _ = writeln!(
             o,
-            "{:<5} {:<8} {:>9} {:>16} {:>12} {:>12} {:>12} {:>9}",
-            "disk", "fs", "writes", "metadata written", "(journal)", "data", "mixed", "metadata%"
+            "{:<5} {:<8} {:>9} {:>16} {:>12} {:>12} {:>12} {:>12} {:>9}",
+            "disk",
+            "fs",
+            "writes",
+            "metadata written",
+            "(journal)",
+            "data",
+            "mixed",
+            "unknown",
+            "metadata%"
         );
         for f in &self.filesystems {
-            let all = f.metadata_write_bytes + f.data_write_bytes + f.mixed_write_bytes;
+            let all = f.metadata_write_bytes
+                + f.data_write_bytes
+                + f.mixed_write_bytes
+                + f.unknown_write_bytes;
             let pct = if all == 0 {
                 0.0
             } else {
@@ -627,7 +646,7 @@ impl Report {
             };
             let _ = writeln!(
                 o,
-                "{:<5} {:<8} {:>9} {:>16} {:>12} {:>12} {:>12} {:>8.1}%",
+                "{:<5} {:<8} {:>9} {:>16} {:>12} {:>12} {:>12} {:>12} {:>8.1}%",
                 f.disk,
                 f.fs.as_deref().unwrap_or("?"),
                 f.write_requests,
@@ -635,6 +654,7 @@ impl Report {
                 human_bytes(f.journal_write_bytes),
                 human_bytes(f.data_write_bytes),
                 human_bytes(f.mixed_write_bytes),
+                human_bytes(f.unknown_write_bytes),
                 pct
             );
         }

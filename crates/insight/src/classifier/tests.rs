@@ -638,14 +638,14 @@ fn chunks_no_checksum_matched_are_data_when_their_page_belongs_to_a_regular_file
         .lock()
         .classify_write_owned(0, 0, &buf, false, &mut |k| {
             asked.push(k);
-            owners[k].clone()
+            Some(owners[k].clone())
         });
     assert_eq!(asked, vec![1, 2, 3], "a matched chunk is not asked about");
     assert_eq!(i.content, Content::Mixed);
     assert_eq!(
         i.block_classes,
-        vec![2, 2, 5, 0],
-        "size classes from the inodes"
+        vec![2, 2, 0, 0],
+        "size classes from the inodes; the anonymous page unknown, the lowest class"
     );
     let writes: Vec<_> = w
         .records()
@@ -677,7 +677,7 @@ fn chunks_no_checksum_matched_are_data_when_their_page_belongs_to_a_regular_file
                 Some(0),
                 Some(100)
             ),
-            (8192, Content::Metadata, None, None, None),
+            (8192, Content::Unknown, None, None, None),
             (
                 12288,
                 Content::Data,
@@ -694,9 +694,11 @@ fn chunks_no_checksum_matched_are_data_when_their_page_belongs_to_a_regular_file
             cnt.write_chunks_data,
             cnt.write_chunks_by_page,
             cnt.write_chunks_anonymous,
+            cnt.write_chunks_unknown,
             cnt.write_chunks_metadata
         ),
-        (3, 2, 1, 1)
+        (3, 2, 1, 1, 0),
+        "an anonymous page is unknown, never metadata"
     );
 }
 
@@ -712,12 +714,14 @@ fn page_owned_chunks_of_unselected_files_stay_metadata() {
     let i = w
         .engine
         .lock()
-        .classify_write_owned(0, 0, &buf, false, &mut |_| PageOwner::File {
-            inode: INODE,
-            ino: 12,
-            offset: 0,
-            size: 4096,
-            path: Some("/elsewhere/x".into()),
+        .classify_write_owned(0, 0, &buf, false, &mut |_| {
+            Some(PageOwner::File {
+                inode: INODE,
+                ino: 12,
+                offset: 0,
+                size: 4096,
+                path: Some("/elsewhere/x".into()),
+            })
         });
     assert_eq!(i.content, Content::Metadata, "an unselected file");
     assert_eq!(w.engine.counters().write_chunks_by_page, 0);
@@ -733,12 +737,14 @@ fn a_page_owned_chunk_still_takes_the_hint_of_a_syscall_that_arrives_within_the_
     let i = w
         .engine
         .lock()
-        .classify_write_owned(0, 0, &h, false, &mut |_| PageOwner::File {
-            inode: INODE + 3 * 0x1000,
-            ino: 40,
-            offset: 0,
-            size: 4096,
-            path: Some("/db/index".into()),
+        .classify_write_owned(0, 0, &h, false, &mut |_| {
+            Some(PageOwner::File {
+                inode: INODE + 3 * 0x1000,
+                ino: 40,
+                offset: 0,
+                size: 4096,
+                path: Some("/db/index".into()),
+            })
         });
     assert_eq!(
         (i.content, i.app_class),
@@ -819,7 +825,7 @@ fn identical_content_of_several_files_is_attributed_by_the_pages_owner() {
     let i = w
         .engine
         .lock()
-        .classify_write_owned(0, 0, &same, false, &mut |_| a_page.clone());
+        .classify_write_owned(0, 0, &same, false, &mut |_| Some(a_page.clone()));
     assert_eq!(
         (i.file.as_deref(), i.file_offset),
         (Some("/data/a"), Some(0)),
@@ -836,7 +842,119 @@ fn identical_content_of_several_files_is_attributed_by_the_pages_owner() {
     let i = w
         .engine
         .lock()
-        .classify_write_owned(0, 8192, &same, false, &mut |_| PageOwner::Metadata);
+        .classify_write_owned(0, 8192, &same, false, &mut |_| Some(PageOwner::Metadata));
     assert_eq!(i.content, Content::Metadata);
     assert_eq!(w.engine.counters().write_chunks_reattributed, 2);
+}
+
+#[test]
+fn a_block_read_is_its_pages_files_data_before_and_after_it_goes_down() {
+    use crate::pages::PageOwner;
+    let mut w = world(InsightConfig::default());
+    let file = |offset| {
+        Some(PageOwner::File {
+            inode: 0xffff_8880_0000_a000,
+            ino: 77,
+            offset,
+            size: 3 << 20,
+            path: Some("/data/db".into()),
+        })
+    };
+    // Readahead of two page-cache pages of /data/db, a bdev (metadata) page, an O_DIRECT
+    // (anonymous) page and a chunk that is not one whole page.
+    let owners = vec![
+        file(8192),
+        file(12288),
+        Some(PageOwner::Metadata),
+        Some(PageOwner::Anonymous),
+        None,
+    ];
+    let before = w.engine.lock().read_owners_insight(0, &owners);
+    assert_eq!(before.content, Content::Mixed);
+    assert_eq!(before.block_classes, vec![2, 2, 5, 0, 5], "3 MiB: class 2");
+    assert_eq!(before.file.as_deref(), Some("/data/db"));
+    assert_eq!(before.file_offset, Some(8192));
+    assert_eq!(
+        w.engine.counters().reads.len(),
+        0,
+        "nothing logged or counted yet"
+    );
+    let data = content(40, 5 * 4096);
+    let after = w.engine.lock().classify_read_owned(0, 0, &data, &owners);
+    assert_eq!(after, before, "the data changes nothing no syscall showed");
+    // The reader's syscall arrives within the window and names the reader.
+    w.open(21, "reader", "/data/db", 4, 0);
+    w.advance(Duration::from_millis(100));
+    let mut c = w.io_event(21, "reader", 4, 8192, &data[..8192], 3 << 20, true);
+    c.entry.io.as_mut().unwrap().inode = 0xffff_8880_0000_a000;
+    w.syscall(&c);
+    w.advance(Duration::from_secs(5));
+    let recs = w.records();
+    let reads: Vec<(u64, Content, Option<u32>)> = recs
+        .iter()
+        .filter_map(|r| match r {
+            InsightRecord::Read(b) => Some((b.offset, b.insight.content, b.insight.pid)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        reads,
+        vec![
+            (0, Content::Data, Some(21)),
+            (8192, Content::Metadata, None),
+            (12288, Content::Unknown, None),
+            (16384, Content::Metadata, None),
+        ]
+    );
+    let cnt = w.engine.counters();
+    assert_eq!(
+        (
+            cnt.read_chunks_data,
+            cnt.read_chunks_by_page,
+            cnt.read_chunks_unknown,
+            cnt.read_chunks_anonymous,
+            cnt.read_chunks_metadata
+        ),
+        (2, 0, 1, 1, 2),
+        "the reader's syscall settled both data chunks"
+    );
+}
+
+#[test]
+fn a_page_owned_read_no_syscall_claims_stays_data_of_its_file() {
+    use crate::pages::PageOwner;
+    let mut w = world(InsightConfig::default());
+    let owners = vec![Some(PageOwner::File {
+        inode: 0xffff_8880_0000_b000,
+        ino: 78,
+        offset: 0,
+        size: 100 << 20,
+        path: Some("/big".into()),
+    })];
+    // No mount known for disk 0 other than the root: the path is the file system's own.
+    w.engine.lock().note_mount("/dev/vda", "/");
+    let r = w
+        .engine
+        .lock()
+        .classify_read_owned(0, 0, &content(41, 4096), &owners);
+    assert_eq!((r.content, r.class), (Content::Data, 0), "a large file");
+    w.advance(Duration::from_secs(5));
+    let recs = w.records();
+    assert!(
+        recs.iter().any(|r| matches!(r, InsightRecord::Read(b)
+            if b.insight.content == Content::Data && b.insight.file.as_deref() == Some("/big"))),
+        "{recs:?}"
+    );
+    assert_eq!(w.engine.counters().read_chunks_by_page, 1);
+}
+
+#[test]
+fn without_a_page_source_unmatched_chunks_stay_metadata_never_unknown() {
+    let mut w = world(InsightConfig::default());
+    let r = w.block_write(0, &content(42, 8192));
+    assert_eq!(r.content, Content::Metadata, "Sky's rule");
+    let r = w.block_read(0, &content(43, 8192));
+    assert_eq!(r.content, Content::Metadata);
+    let cnt = w.engine.counters();
+    assert_eq!((cnt.write_chunks_unknown, cnt.read_chunks_unknown), (0, 0));
 }

@@ -118,6 +118,7 @@ impl CopyCall {
             at: now,
             copied: false,
             by_page: false,
+            unknown: false,
         }
     }
 
@@ -143,6 +144,7 @@ impl CopyCall {
             at: now,
             copied: true,
             by_page: false,
+            unknown: false,
         })
     }
 }
