@@ -225,7 +225,7 @@ fn confusion(writes: &[&Value], truth: &Truth) -> Confusion {
     for rec in writes {
         let off = rec["offset"].as_u64().unwrap();
         let content = rec["content"].as_str().unwrap();
-        let said_data = content != "metadata";
+        let said_data = matches!(content, "data" | "mixed");
         for block in (0..chunks(rec)).map(|k| off + k * 4096) {
             c.mixed += u64::from(content == "mixed");
             let Some(is_data) = truth.is_data(block) else {

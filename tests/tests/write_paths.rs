@@ -138,3 +138,84 @@ fn large_vectored_mmap_and_io_uring_writes_are_data_per_block() {
     let metadata = writes.iter().filter(|r| r["content"] == "metadata").count();
     assert!(metadata > 0, "no metadata write records");
 }
+
+/// `O_DIRECT` through io_uring: the buffers are fio's anonymous memory, named in the
+/// submission ring, so no syscall checksum covers them and no page names a file.
+const DIRECT_SCRIPT: &str = r#"
+set -e
+mkdir -p /root/wp
+sync
+echo MARK > /dev/null
+fio --name=direct --filename=/root/wp/direct --rw=write --bs=64k --size=4m \
+    --ioengine=io_uring --iodepth=4 --direct=1 --output-format=terse > /dev/null
+sync
+echo BEGIN fiemap
+filefrag -v /root/wp/direct
+echo END fiemap
+"#;
+
+#[test]
+fn direct_io_from_anonymous_memory_is_unknown_never_metadata() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("ins.jsonl");
+    let st = dir.path().join("stats.json");
+    let r = guest_sh(
+        &[
+            "--insights",
+            log.to_str().unwrap(),
+            "--stats-json",
+            st.to_str().unwrap(),
+        ],
+        DIRECT_SCRIPT,
+    );
+    assert_eq!(r.code, Some(0), "{r:?}");
+    let truth = fiemap_map(section(&r.stdout, "fiemap"), 0);
+    assert_eq!(truth.len(), 1024, "FIEMAP blocks of /root/wp/direct");
+    let writes: Vec<Value> = insight_log(&log)
+        .into_iter()
+        .filter(|r| r["op"] == "write" && r["disk"] == 0)
+        .collect();
+    // The last write of every block of the file: unknown (not metadata, and not data of a
+    // file nobody can name).
+    let mut last: BTreeMap<u64, &Value> = BTreeMap::new();
+    let mut sorted: Vec<&Value> = writes.iter().collect();
+    sorted.sort_by_key(|r| r["ts_ns"].as_u64().unwrap());
+    for rec in &sorted {
+        let off = rec["offset"].as_u64().unwrap();
+        for k in 0..rec["len"].as_u64().unwrap().div_ceil(4096) {
+            last.insert(off / 4096 + k, rec);
+        }
+    }
+    let wrong: Vec<String> = truth
+        .keys()
+        .filter(|b| last.get(b).is_none_or(|r| r["content"] != "unknown"))
+        .map(|b| format!("block {b}: {:?}", last.get(b)))
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "{} of 1024 blocks not unknown, first: {:?}",
+        wrong.len(),
+        &wrong[..wrong.len().min(5)]
+    );
+    // Nothing else is unknown: every unknown block is one of the file's.
+    let stray: Vec<u64> = last
+        .iter()
+        .filter(|(b, r)| r["content"] == "unknown" && !truth.contains_key(b))
+        .map(|(b, _)| *b)
+        .collect();
+    assert!(
+        stray.is_empty(),
+        "unknown blocks outside the file: {stray:?}"
+    );
+    // The mechanism: the pages were seen as anonymous memory, and counted unknown.
+    let ins = &json_file(&st)["insights"];
+    println!("insights: {ins}");
+    assert!(
+        ins["write_chunks_anonymous"].as_u64().unwrap() >= 1024,
+        "{ins}"
+    );
+    assert!(
+        ins["write_chunks_unknown"].as_u64().unwrap() >= 1024,
+        "{ins}"
+    );
+}
