@@ -1,16 +1,21 @@
 //! Crawl a raw disk image and print what the index holds.
 //!
-//! `cargo run --release -p vmsight-fsview --example crawl -- IMAGE [--partition N] [--save FILE]`
+//! `cargo run --release -p vmsight-fsview --example crawl -- IMAGE [--partition N] [--save FILE]
+//! [--lazy FILE]`
+//!
+//! `--lazy FILE` then writes the index as a lazy index's section file (removed at the end) and
+//! prints what stays resident right after start-up and after one query per inode.
 
 use std::process::ExitCode;
 use std::time::Instant;
-use vmsight_fsview::{read_partitions, FileSource, Index};
+use vmsight_fsview::{read_partitions, FileSource, Index, LazyConfig};
 
 fn run() -> Result<(), String> {
     let mut args = std::env::args().skip(1);
     let mut image = None;
     let mut partition = None;
     let mut save = None;
+    let mut lazy = None;
     while let Some(a) = args.next() {
         match a.as_str() {
             "--partition" => {
@@ -21,11 +26,12 @@ fn run() -> Result<(), String> {
                 );
             }
             "--save" => save = Some(args.next().ok_or("--save needs a file name")?),
+            "--lazy" => lazy = Some(args.next().ok_or("--lazy needs a file name")?),
             _ if image.is_none() => image = Some(a),
             _ => return Err(format!("unexpected argument {a:?}")),
         }
     }
-    let image = image.ok_or("usage: crawl IMAGE [--partition N] [--save FILE]")?;
+    let image = image.ok_or("usage: crawl IMAGE [--partition N] [--save FILE] [--lazy FILE]")?;
     let src = FileSource::open(&image).map_err(|e| e.to_string())?;
     let table = read_partitions(&src).map_err(|e| e.to_string())?;
     for w in &table.warnings {
@@ -60,6 +66,12 @@ fn run() -> Result<(), String> {
         st.heap_bytes,
         st.bytes_per_inode()
     );
+    let tables: Vec<String> = index
+        .table_bytes()
+        .iter()
+        .map(|(name, b)| format!("{name} {:.1}", *b as f64 / st.inodes.max(1) as f64))
+        .collect();
+    println!("per inode:    {}", tables.join(", "));
     let bytes = index.to_bytes().map_err(|e| e.to_string())?;
     println!(
         "serialised:   {} bytes, {:.1} bytes per inode",
@@ -89,6 +101,51 @@ fn run() -> Result<(), String> {
             t1.elapsed().as_secs_f64()
         );
     }
+    if let Some(path) = lazy {
+        let r = lazy_report(index, &path);
+        let _ = std::fs::remove_file(&path);
+        r?;
+    }
+    Ok(())
+}
+
+/// Turn the index into a lazy one at `path` and print its resident bytes.
+fn lazy_report(index: Index, path: &str) -> Result<(), String> {
+    let inodes = index.stats().inodes.max(1) as f64;
+    let t0 = Instant::now();
+    let lazy = index
+        .into_lazy(path, &LazyConfig::default())
+        .map_err(|e| e.to_string())?;
+    let s = lazy.lazy_stats().ok_or("not lazy")?;
+    println!(
+        "lazy:         written and reopened in {:.3} s, file {} bytes ({:.1} per inode), {} sections",
+        t0.elapsed().as_secs_f64(),
+        s.file_bytes,
+        s.file_bytes as f64 / inodes,
+        s.sections
+    );
+    println!(
+        "lazy start:   {} bytes resident, {:.1} bytes per inode",
+        s.resident_bytes,
+        s.resident_bytes as f64 / inodes
+    );
+    let t1 = Instant::now();
+    let all: Vec<u32> = lazy.inodes().collect();
+    for &ino in &all {
+        let _ = (lazy.inode(ino), lazy.path_of(ino));
+    }
+    let s = lazy.lazy_stats().ok_or("not lazy")?;
+    println!(
+        "lazy walk:    inode + path of all {} inodes in {:.3} s: {} loads, {} evictions, {:.3} s loading, peak {} bytes ({:.1} per inode), {:.0}% of the tree loaded",
+        all.len(),
+        t1.elapsed().as_secs_f64(),
+        s.loads,
+        s.evictions,
+        s.load_ns as f64 / 1e9,
+        s.peak_resident_bytes,
+        s.peak_resident_bytes as f64 / inodes,
+        100.0 * s.inodes_loaded as f64 / s.inodes.max(1) as f64
+    );
     Ok(())
 }
 

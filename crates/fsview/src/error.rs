@@ -73,6 +73,14 @@ pub enum Error {
     /// A stored index could not be decoded.
     #[error("the stored index is invalid: {0}")]
     IndexFormat(String),
+    /// The section file of a lazy index is damaged or not one.
+    #[error("the lazy index file {} is invalid: {reason}", path.display())]
+    LazyIndex {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
 }
 
 /// Shorthand result type.

@@ -284,6 +284,9 @@ struct Crawler<'a> {
     runs: Vec<Run>,
     blobs: Vec<Blob>,
     arena: Vec<u8>,
+    /// Strings already in the arena (each name and symlink target is stored once).
+    strings: Interner,
+    owners: OwnerTable,
     /// (dir inode, first run index, run count) for directories to read after the scan.
     dirs_to_read: Vec<u32>,
     inline_dirs: Vec<(u32, Vec<u8>)>,
@@ -333,6 +336,8 @@ impl Index {
             runs: Vec::new(),
             blobs: Vec::new(),
             arena: Vec::new(),
+            strings: Interner::default(),
+            owners: OwnerTable::default(),
             dirs_to_read: Vec::new(),
             inline_dirs: Vec::new(),
             global_budget: 0,
@@ -581,14 +586,15 @@ impl Crawler<'_> {
         let (mtime, em) = InodeRec::pack_time(time(16, 136));
         let (ctime, ec) = InodeRec::pack_time(time(12, 132));
         let (atime, ea) = InodeRec::pack_time(time(8, 140));
+        let uid = u32::from(le16(raw, 2)) | u32::from(le16(raw, 120)) << 16;
+        let gid = u32::from(le16(raw, 24)) | u32::from(le16(raw, 122)) << 16;
         self.inodes.push(InodeRec {
             ino,
             first_extent,
             first_link: NO_LINK,
             mode,
             links,
-            uid: u32::from(le16(raw, 2)) | u32::from(le16(raw, 120)) << 16,
-            gid: u32::from(le16(raw, 24)) | u32::from(le16(raw, 122)) << 16,
+            owner: self.owners.id(ino, uid, gid),
             size,
             mtime,
             ctime,
@@ -692,11 +698,12 @@ impl Crawler<'_> {
     }
 
     fn add_blob(&mut self, ino: u32, kind: u8, data: &[u8]) {
-        let (Ok(off), Ok(len)) = (u32::try_from(self.arena.len()), u32::try_from(data.len()))
-        else {
+        let Ok(len) = u32::try_from(data.len()) else {
             return;
         };
-        self.arena.extend_from_slice(data);
+        let Some(off) = self.strings.intern(&mut self.arena, data) else {
+            return;
+        };
         self.blobs.push(Blob {
             ino,
             off,
@@ -934,13 +941,20 @@ impl Crawler<'_> {
         // Path tree: sort entries by (dir, name), drop dangling ones.
         let (dirs, entries, dangling) = self.path_tree(raw_entries)?;
         // BFS from the root for first links and directory loops.
-        let mut index = self.take_index(partition_start, meta, dirs, entries);
-        let loops = link_from_root(&mut index);
+        let mut t = self.take_tables(dirs, entries);
+        let loops = link_from_root(&mut t);
         for d in dangling.into_iter().chain(loops) {
             self.warn(d)?;
         }
-        self.seal(&mut index);
-        Ok(index)
+        let phys_order = self.seal(&mut t);
+        let fs = self.fs_info(partition_start);
+        Ok(Index::eager(
+            fs,
+            meta,
+            std::mem::take(&mut self.warnings),
+            t,
+            phys_order,
+        ))
     }
 
     /// Read the entries of every directory the scan found (block-mapped, then inline); one
@@ -994,9 +1008,10 @@ impl Crawler<'_> {
                     first_entry: entries.len() as u32,
                 });
             }
-            let name_off = u32::try_from(self.arena.len())
-                .map_err(|_| Error::Limit("name arena exceeds 4 GiB".into()))?;
-            self.arena.extend_from_slice(&name);
+            let name_off = self
+                .strings
+                .intern(&mut self.arena, &name)
+                .ok_or_else(|| Error::Limit("name arena exceeds 4 GiB".into()))?;
             entries.push(EntryRec {
                 ino: target,
                 name_off,
@@ -1036,64 +1051,59 @@ impl Crawler<'_> {
         }
     }
 
-    /// Move the crawled tables into an index (first links, physical order and warnings are
-    /// filled in afterwards).
-    fn take_index(
-        &mut self,
-        partition_start: u64,
-        meta: Vec<MetaRange>,
-        dirs: Vec<DirRec>,
-        entries: Vec<EntryRec>,
-    ) -> Index {
-        let sb = &self.sb;
-        Index {
-            fs: FsInfo {
-                partition_start,
-                block_size: sb.block_size,
-                blocks_count: sb.blocks_count,
-                inodes_count: sb.inodes_count,
-                inodes_per_group: sb.inodes_per_group,
-                blocks_per_group: sb.blocks_per_group,
-                group_count: sb.group_count,
-                first_data_block: sb.first_data_block,
-                inode_size: sb.inode_size,
-                features: [sb.compat, sb.incompat, sb.ro_compat],
-                uuid: sb.uuid,
-                volume_name: sb.volume_name.clone(),
-                last_mounted: sb.last_mounted.clone(),
-                journal_ino: sb.journal_ino,
-                inode_tables: self.groups.iter().map(|g| g.inode_table).collect(),
-            },
+    /// Move the crawled tables out (first links and the physical order are filled in
+    /// afterwards).
+    fn take_tables(&mut self, dirs: Vec<DirRec>, entries: Vec<EntryRec>) -> Tables {
+        let owners = std::mem::take(&mut self.owners);
+        self.strings = Interner::default();
+        Tables {
             inodes: std::mem::take(&mut self.inodes),
             extents: std::mem::take(&mut self.runs),
-            phys_order: Vec::new(),
-            meta,
             dirs,
             entries,
             blobs: std::mem::take(&mut self.blobs),
             arena: std::mem::take(&mut self.arena),
-            warnings: Vec::new(),
+            owners: owners.pairs,
+            owner_x: owners.overflow,
+            parents: Vec::new(),
         }
     }
 
-    /// Order the runs by physical block, attach the warnings and trim the index's tables.
-    fn seal(&mut self, index: &mut Index) {
-        let mut order: Vec<u32> = (0..index.extents.len() as u32).collect();
-        order.sort_by_key(|&i| index.extents[i as usize].phys());
-        index.phys_order = order;
+    /// File-system facts for the index.
+    fn fs_info(&self, partition_start: u64) -> FsInfo {
+        let sb = &self.sb;
+        FsInfo {
+            partition_start,
+            block_size: sb.block_size,
+            blocks_count: sb.blocks_count,
+            inodes_count: sb.inodes_count,
+            inodes_per_group: sb.inodes_per_group,
+            blocks_per_group: sb.blocks_per_group,
+            group_count: sb.group_count,
+            first_data_block: sb.first_data_block,
+            inode_size: sb.inode_size,
+            features: [sb.compat, sb.incompat, sb.ro_compat],
+            uuid: sb.uuid,
+            volume_name: sb.volume_name.clone(),
+            last_mounted: sb.last_mounted.clone(),
+            journal_ino: sb.journal_ino,
+            inode_tables: self.groups.iter().map(|g| g.inode_table).collect(),
+        }
+    }
+
+    /// Order the runs by physical block (returned), add the dropped-warnings note and trim
+    /// the tables.
+    fn seal(&mut self, t: &mut Tables) -> Vec<u32> {
+        let mut order: Vec<u32> = (0..t.extents.len() as u32).collect();
+        order.sort_by_key(|&i| t.extents[i as usize].phys());
         if self.dropped_warnings > 0 {
             self.warnings.push(Warning {
                 ino: None,
                 message: format!("{} further warnings were dropped", self.dropped_warnings),
             });
         }
-        index.warnings = std::mem::take(&mut self.warnings);
-        index.inodes.shrink_to_fit();
-        index.extents.shrink_to_fit();
-        index.entries.shrink_to_fit();
-        index.dirs.shrink_to_fit();
-        index.arena.shrink_to_fit();
-        index.blobs.shrink_to_fit();
+        t.shrink();
+        order
     }
 
     fn read_directory(&mut self, ino: u32, out: &mut Vec<RawEntry>) -> Result<()> {
@@ -1249,7 +1259,7 @@ fn push_descriptor_ranges(sb: &Super, g: u32, meta: &mut Vec<MetaRange>) {
 
 /// Walk the directory tree breadth-first from the root, setting each inode's first link;
 /// returns the directories linked a second time (loops or directory hard links).
-fn link_from_root(index: &mut Index) -> Vec<Error> {
+fn link_from_root(index: &mut Tables) -> Vec<Error> {
     let mut loops = Vec::new();
     let mut visited: HashSet<u32> = HashSet::new();
     let mut queue = VecDeque::new();

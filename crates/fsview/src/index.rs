@@ -1,26 +1,35 @@
 //! The file-system-independent index: inode table, path tree, per-file block maps and the
 //! block → owner map.
 //!
-//! Representation (all flat, sorted vectors; no per-block entries, no hash maps):
-//! - `inodes`: one 56-byte record per in-use inode, sorted by inode number.
-//! - `extents`: 16-byte runs `(file block, disk block, length, kind)`, grouped by inode in the
-//!   same order as `inodes` (each inode record holds the index of its first run); they hold data,
-//!   directory, extent-tree, indirect and xattr blocks.
-//! - `phys_order`: indices into `extents` sorted by disk block: the block → owner map for
-//!   everything owned by an inode (4 bytes per run).
-//! - `meta`: ranges for fixed metadata (superblock and group descriptor copies, bitmaps, inode
-//!   tables), a handful per block group.
-//! - `dirs`/`entries`/`arena`: directory entries (12 bytes + name bytes), grouped by directory
-//!   and sorted by name; names, symlink targets and inline data live in one byte arena.
+//! Two stores answer the same queries:
+//! - **eager** (what [`Index::crawl`] builds): one set of flat tables for the whole file
+//!   system (`tables.rs` describes the records: 40 bytes per inode, 16 per run, 12 per
+//!   directory entry, names stored once), plus `phys_order`, indices into the runs sorted by
+//!   disk block (the block → owner map, 4 bytes per run), and the fixed-metadata ranges;
+//! - **lazy** ([`Index::into_lazy`], `lazy.rs`): only the block → owner map and the
+//!   fixed-metadata ranges stay in memory; the tables are split by inode range into sections
+//!   of a private file and loaded into a bounded cache when a query first needs them
+//!   (Gamma-Ray's lazy loading of file-system metadata, §VI-B).
 //!
-//! Everything is keyed by inode number or block number, both of which map to a block group, so
-//! a later version can store and load the index per block group (lazy loading) without changing
-//! this API.
+//! Everything is keyed by inode number or block number: block numbers are answered by the
+//! resident map, inode numbers (an inode's metadata and runs, a directory's entries, the parent
+//! link of a path) by the one section holding that inode's range. A lazy index answers every
+//! query exactly as the eager index it was made from (property-tested); answers that borrowed
+//! from the tables (names, symlink targets, inline data) are [`Cow`]s, borrowed from an eager
+//! index and copied out of a lazy one's section.
+
+mod lazy;
+mod tables;
+
+pub use lazy::{LazyConfig, LazyStats};
+pub(crate) use tables::*;
 
 use crate::block::BlockSource;
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 use std::path::Path;
+use std::sync::Arc;
 
 /// Kind of a file, from its mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -86,121 +95,6 @@ impl InodeMeta {
         FileKind::from_mode(self.mode)
     }
 }
-
-/// Stored inode record (48 bytes). Times are kept as ext4 stores them: the low 32 bits
-/// (signed seconds) plus two epoch bits each, packed in `epochs` (mtime bits 0–1, ctime 2–3,
-/// atime 4–5), which is lossless for ext4's 34-bit second range.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct InodeRec {
-    pub ino: u32,
-    /// Index of the first run in `extents`.
-    pub first_extent: u32,
-    /// Index in `entries` of the entry used for its path, or `NO_LINK`.
-    pub first_link: u32,
-    pub mode: u16,
-    pub links: u16,
-    pub uid: u32,
-    pub gid: u32,
-    pub size: u64,
-    pub mtime: u32,
-    pub ctime: u32,
-    pub atime: u32,
-    pub epochs: u8,
-}
-
-impl InodeRec {
-    pub(crate) fn pack_time(secs: i64) -> (u32, u8) {
-        let hi = secs.wrapping_sub(i64::from(secs as i32)) >> 32;
-        (secs as u32, (hi & 3) as u8)
-    }
-    fn time(lo: u32, epochs: u8, shift: u8) -> i64 {
-        i64::from(lo as i32) + (i64::from((epochs >> shift) & 3) << 32)
-    }
-}
-
-pub(crate) const NO_LINK: u32 = u32::MAX;
-
-/// Kinds of runs in `extents`.
-pub(crate) const RUN_DATA: u8 = 0;
-pub(crate) const RUN_EXTENT_TREE: u8 = 1;
-pub(crate) const RUN_INDIRECT: u8 = 2;
-pub(crate) const RUN_XATTR: u8 = 3;
-pub(crate) const RUN_UNWRITTEN: u8 = 0x80;
-
-/// One run of blocks owned by an inode (16 bytes).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct Run {
-    /// Disk block (low 48 bits) and kind (top 8 bits).
-    pub phys_kind: u64,
-    /// First file block (data runs only).
-    pub logical: u32,
-    /// Number of blocks.
-    pub len: u32,
-}
-
-impl Run {
-    pub fn new(phys: u64, logical: u32, len: u32, kind: u8) -> Self {
-        Run {
-            phys_kind: (phys & 0xFFFF_FFFF_FFFF) | (u64::from(kind) << 56),
-            logical,
-            len,
-        }
-    }
-    pub fn phys(&self) -> u64 {
-        self.phys_kind & 0xFFFF_FFFF_FFFF
-    }
-    pub fn kind(&self) -> u8 {
-        (self.phys_kind >> 56) as u8
-    }
-}
-
-/// Fixed metadata kinds in `meta`.
-pub(crate) const META_SUPERBLOCK: u8 = 0;
-pub(crate) const META_GDT: u8 = 1;
-pub(crate) const META_RESERVED_GDT: u8 = 2;
-pub(crate) const META_BLOCK_BITMAP: u8 = 3;
-pub(crate) const META_INODE_BITMAP: u8 = 4;
-pub(crate) const META_INODE_TABLE: u8 = 5;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct MetaRange {
-    pub start: u64,
-    pub len: u32,
-    pub group: u32,
-    pub kind: u8,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct DirRec {
-    pub ino: u32,
-    pub first_entry: u32,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct EntryRec {
-    pub ino: u32,
-    pub name_off: u32,
-    pub name_len: u8,
-    pub file_type: u8,
-    /// Block of the directory holding the entry ([`NO_BLOCK`]: inline or past 65534); fits
-    /// in what was padding.
-    pub block: u16,
-}
-
-/// `EntryRec::block` when the block is not recorded.
-pub(crate) const NO_BLOCK: u16 = u16::MAX;
-
-/// Symlink targets and inline data kept in the arena.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct Blob {
-    pub ino: u32,
-    pub off: u32,
-    pub len: u32,
-    pub kind: u8,
-}
-
-pub(crate) const BLOB_SYMLINK: u8 = 0;
-pub(crate) const BLOB_INLINE: u8 = 1;
 
 /// What one disk block belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -290,10 +184,10 @@ pub struct FileExtent {
 }
 
 /// One entry of [`Index::read_dir`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DirEntry<'a> {
-    /// Name bytes (no NUL, no slash).
-    pub name: &'a [u8],
+    /// Name bytes (no NUL, no slash); borrowed from an eager index, copied from a lazy one.
+    pub name: Cow<'a, [u8]>,
     /// Target inode.
     pub ino: u32,
     /// Kind from the target inode (falls back to the entry's type byte).
@@ -361,7 +255,7 @@ pub struct IndexStats {
     pub runs: usize,
     /// Fixed-metadata ranges.
     pub meta_ranges: usize,
-    /// Heap bytes used by the index.
+    /// Heap bytes used by the index (a lazy index: what is resident now).
     pub heap_bytes: usize,
 }
 
@@ -376,22 +270,77 @@ impl IndexStats {
     }
 }
 
-/// The crawled index of one file system. Built by [`Index::crawl`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// The crawled index of one file system. Built by [`Index::crawl`]; see the module docs for
+/// its eager and lazy forms.
 pub struct Index {
     pub(crate) fs: FsInfo,
-    pub(crate) inodes: Vec<InodeRec>,
-    pub(crate) extents: Vec<Run>,
-    pub(crate) phys_order: Vec<u32>,
     pub(crate) meta: Vec<MetaRange>,
-    pub(crate) dirs: Vec<DirRec>,
-    pub(crate) entries: Vec<EntryRec>,
-    pub(crate) blobs: Vec<Blob>,
-    pub(crate) arena: Vec<u8>,
     pub(crate) warnings: Vec<Warning>,
+    pub(crate) store: Store,
 }
 
-const MAGIC: &[u8; 8] = b"VMSFSIX2";
+/// Where the tables are.
+#[derive(Debug, Clone)]
+pub(crate) enum Store {
+    Eager(Eager),
+    Lazy(lazy::Lazy),
+}
+
+/// All tables in memory.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Eager {
+    pub t: Tables,
+    /// Indices into `t.extents` sorted by disk block.
+    pub phys_order: Vec<u32>,
+}
+
+/// The tables a query reads: the eager index's, or one loaded section.
+enum Sec<'a> {
+    Whole(&'a Tables),
+    Part(Arc<Tables>),
+}
+
+impl std::ops::Deref for Sec<'_> {
+    type Target = Tables;
+    fn deref(&self) -> &Tables {
+        match self {
+            Sec::Whole(t) => t,
+            Sec::Part(t) => t,
+        }
+    }
+}
+
+impl<'a> Sec<'a> {
+    /// Bytes found by `f`: borrowed from the eager tables, copied out of a section.
+    fn bytes<F>(self, f: F) -> Option<Cow<'a, [u8]>>
+    where
+        F: for<'t> FnOnce(&'t Tables) -> Option<&'t [u8]>,
+    {
+        match self {
+            Sec::Whole(t) => f(t).map(Cow::Borrowed),
+            Sec::Part(t) => f(&t).map(|b| Cow::Owned(b.to_vec())),
+        }
+    }
+}
+
+/// The stored form of an eager index (after the magic).
+#[derive(Serialize)]
+struct StoredRef<'a> {
+    fs: &'a FsInfo,
+    meta: &'a [MetaRange],
+    warnings: &'a [Warning],
+    eager: &'a Eager,
+}
+
+#[derive(Deserialize)]
+struct Stored {
+    fs: FsInfo,
+    meta: Vec<MetaRange>,
+    warnings: Vec<Warning>,
+    eager: Eager,
+}
+
+const MAGIC: &[u8; 8] = b"VMSFSIX3";
 /// Deepest path [`Index::path_of`] follows.
 const MAX_PATH_DEPTH: usize = 4096;
 
@@ -399,7 +348,61 @@ fn vec_bytes<T>(v: &Vec<T>) -> usize {
     v.capacity() * std::mem::size_of::<T>()
 }
 
+impl std::fmt::Debug for Index {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Index")
+            .field("fs", &self.fs)
+            .field("meta", &self.meta.len())
+            .field("warnings", &self.warnings.len())
+            .field("store", &self.store)
+            .finish()
+    }
+}
+
+impl Clone for Index {
+    /// A lazy index's clone shares its file and resident part and starts with an empty cache.
+    fn clone(&self) -> Self {
+        Index {
+            fs: self.fs.clone(),
+            meta: self.meta.clone(),
+            warnings: self.warnings.clone(),
+            store: self.store.clone(),
+        }
+    }
+}
+
+impl PartialEq for Index {
+    /// Eager indexes are equal when their tables are; lazy ones when they read the same opened
+    /// file (compare answers to compare a lazy index with an eager one).
+    fn eq(&self, other: &Self) -> bool {
+        let store = match (&self.store, &other.store) {
+            (Store::Eager(a), Store::Eager(b)) => a == b,
+            (Store::Lazy(a), Store::Lazy(b)) => a.same_file(b),
+            _ => false,
+        };
+        store && self.fs == other.fs && self.meta == other.meta && self.warnings == other.warnings
+    }
+}
+
+impl Eq for Index {}
+
 impl Index {
+    /// An eager index of crawled tables.
+    pub(crate) fn eager(
+        fs: FsInfo,
+        meta: Vec<MetaRange>,
+        warnings: Vec<Warning>,
+        t: Tables,
+        phys_order: Vec<u32>,
+    ) -> Index {
+        Index {
+            fs,
+            meta,
+            warnings,
+            store: Store::Eager(Eager { t, phys_order }),
+        }
+    }
+
     /// File-system facts.
     pub fn fs_info(&self) -> &FsInfo {
         &self.fs
@@ -410,47 +413,108 @@ impl Index {
         &self.warnings
     }
 
-    fn rec(&self, ino: u32) -> Option<(usize, &InodeRec)> {
-        let i = self.inodes.binary_search_by_key(&ino, |r| r.ino).ok()?;
-        self.inodes.get(i).map(|r| (i, r))
+    /// Whether the tables are loaded on demand ([`Index::into_lazy`]).
+    pub fn is_lazy(&self) -> bool {
+        matches!(self.store, Store::Lazy(_))
+    }
+
+    /// Move the tables into a section file at `path` (created `0600`; an existing file is an
+    /// error) and keep only the block → owner map in memory; the rest is loaded on demand.
+    /// Every query answers as before. An index that is lazy already is returned as it is.
+    pub fn into_lazy(self, path: impl AsRef<Path>, cfg: &LazyConfig) -> Result<Index> {
+        let path = path.as_ref();
+        let Store::Eager(e) = &self.store else {
+            return Ok(self);
+        };
+        lazy::write(&self.fs, &self.meta, &self.warnings, e, path, cfg)?;
+        drop(self);
+        Self::open_lazy(path, cfg)
+    }
+
+    /// Open a section file written by [`Index::into_lazy`] (untrusted: lengths, checksums and
+    /// invariants are checked; a damaged file is an [`Error::LazyIndex`] naming it).
+    pub fn open_lazy(path: impl AsRef<Path>, cfg: &LazyConfig) -> Result<Index> {
+        let o = lazy::open(path.as_ref(), cfg)?;
+        Ok(Index {
+            fs: o.fs,
+            meta: o.meta,
+            warnings: o.warnings,
+            store: Store::Lazy(o.lazy),
+        })
+    }
+
+    /// Counters of a lazy index (`None` for an eager one).
+    pub fn lazy_stats(&self) -> Option<LazyStats> {
+        match &self.store {
+            Store::Eager(_) => None,
+            Store::Lazy(l) => Some(l.stats()),
+        }
+    }
+
+    /// Heap bytes held now (cheap: no walk over the tables).
+    pub fn resident_bytes(&self) -> u64 {
+        let fixed = vec_bytes(&self.meta)
+            + vec_bytes(&self.fs.inode_tables)
+            + self
+                .warnings
+                .iter()
+                .map(|w| w.message.capacity() + std::mem::size_of::<Warning>())
+                .sum::<usize>();
+        let store = match &self.store {
+            Store::Eager(e) => (e.t.heap_bytes() + vec_bytes(&e.phys_order)) as u64,
+            Store::Lazy(l) => l.resident_bytes(),
+        };
+        fixed as u64 + store
+    }
+
+    /// The tables holding inode `ino` (and, for a directory, its entries).
+    fn sec(&self, ino: u32) -> Option<Sec<'_>> {
+        match &self.store {
+            Store::Eager(e) => Some(Sec::Whole(&e.t)),
+            Store::Lazy(l) => l.section(ino).map(Sec::Part),
+        }
+    }
+
+    /// Number of in-use inodes (cheap).
+    pub fn inode_count(&self) -> usize {
+        match &self.store {
+            Store::Eager(e) => e.t.inodes.len(),
+            Store::Lazy(l) => usize::try_from(l.counts().inodes).unwrap_or(usize::MAX),
+        }
     }
 
     /// Metadata of `ino`, if it is in use.
     pub fn inode(&self, ino: u32) -> Option<InodeMeta> {
-        self.rec(ino).map(|(_, r)| InodeMeta {
-            mode: r.mode,
-            uid: r.uid,
-            gid: r.gid,
-            size: r.size,
-            mtime: InodeRec::time(r.mtime, r.epochs, 0),
-            ctime: InodeRec::time(r.ctime, r.epochs, 2),
-            atime: InodeRec::time(r.atime, r.epochs, 4),
-            links: r.links,
-        })
+        let t = self.sec(ino)?;
+        let (_, r) = t.rec(ino)?;
+        Some(t.meta(r))
     }
 
-    /// All indexed inode numbers, ascending.
+    /// All indexed inode numbers, ascending (a lazy index loads every section in turn).
     pub fn inodes(&self) -> impl Iterator<Item = u32> + '_ {
-        self.inodes.iter().map(|r| r.ino)
+        match &self.store {
+            Store::Eager(e) => InodeIter::Eager(e.t.inodes.iter()),
+            Store::Lazy(l) => InodeIter::Lazy {
+                lazy: l,
+                next: 0,
+                cur: Vec::new().into_iter(),
+            },
+        }
     }
 
-    fn runs_of(&self, ino: u32) -> &[Run] {
-        let Some((i, r)) = self.rec(ino) else {
-            return &[];
-        };
-        let end = self
-            .inodes
-            .get(i + 1)
-            .map_or(self.extents.len(), |n| n.first_extent as usize);
-        self.extents
-            .get(r.first_extent as usize..end)
-            .unwrap_or(&[])
+    /// Runs of `ino` (data, directory, extent-tree, indirect and xattr blocks).
+    pub(crate) fn runs(&self, ino: u32) -> Cow<'_, [Run]> {
+        match self.sec(ino) {
+            Some(Sec::Whole(t)) => Cow::Borrowed(t.runs_of(ino)),
+            Some(Sec::Part(t)) => Cow::Owned(t.runs_of(ino).to_vec()),
+            None => Cow::Borrowed(&[]),
+        }
     }
 
     /// Data runs of `ino` in file order (holes are gaps; inline files have none).
     pub fn file_extents(&self, ino: u32) -> Vec<FileExtent> {
         let mut v: Vec<FileExtent> = self
-            .runs_of(ino)
+            .runs(ino)
             .iter()
             .filter(|r| r.kind() & !RUN_UNWRITTEN == RUN_DATA)
             .map(|r| FileExtent {
@@ -467,76 +531,92 @@ impl Index {
     /// Metadata blocks owned by `ino` (extent-tree, indirect and xattr blocks) as
     /// `(first block, count)`.
     pub fn metadata_blocks(&self, ino: u32) -> Vec<(u64, u32)> {
-        self.runs_of(ino)
+        self.runs(ino)
             .iter()
             .filter(|r| r.kind() & !RUN_UNWRITTEN != RUN_DATA)
             .map(|r| (r.phys(), r.len))
             .collect()
     }
 
-    /// Who owns file-system block `block`.
+    /// Who owns file-system block `block` (never reads a lazy index's file).
     pub fn owner(&self, block: u64) -> Owner {
-        // Fixed metadata first.
-        let i = self.meta.partition_point(|m| m.start <= block);
-        if let Some(m) = i.checked_sub(1).and_then(|i| self.meta.get(i)) {
-            if block - m.start < u64::from(m.len) {
-                let group = m.group;
-                return match m.kind {
-                    META_SUPERBLOCK => Owner::Superblock { group },
-                    META_GDT => Owner::GroupDescriptors { group },
-                    META_RESERVED_GDT => Owner::ReservedGdt { group },
-                    META_BLOCK_BITMAP => Owner::BlockBitmap { group },
-                    META_INODE_BITMAP => Owner::InodeBitmap { group },
-                    _ => {
-                        let per_block =
-                            u64::from(self.fs.block_size) / u64::from(self.fs.inode_size.max(1));
-                        let first = u64::from(group) * u64::from(self.fs.inodes_per_group)
-                            + 1
-                            + (block - m.start) * per_block;
-                        Owner::InodeTable {
-                            group,
-                            first_ino: u32::try_from(first).unwrap_or(u32::MAX),
-                        }
-                    }
-                };
-            }
+        if let Some(o) = self.fixed_owner(block) {
+            return o;
         }
-        let extents = &self.extents;
-        let i = self
+        match &self.store {
+            Store::Eager(e) => self.eager_owner(e, block),
+            Store::Lazy(l) => match l.run_at(block) {
+                Some((r, delta)) => {
+                    self.run_owner(r.ino, r.kind, u64::from(r.logical) + delta, r.is_dir())
+                }
+                None => Owner::Unknown,
+            },
+        }
+    }
+
+    /// Fixed metadata (superblocks, descriptors, bitmaps, inode tables) holding `block`.
+    fn fixed_owner(&self, block: u64) -> Option<Owner> {
+        let i = self.meta.partition_point(|m| m.start <= block);
+        let m = self.meta.get(i.checked_sub(1)?)?;
+        if block - m.start >= u64::from(m.len) {
+            return None;
+        }
+        let group = m.group;
+        Some(match m.kind {
+            META_SUPERBLOCK => Owner::Superblock { group },
+            META_GDT => Owner::GroupDescriptors { group },
+            META_RESERVED_GDT => Owner::ReservedGdt { group },
+            META_BLOCK_BITMAP => Owner::BlockBitmap { group },
+            META_INODE_BITMAP => Owner::InodeBitmap { group },
+            _ => {
+                let per_block =
+                    u64::from(self.fs.block_size) / u64::from(self.fs.inode_size.max(1));
+                let first = u64::from(group) * u64::from(self.fs.inodes_per_group)
+                    + 1
+                    + (block - m.start) * per_block;
+                Owner::InodeTable {
+                    group,
+                    first_ino: u32::try_from(first).unwrap_or(u32::MAX),
+                }
+            }
+        })
+    }
+
+    fn eager_owner(&self, e: &Eager, block: u64) -> Owner {
+        let extents = &e.t.extents;
+        let i = e
             .phys_order
-            .partition_point(|&e| extents.get(e as usize).is_some_and(|r| r.phys() <= block));
-        let Some(&e) = i.checked_sub(1).and_then(|i| self.phys_order.get(i)) else {
+            .partition_point(|&x| extents.get(x as usize).is_some_and(|r| r.phys() <= block));
+        let Some(&x) = i.checked_sub(1).and_then(|i| e.phys_order.get(i)) else {
             return Owner::Unknown;
         };
-        let Some(run) = self.extents.get(e as usize) else {
+        let Some(run) = extents.get(x as usize) else {
             return Owner::Unknown;
         };
         let delta = block - run.phys();
         if delta >= u64::from(run.len) {
             return Owner::Unknown;
         }
-        let k = self.inodes.partition_point(|r| r.first_extent <= e);
-        let Some(rec) = k.checked_sub(1).and_then(|k| self.inodes.get(k)) else {
+        let k = e.t.inodes.partition_point(|r| r.first_extent <= x);
+        let Some(rec) = k.checked_sub(1).and_then(|k| e.t.inodes.get(k)) else {
             return Owner::Unknown;
         };
-        let ino = rec.ino;
-        match run.kind() & !RUN_UNWRITTEN {
+        let dir = FileKind::from_mode(rec.mode) == FileKind::Directory;
+        self.run_owner(rec.ino, run.kind(), u64::from(run.logical) + delta, dir)
+    }
+
+    /// The owner of file block `file_block` of a run of kind `kind` owned by `ino`.
+    fn run_owner(&self, ino: u32, kind: u8, file_block: u64, dir: bool) -> Owner {
+        match kind & !RUN_UNWRITTEN {
             RUN_EXTENT_TREE => Owner::ExtentTree { ino },
             RUN_INDIRECT => Owner::IndirectBlock { ino },
             RUN_XATTR => Owner::XattrBlock { ino },
-            _ => {
-                let file_block = u64::from(run.logical) + delta;
-                if ino == self.fs.journal_ino && ino != 0 {
-                    Owner::Journal { file_block }
-                } else if FileKind::from_mode(rec.mode) == FileKind::Directory {
-                    Owner::Directory { ino, file_block }
-                } else {
-                    Owner::Data {
-                        ino,
-                        file_offset: file_block * u64::from(self.fs.block_size),
-                    }
-                }
-            }
+            _ if ino == self.fs.journal_ino && ino != 0 => Owner::Journal { file_block },
+            _ if dir => Owner::Directory { ino, file_block },
+            _ => Owner::Data {
+                ino,
+                file_offset: file_block * u64::from(self.fs.block_size),
+            },
         }
     }
 
@@ -558,44 +638,50 @@ impl Index {
         Some((table + byte / bs, u32::try_from(byte % bs).ok()?))
     }
 
-    fn dir_range(&self, ino: u32) -> Option<&[EntryRec]> {
-        let i = self.dirs.binary_search_by_key(&ino, |d| d.ino).ok()?;
-        let start = self.dirs.get(i)?.first_entry as usize;
-        let end = self
-            .dirs
-            .get(i + 1)
-            .map_or(self.entries.len(), |d| d.first_entry as usize);
-        self.entries.get(start..end)
-    }
-
-    fn name(&self, e: &EntryRec) -> &[u8] {
-        let s = e.name_off as usize;
-        self.arena
-            .get(s..s + usize::from(e.name_len))
-            .unwrap_or(&[])
+    fn entry_kind(&self, e: &EntryRec) -> FileKind {
+        self.inode(e.ino)
+            .map_or_else(|| ftype_kind(e.file_type), |m| m.kind())
     }
 
     /// Entries of directory `ino` (without `.` and `..`), sorted by name.
     pub fn read_dir(&self, ino: u32) -> Option<Vec<DirEntry<'_>>> {
-        let range = self.dir_range(ino)?;
-        Some(
-            range
-                .iter()
-                .map(|e| DirEntry {
-                    name: self.name(e),
-                    ino: e.ino,
-                    kind: self
-                        .inode(e.ino)
-                        .map_or_else(|| ftype_kind(e.file_type), |m| m.kind()),
-                })
-                .collect(),
-        )
+        match self.sec(ino)? {
+            Sec::Whole(t) => Some(
+                t.dir_range(ino)?
+                    .iter()
+                    .map(|e| DirEntry {
+                        name: Cow::Borrowed(t.name(e)),
+                        ino: e.ino,
+                        kind: self.entry_kind(e),
+                    })
+                    .collect(),
+            ),
+            Sec::Part(t) => Some(
+                t.dir_range(ino)?
+                    .iter()
+                    .map(|e| DirEntry {
+                        name: Cow::Owned(t.name(e).to_vec()),
+                        ino: e.ino,
+                        kind: self.entry_kind(e),
+                    })
+                    .collect(),
+            ),
+        }
+    }
+
+    /// Entries of directory `ino` with their records (name, target, type, directory block);
+    /// `None` if `ino` was not a directory at crawl time.
+    pub(crate) fn dir_records(&self, ino: u32) -> Option<Vec<(Vec<u8>, EntryRec)>> {
+        let t = self.sec(ino)?;
+        let range = t.dir_range(ino)?;
+        Some(range.iter().map(|e| (t.name(e).to_vec(), *e)).collect())
     }
 
     /// Look `name` up in directory `dir`.
     pub fn lookup_in(&self, dir: u32, name: &[u8]) -> Option<u32> {
-        let range = self.dir_range(dir)?;
-        let i = range.binary_search_by(|e| self.name(e).cmp(name)).ok()?;
+        let t = self.sec(dir)?;
+        let range = t.dir_range(dir)?;
+        let i = range.binary_search_by(|e| t.name(e).cmp(name)).ok()?;
         range.get(i).map(|e| e.ino)
     }
 
@@ -616,10 +702,45 @@ impl Index {
         stack.last().copied()
     }
 
+    /// The name used for `ino`'s path: (directory, entry name), from its first link.
+    pub(crate) fn primary(&self, ino: u32) -> Option<(u32, Cow<'_, [u8]>)> {
+        match &self.store {
+            Store::Eager(e) => {
+                let t = &e.t;
+                let (_, r) = t.rec(ino)?;
+                if r.first_link == NO_LINK {
+                    return None;
+                }
+                let en = t.entries.get(r.first_link as usize)?;
+                let dir = t.dir_of_entry(r.first_link)?;
+                Some((dir, Cow::Borrowed(t.name(en))))
+            }
+            Store::Lazy(l) => l.primary(ino).map(|(d, _, n)| (d, Cow::Owned(n))),
+        }
+    }
+
+    /// Every entry naming `ino`, as (directory, name), by directory then name.
+    pub(crate) fn names_of(&self, ino: u32) -> Vec<(u32, Vec<u8>)> {
+        let e = match &self.store {
+            Store::Eager(e) => e,
+            Store::Lazy(l) => return l.names_of(ino),
+        };
+        let t = &e.t;
+        let mut out = Vec::new();
+        for d in &t.dirs {
+            for en in t.dir_range(d.ino).unwrap_or(&[]) {
+                if en.ino == ino {
+                    out.push((d.ino, t.name(en).to_vec()));
+                }
+            }
+        }
+        out
+    }
+
     /// One absolute path of `ino` (the first link found breadth-first from the root; other hard
     /// links are reachable through [`Index::read_dir`]). Non-UTF-8 bytes are replaced.
     pub fn path_of(&self, ino: u32) -> Option<String> {
-        let mut parts: Vec<&[u8]> = Vec::new();
+        let mut parts: Vec<Cow<'_, [u8]>> = Vec::new();
         let mut cur = ino;
         for _ in 0..MAX_PATH_DEPTH {
             if cur == 2 {
@@ -633,38 +754,21 @@ impl Index {
                 }
                 return Some(s);
             }
-            let (_, r) = self.rec(cur)?;
-            if r.first_link == NO_LINK {
-                return None;
-            }
-            let e = self.entries.get(r.first_link as usize)?;
-            parts.push(self.name(e));
-            let d = self.dirs.partition_point(|d| d.first_entry <= r.first_link);
-            cur = self.dirs.get(d.checked_sub(1)?)?.ino;
+            let (dir, name) = self.primary(cur)?;
+            parts.push(name);
+            cur = dir;
         }
         None
     }
 
     /// Target of symlink `ino`.
-    pub fn read_link(&self, ino: u32) -> Option<&[u8]> {
-        self.blob(ino, BLOB_SYMLINK)
+    pub fn read_link(&self, ino: u32) -> Option<Cow<'_, [u8]>> {
+        self.sec(ino)?.bytes(|t| t.blob(ino, BLOB_SYMLINK))
     }
 
     /// Inline data of `ino` (inline_data feature), if the file is stored inline.
-    pub fn inline_data(&self, ino: u32) -> Option<&[u8]> {
-        self.blob(ino, BLOB_INLINE)
-    }
-
-    fn blob(&self, ino: u32, kind: u8) -> Option<&[u8]> {
-        let i = self
-            .blobs
-            .partition_point(|b| (b.ino, b.kind) < (ino, kind));
-        let b = self
-            .blobs
-            .get(i)
-            .filter(|b| b.ino == ino && b.kind == kind)?;
-        let s = b.off as usize;
-        self.arena.get(s..s.checked_add(b.len as usize)?)
+    pub fn inline_data(&self, ino: u32) -> Option<Cow<'_, [u8]>> {
+        self.sec(ino)?.bytes(|t| t.blob(ino, BLOB_INLINE))
     }
 
     /// Read file data of `ino` at byte `offset` through the index (holes and unwritten
@@ -713,44 +817,73 @@ impl Index {
         Ok(n)
     }
 
-    /// Counts and heap usage.
+    /// Counts and heap usage (a lazy index: what is resident now).
     pub fn stats(&self) -> IndexStats {
-        let count = |k: FileKind| {
-            self.inodes
-                .iter()
-                .filter(|r| FileKind::from_mode(r.mode) == k)
-                .count()
-        };
-        let heap_bytes = vec_bytes(&self.inodes)
-            + vec_bytes(&self.extents)
-            + vec_bytes(&self.phys_order)
-            + vec_bytes(&self.meta)
-            + vec_bytes(&self.dirs)
-            + vec_bytes(&self.entries)
-            + vec_bytes(&self.blobs)
-            + vec_bytes(&self.arena)
-            + vec_bytes(&self.fs.inode_tables)
-            + self
-                .warnings
-                .iter()
-                .map(|w| w.message.capacity() + std::mem::size_of::<Warning>())
-                .sum::<usize>();
-        IndexStats {
-            inodes: self.inodes.len(),
-            directories: count(FileKind::Directory),
-            regular_files: count(FileKind::Regular),
-            symlinks: count(FileKind::Symlink),
-            entries: self.entries.len(),
-            runs: self.extents.len(),
-            meta_ranges: self.meta.len(),
-            heap_bytes,
+        let heap_bytes = usize::try_from(self.resident_bytes()).unwrap_or(usize::MAX);
+        let meta_ranges = self.meta.len();
+        match &self.store {
+            Store::Eager(e) => IndexStats {
+                inodes: e.t.inodes.len(),
+                directories: e.t.count(FileKind::Directory),
+                regular_files: e.t.count(FileKind::Regular),
+                symlinks: e.t.count(FileKind::Symlink),
+                entries: e.t.entries.len(),
+                runs: e.t.extents.len(),
+                meta_ranges,
+                heap_bytes,
+            },
+            Store::Lazy(l) => {
+                let c = l.counts();
+                let n = |x: u64| usize::try_from(x).unwrap_or(usize::MAX);
+                IndexStats {
+                    inodes: n(c.inodes),
+                    directories: n(c.directories),
+                    regular_files: n(c.regular_files),
+                    symlinks: n(c.symlinks),
+                    entries: n(c.entries),
+                    runs: n(c.runs),
+                    meta_ranges,
+                    heap_bytes,
+                }
+            }
         }
     }
 
-    /// Serialise (magic, then postcard).
+    /// Heap bytes of each eager table, by name (for measurements; empty for a lazy index).
+    pub fn table_bytes(&self) -> Vec<(&'static str, usize)> {
+        let Store::Eager(e) = &self.store else {
+            return Vec::new();
+        };
+        let t = &e.t;
+        vec![
+            ("inodes", vec_bytes(&t.inodes)),
+            ("runs", vec_bytes(&t.extents)),
+            ("block order", vec_bytes(&e.phys_order)),
+            ("directories", vec_bytes(&t.dirs)),
+            ("entries", vec_bytes(&t.entries)),
+            ("blobs", vec_bytes(&t.blobs)),
+            ("arena", vec_bytes(&t.arena)),
+            ("owners", vec_bytes(&t.owners) + vec_bytes(&t.owner_x)),
+            ("metadata ranges", vec_bytes(&self.meta)),
+        ]
+    }
+
+    /// Serialise (magic, then postcard). A lazy index lives in its section file and cannot
+    /// be serialised this way.
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        let Store::Eager(eager) = &self.store else {
+            return Err(Error::IndexFormat(
+                "a lazy index is stored in its section file (Index::open_lazy)".into(),
+            ));
+        };
         let mut out = MAGIC.to_vec();
-        let body = postcard::to_stdvec(self)
+        let stored = StoredRef {
+            fs: &self.fs,
+            meta: &self.meta,
+            warnings: &self.warnings,
+            eager,
+        };
+        let body = postcard::to_stdvec(&stored)
             .map_err(|e| Error::IndexFormat(format!("cannot encode: {e}")))?;
         out.extend_from_slice(&body);
         Ok(out)
@@ -761,11 +894,17 @@ impl Index {
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
         let body = bytes.strip_prefix(MAGIC.as_slice()).ok_or_else(|| {
             Error::IndexFormat(
-                "missing VMSFSIX2 magic (not an index, or one stored by an older version)".into(),
+                "missing VMSFSIX3 magic (not an index, or one stored by an older version)".into(),
             )
         })?;
-        let idx: Index = postcard::from_bytes(body)
+        let s: Stored = postcard::from_bytes(body)
             .map_err(|e| Error::IndexFormat(format!("cannot decode: {e}")))?;
+        let idx = Index {
+            fs: s.fs,
+            meta: s.meta,
+            warnings: s.warnings,
+            store: Store::Eager(s.eager),
+        };
         idx.validate()?;
         Ok(idx)
     }
@@ -794,61 +933,53 @@ impl Index {
         if self.fs.block_size < 1024 || !self.fs.block_size.is_power_of_two() {
             return bad("block size is not a power of two of at least 1024");
         }
-        if !self.inodes.windows(2).all(|w| w[0].ino < w[1].ino) {
-            return bad("inodes are not sorted");
-        }
-        if !self
-            .inodes
-            .windows(2)
-            .all(|w| w[0].first_extent <= w[1].first_extent)
-            || self
-                .inodes
-                .last()
-                .is_some_and(|r| r.first_extent as usize > self.extents.len())
-        {
-            return bad("inode run indices are inconsistent");
-        }
-        if self.phys_order.len() != self.extents.len()
-            || self
-                .phys_order
-                .iter()
-                .any(|&i| i as usize >= self.extents.len())
-            || !self
+        let Store::Eager(e) = &self.store else {
+            return Ok(());
+        };
+        e.t.validate().or_else(bad)?;
+        let ext = &e.t.extents;
+        if e.phys_order.len() != ext.len()
+            || e.phys_order.iter().any(|&i| i as usize >= ext.len())
+            || !e
                 .phys_order
                 .windows(2)
-                .all(|w| self.extents[w[0] as usize].phys() <= self.extents[w[1] as usize].phys())
+                .all(|w| ext[w[0] as usize].phys() <= ext[w[1] as usize].phys())
         {
             return bad("block map order is inconsistent");
         }
         if !self.meta.windows(2).all(|w| w[0].start <= w[1].start) {
             return bad("metadata ranges are not sorted");
         }
-        if !self
-            .dirs
-            .windows(2)
-            .all(|w| w[0].ino < w[1].ino && w[0].first_entry <= w[1].first_entry)
-            || self
-                .dirs
-                .last()
-                .is_some_and(|d| d.first_entry as usize > self.entries.len())
-        {
-            return bad("directory table is inconsistent");
-        }
-        if self
-            .entries
-            .iter()
-            .any(|e| e.name_off as usize + usize::from(e.name_len) > self.arena.len())
-        {
-            return bad("a name points outside the name arena");
-        }
-        if !self
-            .blobs
-            .windows(2)
-            .all(|w| (w[0].ino, w[0].kind) < (w[1].ino, w[1].kind))
-        {
-            return bad("blobs are not sorted");
+        if !e.t.parents.is_empty() {
+            return bad("an eager index has no parent table");
         }
         Ok(())
+    }
+}
+
+/// Iterator of [`Index::inodes`].
+enum InodeIter<'a> {
+    Eager(std::slice::Iter<'a, InodeRec>),
+    Lazy {
+        lazy: &'a lazy::Lazy,
+        next: usize,
+        cur: std::vec::IntoIter<u32>,
+    },
+}
+
+impl Iterator for InodeIter<'_> {
+    type Item = u32;
+    fn next(&mut self) -> Option<u32> {
+        match self {
+            InodeIter::Eager(it) => it.next().map(|r| r.ino),
+            InodeIter::Lazy { lazy, next, cur } => loop {
+                if let Some(i) = cur.next() {
+                    return Some(i);
+                }
+                *cur = lazy.inodes_at(*next)?.into_iter();
+                *next += 1;
+            },
+        }
     }
 }
 
@@ -866,42 +997,4 @@ fn ftype_kind(t: u8) -> FileKind {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn record_sizes_are_compact() {
-        assert_eq!(std::mem::size_of::<InodeRec>(), 48);
-        for t in [
-            0i64,
-            -1,
-            1 << 31,
-            (1 << 31) - 1,
-            -(1 << 31),
-            3 << 32,
-            (3 << 32) + (1 << 31) - 1,
-            1_700_000_000,
-        ] {
-            let (lo, ep) = InodeRec::pack_time(t);
-            assert_eq!(InodeRec::time(lo, ep, 0), t, "{t}");
-            assert_eq!(InodeRec::time(lo, ep << 4, 4), t, "{t}");
-        }
-        assert_eq!(std::mem::size_of::<Run>(), 16);
-        assert_eq!(std::mem::size_of::<EntryRec>(), 12);
-    }
-
-    #[test]
-    fn run_packing() {
-        let r = Run::new(0xABCD_1234_5678, 7, 9, RUN_INDIRECT);
-        assert_eq!(r.phys(), 0xABCD_1234_5678);
-        assert_eq!(r.kind(), RUN_INDIRECT);
-    }
-
-    #[test]
-    fn garbage_index_is_rejected() {
-        assert!(Index::from_bytes(b"nope").is_err());
-        let mut b = MAGIC.to_vec();
-        b.extend_from_slice(&[0xFF; 64]);
-        assert!(Index::from_bytes(&b).is_err());
-    }
-}
+mod tests;

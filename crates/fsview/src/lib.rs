@@ -36,7 +36,8 @@ pub use error::{Error, Result};
 pub use event::{EventKind, FsEvent, Value};
 pub use ext4::CrawlOptions;
 pub use index::{
-    DirEntry, FileExtent, FileKind, FsInfo, Index, IndexStats, InodeMeta, Owner, Warning,
+    DirEntry, FileExtent, FileKind, FsInfo, Index, IndexStats, InodeMeta, LazyConfig, LazyStats,
+    Owner, Warning,
 };
 pub use infer::{Engine, EngineConfig, EngineStats};
 pub use partition::{

@@ -83,7 +83,7 @@ impl FsRead for StaticView {
                 .read_dir(ino)?
                 .into_iter()
                 .map(|e| ViewEntry {
-                    name: e.name.to_vec(),
+                    name: e.name.into_owned(),
                     ino: e.ino,
                     kind: e.kind,
                 })
@@ -96,7 +96,7 @@ impl FsRead for StaticView {
     }
 
     fn read_link(&self, ino: u32) -> Option<Vec<u8>> {
-        self.index.read_link(ino).map(<[u8]>::to_vec)
+        self.index.read_link(ino).map(std::borrow::Cow::into_owned)
     }
 
     fn read(&self, ino: u32, offset: u64, buf: &mut [u8]) -> Result<usize> {

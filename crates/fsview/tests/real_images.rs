@@ -84,7 +84,7 @@ fn check_image(
             .read_dir(dino)
             .unwrap_or_else(|| panic!("{dir} (inode {dino}) is not a directory in the index"))
             .iter()
-            .map(|e| (String::from_utf8_lossy(e.name).into_owned(), e.ino))
+            .map(|e| (String::from_utf8_lossy(&e.name).into_owned(), e.ino))
             .collect();
         assert_eq!(
             mine.keys().collect::<BTreeSet<_>>(),
@@ -407,7 +407,7 @@ fn fixture_specific(index: &Index, fsimg: &Path, expect_inline: bool) {
     if expect_inline {
         let ino = index.lookup("/small.txt").expect("small");
         assert_eq!(
-            index.inline_data(ino),
+            index.inline_data(ino).as_deref(),
             Some(&b"hello world\n"[..]),
             "inline data"
         );

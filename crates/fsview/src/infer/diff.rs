@@ -4,7 +4,7 @@
 use super::state::{self, Entries, Inode};
 use super::{Batch, Engine};
 use crate::event::{EventKind, FsEvent, Value};
-use crate::index::{FileKind, InodeMeta, NO_BLOCK, NO_LINK, RUN_DATA, RUN_UNWRITTEN};
+use crate::index::{FileKind, InodeMeta, NO_BLOCK, RUN_DATA, RUN_UNWRITTEN};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// Deepest path followed (as the index).
@@ -73,18 +73,9 @@ impl Engine {
         if let Some(l) = self.links.get(&ino) {
             return l.clone();
         }
-        let idx = &self.index;
-        let i = idx.inodes.binary_search_by_key(&ino, |r| r.ino).ok()?;
-        let fl = idx.inodes.get(i)?.first_link;
-        if fl == NO_LINK {
-            return None;
-        }
-        let e = idx.entries.get(fl as usize)?;
-        let s = e.name_off as usize;
-        let name = idx.arena.get(s..s + usize::from(e.name_len))?.to_vec();
-        let d = idx.dirs.partition_point(|d| d.first_entry <= fl);
-        let dir = idx.dirs.get(d.checked_sub(1)?)?.ino;
-        Some((dir, name))
+        self.index
+            .primary(ino)
+            .map(|(dir, name)| (dir, name.into_owned()))
     }
 
     /// Current absolute path of `ino` (as of the last resolved batch).
@@ -117,24 +108,10 @@ impl Engine {
                 return Some((*d, n.clone()));
             }
         }
-        let idx = &self.index;
-        for (k, dr) in idx.dirs.iter().enumerate() {
-            if self.dirs.contains_key(&dr.ino) {
-                continue;
-            }
-            let end = idx
-                .dirs
-                .get(k + 1)
-                .map_or(idx.entries.len(), |n| n.first_entry as usize);
-            for e in idx.entries.get(dr.first_entry as usize..end).unwrap_or(&[]) {
-                if e.ino == ino {
-                    let s = e.name_off as usize;
-                    let name = idx.arena.get(s..s + usize::from(e.name_len))?.to_vec();
-                    return Some((dr.ino, name));
-                }
-            }
-        }
-        None
+        self.index
+            .names_of(ino)
+            .into_iter()
+            .find(|(d, _)| !self.dirs.contains_key(d))
     }
 
     /// Read directory `d` as it is now (committed copies, then disk); `None` if a block is
@@ -170,25 +147,17 @@ impl Engine {
             // Resolved before without block positions (inline, or read whole).
             return None;
         }
-        let idx = &self.index;
-        let Ok(k) = idx.dirs.binary_search_by_key(&d, |x| x.ino) else {
+        let Some(records) = self.index.dir_records(d) else {
             // Not a directory at crawl time: all its blocks arrive as writes.
             return Some(BTreeMap::new());
         };
-        let start = idx.dirs.get(k)?.first_entry as usize;
-        let end = idx
-            .dirs
-            .get(k + 1)
-            .map_or(idx.entries.len(), |n| n.first_entry as usize);
         let mut out = BlockEntries::new();
         let mut unplaced = false;
-        for e in idx.entries.get(start..end).unwrap_or(&[]) {
+        for (name, e) in records {
             if e.block == NO_BLOCK {
                 unplaced = true;
                 continue;
             }
-            let s = e.name_off as usize;
-            let name = idx.arena.get(s..s + usize::from(e.name_len))?.to_vec();
             out.entry(u64::from(e.block))
                 .or_default()
                 .insert(name, (e.ino, e.file_type));
@@ -548,7 +517,7 @@ impl Engine {
                     .cloned()
                     .flatten()
                     .and_then(|i| i.blob)
-                    .or_else(|| self.index.read_link(ino).map(<[u8]>::to_vec))
+                    .or_else(|| self.index.read_link(ino).map(std::borrow::Cow::into_owned))
                     .map(|t| Value::Target(String::from_utf8_lossy(&t).into_owned()));
                 e
             }

@@ -122,6 +122,26 @@ pub struct EngineStats {
     pub overlay_dirs: u64,
     /// Approximate heap bytes of the overlay, caches and buffers.
     pub overlay_bytes: u64,
+    /// The index is lazy ([`Index::into_lazy`]): its sections are loaded on demand.
+    pub index_lazy: bool,
+    /// Heap bytes the index holds now (eager: all of it; lazy: the resident part and the
+    /// loaded sections).
+    pub index_resident_bytes: u64,
+    /// Largest `index_resident_bytes` so far.
+    pub index_peak_resident_bytes: u64,
+    /// Sections read from a lazy index's file (first loads and re-reads after eviction).
+    pub index_sections_loaded: u64,
+    /// Sections evicted from a lazy index's cache.
+    pub index_sections_evicted: u64,
+    /// Time spent reading, checking and decoding sections.
+    pub index_load_ns: u64,
+    /// In-use inodes in the index.
+    pub index_inodes: u64,
+    /// In-use inodes whose section was loaded at least once (eager: all of them); over
+    /// `index_inodes`, the share of the file tree loaded.
+    pub index_inodes_loaded: u64,
+    /// Section loads that failed (the file was damaged after it was opened).
+    pub index_load_errors: u64,
 }
 
 #[derive(Debug, Default)]
@@ -400,6 +420,36 @@ impl Engine {
             overlay_inodes: self.inodes.len() as u64,
             overlay_dirs: self.dirs.len() as u64,
             overlay_bytes: 0,
+            ..self.index_counters()
+        }
+    }
+
+    /// The index's part of the counters (cheap: no walk over the index).
+    fn index_counters(&self) -> EngineStats {
+        let inodes = self.index.inode_count() as u64;
+        match self.index.lazy_stats() {
+            None => {
+                let bytes = self.index.resident_bytes();
+                EngineStats {
+                    index_resident_bytes: bytes,
+                    index_peak_resident_bytes: bytes,
+                    index_inodes: inodes,
+                    index_inodes_loaded: inodes,
+                    ..EngineStats::default()
+                }
+            }
+            Some(l) => EngineStats {
+                index_lazy: true,
+                index_resident_bytes: l.resident_bytes,
+                index_peak_resident_bytes: l.peak_resident_bytes,
+                index_sections_loaded: l.loads,
+                index_sections_evicted: l.evictions,
+                index_load_ns: l.load_ns,
+                index_inodes: inodes,
+                index_inodes_loaded: l.inodes_loaded,
+                index_load_errors: l.load_errors,
+                ..EngineStats::default()
+            },
         }
     }
 
@@ -513,16 +563,8 @@ impl Engine {
         }
     }
 
-    fn index_runs(&self, ino: u32) -> &[Run] {
-        let inodes = &self.index.inodes;
-        let Ok(i) = inodes.binary_search_by_key(&ino, |r| r.ino) else {
-            return &[];
-        };
-        let start = inodes[i].first_extent as usize;
-        let end = inodes
-            .get(i + 1)
-            .map_or(self.index.extents.len(), |n| n.first_extent as usize);
-        self.index.extents.get(start..end).unwrap_or(&[])
+    fn index_runs(&self, ino: u32) -> std::borrow::Cow<'_, [Run]> {
+        self.index.runs(ino)
     }
 
     /// The stored inode (overlay, else the index) in overlay form.
@@ -535,10 +577,10 @@ impl Engine {
             .index
             .read_link(ino)
             .or_else(|| self.index.inline_data(ino))
-            .map(<[u8]>::to_vec);
+            .map(std::borrow::Cow::into_owned);
         Some(Inode {
             meta,
-            runs: self.index_runs(ino).to_vec(),
+            runs: self.index_runs(ino).into_owned(),
             inline: self.index.inline_data(ino).is_some(),
             blob,
             generation: None,
@@ -946,7 +988,7 @@ impl FsRead for Engine {
         match self.inodes.get(&ino) {
             Some(Some(i)) if i.kind() == FileKind::Symlink => i.blob.clone(),
             Some(_) => None,
-            None => self.index.read_link(ino).map(<[u8]>::to_vec),
+            None => self.index.read_link(ino).map(std::borrow::Cow::into_owned),
         }
     }
 
