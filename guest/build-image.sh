@@ -24,9 +24,15 @@ exec 1>&2
 
 SUITE=bookworm
 ROOTFS_SIZE=4G
+# mariadb-server-core and mariadb-client-core are bookworm's MariaDB 10.11 server (mariadbd,
+# mariadb-install-db, the system tables' SQL) and client (mariadb, my_print_defaults): the iCache
+# DB benchmark (bench/icache.py, workload mariadb) starts mariadbd by hand, as minbase has no init
+# system. Not mariadb-server: it only adds the init/systemd glue, Galera and perl tools, and
+# its maintainer scripts start a server.
 ROOTFS_PACKAGES=(coreutils findutils tar gzip gnupg strace inotify-tools fio sqlite3
     python3-minimal procps util-linux e2fsprogs bonnie++ postmark kmod iproute2
-    xfsprogs btrfs-progs plocate iperf3 tcpdump curl iputils-ping)
+    xfsprogs btrfs-progs plocate iperf3 tcpdump curl iputils-ping
+    mariadb-server-core mariadb-client-core)
 # Load order matters: each module needs the previous ones.
 INITRAMFS_MODULES=(virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci
     virtio_blk)
