@@ -236,6 +236,9 @@ pub struct CacheMetrics {
     pub writebacks: AtomicU64,
     /// Write requests issued below to write dirty blocks back.
     pub writeback_requests: AtomicU64,
+    /// Dirty blocks a discard or write-zeroes covered before they were written back: writes
+    /// the disk never had to take (block lifetimes shorter than the time to write-back).
+    pub dirty_discarded: AtomicU64,
 }
 
 impl CacheMetrics {
@@ -252,6 +255,7 @@ impl CacheMetrics {
             dirty_bytes: AtomicU64::new(0),
             writebacks: AtomicU64::new(0),
             writeback_requests: AtomicU64::new(0),
+            dirty_discarded: AtomicU64::new(0),
         }
     }
 
@@ -289,6 +293,7 @@ impl CacheMetrics {
             dirty_bytes: g(&self.dirty_bytes),
             writebacks: g(&self.writebacks),
             writeback_requests: g(&self.writeback_requests),
+            dirty_discarded: g(&self.dirty_discarded),
         }
     }
 }
@@ -339,6 +344,9 @@ pub struct CacheSnapshot {
     pub writebacks: u64,
     /// Write requests used for write-back.
     pub writeback_requests: u64,
+    /// Dirty blocks dropped unwritten because a discard or write-zeroes covered them.
+    #[serde(default)]
+    pub dirty_discarded: u64,
 }
 
 impl CacheSnapshot {
@@ -880,6 +888,8 @@ impl ICache {
                 };
                 if e - s < self.bs {
                     self.write_back_slot(next, slot)?;
+                } else if self.store.info(slot).2 {
+                    self.metrics.dirty_discarded.fetch_add(1, Ordering::Relaxed);
                 }
                 self.drop_slot(slot);
                 self.metrics.invalidated.fetch_add(1, Ordering::Relaxed);

@@ -109,6 +109,16 @@ impl Snapshotting for Metrics {
                 "Dirty bytes (write-back).",
                 s.dirty_bytes,
             ),
+            Sample::counter(
+                "icache_writebacks_total",
+                "Dirty 4 KiB blocks written to the disk (write-back).",
+                s.writebacks,
+            ),
+            Sample::counter(
+                "icache_dirty_discarded_total",
+                "Dirty 4 KiB blocks a discard covered before write-back (never written).",
+                s.dirty_discarded,
+            ),
         ];
         for k in &s.classes {
             v.push(
@@ -135,7 +145,7 @@ impl Snapshotting for Metrics {
 /// Overall hit rate, then hits/misses and resident KiB per class.
 fn summary_line(c: &CacheSnapshot) -> String {
     let mut line = format!(
-        "{} {} {} MiB: hits={} misses={} hit rate={} resident={} KiB dirty={} KiB",
+        "{} {} {} MiB: hits={} misses={} hit rate={} resident={} KiB dirty={} KiB written back={} discarded dirty={}",
         c.policy,
         c.mode,
         c.size_bytes >> 20,
@@ -144,7 +154,9 @@ fn summary_line(c: &CacheSnapshot) -> String {
         c.hit_rate()
             .map_or_else(|| "-".to_string(), |r| format!("{:.1}%", r * 100.0)),
         c.resident_bytes / 1024,
-        c.dirty_bytes / 1024
+        c.dirty_bytes / 1024,
+        c.writebacks,
+        c.dirty_discarded
     );
     for k in c
         .classes

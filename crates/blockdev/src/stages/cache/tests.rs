@@ -466,6 +466,44 @@ fn discard_of_part_of_a_dirty_block_keeps_the_rest() {
 }
 
 #[test]
+fn a_dirty_block_a_discard_covers_dies_in_the_cache_unwritten() {
+    let mem = guest_mem();
+    let mut disk = MemDisk::new((64 * BS) as usize);
+    let mut c = cache(4, CachePolicy::Lru, CacheMode::WriteBack);
+    // Two dirty blocks; a discard covers the first wholly and half of the second.
+    do_write(
+        &mut c,
+        &mut disk,
+        &mem,
+        0,
+        &vec![5u8; 2 * BS as usize],
+        None,
+    );
+    let r = SectorRange {
+        sector: 0,
+        num_sectors: (BS / 512 + BS / 1024) as u32,
+        unmap: false,
+    };
+    assert_eq!(
+        do_simple(&mut c, &mut disk, &mem, RequestKind::Discard, vec![r]),
+        Status::Ok
+    );
+    let writes: Vec<_> = disk
+        .log
+        .iter()
+        .filter(|e| e.0 == RequestKind::Write)
+        .map(|e| (e.1, e.2))
+        .collect();
+    assert_eq!(
+        writes,
+        vec![(BS, BS)],
+        "only the partly covered block was written back"
+    );
+    let s = c.metrics().snapshot();
+    assert_eq!((s.dirty_discarded, s.writebacks, s.dirty_bytes), (1, 1, 0));
+}
+
+#[test]
 fn shutdown_through_a_pipeline_writes_dirty_blocks_to_the_image() {
     use std::io::Write as _;
     let mut f = tempfile::NamedTempFile::new().expect("tmp");
