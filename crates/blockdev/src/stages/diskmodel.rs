@@ -401,6 +401,9 @@ pub struct DiskModelMetrics {
     pub sequential: AtomicU64,
     /// Requests whose host I/O took longer than the model (the model could not slow them).
     pub overruns: AtomicU64,
+    /// Bytes read / written through the model (what reached the modelled disk).
+    pub read_bytes: AtomicU64,
+    pub write_bytes: AtomicU64,
 }
 
 impl DiskModelMetrics {
@@ -421,6 +424,8 @@ impl DiskModelMetrics {
             seeks: g(&self.seeks),
             sequential: g(&self.sequential),
             overruns: g(&self.overruns),
+            read_bytes: g(&self.read_bytes),
+            write_bytes: g(&self.write_bytes),
         }
     }
 }
@@ -444,6 +449,11 @@ pub struct DiskModelSnapshot {
     pub sequential: u64,
     /// Requests whose host I/O outlasted the model.
     pub overruns: u64,
+    /// Bytes read / written through the model.
+    #[serde(default)]
+    pub read_bytes: u64,
+    #[serde(default)]
+    pub write_bytes: u64,
 }
 
 /// The modelled disk's state: where its head is and until when it is busy.
@@ -491,6 +501,8 @@ impl DiskModel {
             seeks: AtomicU64::new(0),
             sequential: AtomicU64::new(0),
             overruns: AtomicU64::new(0),
+            read_bytes: AtomicU64::new(0),
+            write_bytes: AtomicU64::new(0),
         });
         let model = Self {
             cfg,
@@ -529,9 +541,14 @@ impl DiskModel {
         (svc, due)
     }
 
-    fn count(&self, kind: RequestKind, svc: &Service) {
+    fn count(&self, kind: RequestKind, len: u64, svc: &Service) {
         let m = &self.metrics;
         m.requests.fetch_add(1, Ordering::Relaxed);
+        match kind {
+            RequestKind::Read => m.read_bytes.fetch_add(len, Ordering::Relaxed),
+            RequestKind::Write => m.write_bytes.fetch_add(len, Ordering::Relaxed),
+            _ => 0,
+        };
         m.modelled_busy_ns
             .fetch_add(svc.ns.max(0.0) as u64, Ordering::Relaxed);
         if matches!(
@@ -559,7 +576,7 @@ impl Stage for DiskModel {
     fn submit(&self, io: Io) {
         let now = Instant::now();
         let (svc, due) = self.schedule(io.request(), now);
-        self.count(io.request().kind, &svc);
+        self.count(io.request().kind, io.request().len, &svc);
         if svc.ns <= 0.0 {
             io.forward();
             return;
@@ -753,5 +770,6 @@ mod tests {
         // 800 is a seek, 808 follows it.
         assert_eq!((s.seeks, s.sequential), (1, 2));
         assert!(s.modelled_busy_ns > 0);
+        assert_eq!((s.read_bytes, s.write_bytes), (4 * 4096, 0));
     }
 }

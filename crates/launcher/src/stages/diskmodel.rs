@@ -100,6 +100,16 @@ impl Snapshotting for Metrics {
                 "Requests whose host I/O outlasted the model.",
                 m.overruns,
             ),
+            Sample::counter(
+                "disk_model_read_bytes_total",
+                "Bytes read from the modelled disk.",
+                m.read_bytes,
+            ),
+            Sample::counter(
+                "disk_model_written_bytes_total",
+                "Bytes written to the modelled disk.",
+                m.write_bytes,
+            ),
         ]
     }
 }
