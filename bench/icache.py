@@ -564,7 +564,7 @@ def main():
     ap.add_argument("--rows", type=int, default=100000)
     ap.add_argument("--sf", type=float, default=0.35,
                     help="TPC-H scale factor of the mariadb workload (Sky: 1.7)")
-    ap.add_argument("--only", default="find,sqlite", help="workloads: find, sqlite, mariadb")
+    ap.add_argument("--only", default="find,sqlite,mariadb", help="workloads: find, sqlite, mariadb")
     ap.add_argument("--models", default="hdd,ssd")
     ap.add_argument("--configs", default="nocache,lru,lru+insights,priority")
     ap.add_argument("--reps", type=int, default=1, help="runs per configuration (median)")
