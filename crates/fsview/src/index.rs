@@ -423,12 +423,25 @@ impl Index {
     /// Every query answers as before. An index that is lazy already is returned as it is.
     pub fn into_lazy(self, path: impl AsRef<Path>, cfg: &LazyConfig) -> Result<Index> {
         let path = path.as_ref();
-        let Store::Eager(e) = &self.store else {
+        if self.is_lazy() {
             return Ok(self);
-        };
-        lazy::write(&self.fs, &self.meta, &self.warnings, e, path, cfg)?;
+        }
+        self.write_lazy(path, cfg)?;
         drop(self);
         Self::open_lazy(path, cfg)
+    }
+
+    /// Write the section file of [`Index::into_lazy`] without giving up this index (to keep
+    /// it when writing fails); [`Index::open_lazy`] opens the file.
+    pub fn write_lazy(&self, path: impl AsRef<Path>, cfg: &LazyConfig) -> Result<()> {
+        let path = path.as_ref();
+        let Store::Eager(e) = &self.store else {
+            return Err(Error::LazyIndex {
+                path: path.to_path_buf(),
+                reason: "the index is lazy already".into(),
+            });
+        };
+        lazy::write(&self.fs, &self.meta, &self.warnings, e, path, cfg)
     }
 
     /// Open a section file written by [`Index::into_lazy`] (untrusted: lengths, checksums and

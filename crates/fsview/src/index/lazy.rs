@@ -424,7 +424,7 @@ fn plan(t: &Tables, n: u32) -> Vec<(u32, std::ops::Range<usize>, std::ops::Range
 }
 
 /// Write the eager index as a section file at `path` (created `0600`; an existing file is an
-/// error).
+/// error; a file left half-written by an error is removed).
 pub(crate) fn write(
     fs: &FsInfo,
     meta: &[MetaRange],
@@ -437,14 +437,31 @@ pub(crate) fn write(
     if !(1..=65535).contains(&n) {
         return Err(bad(path, format!("{n} inodes per section (1 to 65535)")));
     }
-    let t = &e.t;
     let file = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
         .open(path)
         .map_err(io(path, "creating"))?;
-    let mut w = BufWriter::new(&file);
+    let r = write_to(&file, fs, meta, warnings, e, path, n);
+    if r.is_err() {
+        drop(file);
+        let _ = std::fs::remove_file(path);
+    }
+    r
+}
+
+fn write_to(
+    file: &File,
+    fs: &FsInfo,
+    meta: &[MetaRange],
+    warnings: &[Warning],
+    e: &Eager,
+    path: &Path,
+    n: u32,
+) -> Result<()> {
+    let t = &e.t;
+    let mut w = BufWriter::new(file);
     w.write_all(&[0u8; PROLOGUE]).map_err(io(path, "writing"))?;
     let mut off = PROLOGUE as u64;
     let split = Splitter::new(t, n);
