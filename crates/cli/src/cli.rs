@@ -257,6 +257,13 @@ struct RunArgs {
     /// queued without their bytes and re-read from the image).
     #[arg(long, value_name = "MIB", default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=65536))]
     stream_queue_mb: u64,
+    /// Keep only each disk's block map in memory; inodes, directories and names are read from
+    /// a private file in the cache when writes touch them (Gamma-Ray's lazy loading).
+    #[arg(long)]
+    stream_lazy: bool,
+    /// With --stream-lazy: most MiB of loaded index sections kept per disk.
+    #[arg(long, value_name = "MIB", default_value_t = 8, requires = "stream_lazy", value_parser = clap::value_parser!(u64).range(1..=65536))]
+    stream_lazy_cache_mb: u64,
     /// FoxyIdle: treat TARGET as a background process whose disk reads wait until the disk
     /// has been idle for the preemption interval (repeatable): @cmd (the command run), a
     /// guest PID or a command name; its children are background too (docs/foxyidle.md).
@@ -568,6 +575,8 @@ impl TryFrom<RunArgs> for VmConfig {
                 redis: a.redis,
                 data: a.stream_data,
                 host: vmsight_events::host_name(),
+                lazy: a.stream_lazy,
+                lazy_cache_bytes: a.stream_lazy_cache_mb << 20,
             },
         })
     }

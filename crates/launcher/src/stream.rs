@@ -10,7 +10,7 @@
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{DirBuilderExt, FileExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -22,7 +22,7 @@ use vmsight_blockdev::tap::{
     Recorder, RecordingError, TapConfig, TapEvent, TapKind, TapQueue, TapSnapshot,
 };
 use vmsight_events::{Addresser, EventBus, RedisPublisher};
-use vmsight_fsview::{Engine, EngineConfig, FsEvent, FsRead};
+use vmsight_fsview::{Engine, EngineConfig, FsEvent, FsRead, Index, LazyConfig};
 
 /// How long a consumer waits for tap events before doing periodic work (pending-set expiry,
 /// overload checks).
@@ -47,6 +47,11 @@ pub struct StreamConfig {
     pub data: bool,
     /// Host part of event channels (`$VMSIGHT_HOST` or the host name by default).
     pub host: String,
+    /// Keep each disk's index lazily (`--stream-lazy`): only the block map stays in memory,
+    /// the rest is read from a section file when writes touch it (docs/filestream.md).
+    pub lazy: bool,
+    /// Most bytes of loaded index sections per disk (`--stream-lazy-cache-mb`).
+    pub lazy_cache_bytes: u64,
 }
 
 impl Default for StreamConfig {
@@ -59,7 +64,46 @@ impl Default for StreamConfig {
             redis: None,
             data: false,
             host: vmsight_events::host_name(),
+            lazy: false,
+            lazy_cache_bytes: LazyConfig::default().max_bytes,
         }
+    }
+}
+
+/// Where and how one disk's index is kept lazily.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LazyPlan {
+    /// The section file (private; its name is removed once it is open).
+    pub file: PathBuf,
+    /// Cache bounds.
+    pub cfg: LazyConfig,
+}
+
+impl LazyPlan {
+    /// The plan of disk `disk` of VM `vm` with `--stream-lazy`: the section file goes to the
+    /// VM's directory in the cache (`<cache>/vms/<vm>/disk<N>.fsidx`, on disk: the runtime
+    /// directory is a tmpfs, whose pages would be memory again).
+    pub fn for_disk(cfg: &StreamConfig, vm: &str, disk: usize) -> Option<LazyPlan> {
+        if !cfg.lazy {
+            return None;
+        }
+        let dir = match vmsight_image::cache_dir() {
+            Ok(c) => c.join("vms").join(vm),
+            Err(e) => {
+                tracing::warn!(
+                    "--stream-lazy: no cache directory ({e}); disk {disk} is indexed in memory"
+                );
+                return None;
+            }
+        };
+        Some(LazyPlan {
+            file: dir.join(format!("disk{disk}.fsidx")),
+            cfg: LazyConfig {
+                max_bytes: cfg.lazy_cache_bytes,
+                unlink: true,
+                ..LazyConfig::default()
+            },
+        })
     }
 }
 
@@ -597,6 +641,75 @@ mod tests {
         let s = r.expect("an in-range recording replays");
         assert_eq!(s.tap_events, n);
     }
+
+    /// An ext4 image of a few files (mkfs.ext4 -d).
+    fn small_ext4(dir: &Path) -> PathBuf {
+        let tree = dir.join("tree");
+        std::fs::create_dir_all(tree.join("d")).expect("mkdir");
+        for k in 0..50 {
+            std::fs::write(tree.join(format!("d/f{k}")), b"x").expect("write");
+        }
+        let img = dir.join("fs.img");
+        let st = std::process::Command::new("mkfs.ext4")
+            .args(["-F", "-q", "-d"])
+            .arg(&tree)
+            .arg(&img)
+            .arg("16M")
+            .status()
+            .unwrap_or_else(|e| panic!("mkfs.ext4 could not be run ({e}); install e2fsprogs"));
+        assert!(st.success());
+        img
+    }
+
+    #[test]
+    fn a_lazy_plan_gives_an_engine_on_a_private_unlinked_section_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let img = small_ext4(dir.path());
+        let cfg = StreamConfig {
+            lazy: true,
+            lazy_cache_bytes: 1 << 20,
+            ..StreamConfig::default()
+        };
+        let mut plan = LazyPlan::for_disk(&cfg, "vm", 1).expect("a plan with --stream-lazy");
+        assert!(plan.file.ends_with("vms/vm/disk1.fsidx"), "{plan:?}");
+        assert_eq!(plan.cfg.max_bytes, 1 << 20);
+        assert!(LazyPlan::for_disk(&StreamConfig::default(), "vm", 1).is_none());
+        plan.file = dir.path().join("cache/vms/vm/disk1.fsidx");
+        // A stale file of a killed run is replaced.
+        std::fs::create_dir_all(plan.file.parent().expect("parent")).expect("mkdir");
+        std::fs::write(&plan.file, b"stale").expect("stale");
+        let engine = make_engine(&img, false, Some(&plan)).expect("engine");
+        assert!(engine.index().is_lazy());
+        assert!(!plan.file.exists(), "the name is removed once open");
+        let st = engine.counters();
+        assert!(st.index_lazy && st.index_resident_bytes > 0, "{st:?}");
+        let f = engine
+            .lookup("/d/f7")
+            .expect("found through the section file");
+        assert_eq!(engine.stat(f).map(|m| m.size), Some(1));
+        let mut infer = InferStats::default();
+        copy_index_stats(&mut infer, &engine.counters());
+        assert!(
+            infer.index_lazy && infer.index_sections_loaded > 0,
+            "{infer:?}"
+        );
+        assert_eq!(infer.index_inodes, st.index_inodes);
+    }
+
+    #[test]
+    fn an_unwritable_section_file_leaves_the_index_in_memory() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let img = small_ext4(dir.path());
+        let blocker = dir.path().join("not-a-dir");
+        std::fs::write(&blocker, b"").expect("file");
+        let plan = LazyPlan {
+            file: blocker.join("disk0.fsidx"),
+            cfg: LazyConfig::default(),
+        };
+        let engine = make_engine(&img, false, Some(&plan)).expect("engine");
+        assert!(!engine.index().is_lazy());
+        assert!(engine.lookup("/d/f7").is_some());
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -735,14 +848,23 @@ impl FsRead for EngineSlot {
 }
 
 /// Crawls the ext2/3/4 file system on `image` (first partition, or the whole disk) and makes
-/// an engine for it.
-pub fn make_engine(image: &Path, data: bool) -> vmsight_fsview::Result<Engine> {
+/// an engine for it; with a `lazy` plan the index is moved to its section file (if that
+/// fails, it stays in memory, with a warning).
+pub fn make_engine(
+    image: &Path,
+    data: bool,
+    lazy: Option<&LazyPlan>,
+) -> vmsight_fsview::Result<Engine> {
     let disk = crate::disksource::open(image)?;
     let part = vmsight_fsview::read_partitions(&*disk)?
         .partitions
         .first()
         .cloned();
-    let index = vmsight_fsview::Index::crawl(&*disk, part.as_ref())?;
+    let mut index = Index::crawl(&*disk, part.as_ref())?;
+    if let Some(plan) = lazy {
+        index = make_lazy(index, plan)?;
+    }
+    trim_heap();
     Engine::new(
         disk,
         index,
@@ -755,6 +877,51 @@ pub fn make_engine(image: &Path, data: bool) -> vmsight_fsview::Result<Engine> {
             ..EngineConfig::default()
         },
     )
+}
+
+/// `index` as a lazy index in `plan`'s file; the index stays in memory (with a warning) when
+/// the file cannot be written.
+fn make_lazy(index: Index, plan: &LazyPlan) -> vmsight_fsview::Result<Index> {
+    let written = plan
+        .file
+        .parent()
+        .map_or(Ok(()), |d| {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(d)
+        })
+        .map_err(|e| {
+            format!(
+                "cannot create the directory of {}: {e}",
+                plan.file.display()
+            )
+        })
+        .and_then(|()| {
+            // A file left by a run killed before the name was removed.
+            let _ = std::fs::remove_file(&plan.file);
+            index
+                .write_lazy(&plan.file, &plan.cfg)
+                .map_err(|e| e.to_string())
+        });
+    if let Err(e) = written {
+        tracing::warn!("--stream-lazy: {e}; the index stays in memory");
+        return Ok(index);
+    }
+    drop(index);
+    Index::open_lazy(&plan.file, &plan.cfg)
+}
+
+/// Gives the crawl's freed temporaries (a directory entry's name each, the tables' growth)
+/// back to the system: glibc keeps freed heap memory, which would count as the run's
+/// private memory for as long as it runs.
+fn trim_heap() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only releases free heap memory to the kernel; live allocations
+    // are untouched, and it is thread-safe (it takes the arenas' locks).
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 /// Counters of one disk's inference, for `--stats`.
@@ -776,6 +943,21 @@ pub struct InferStats {
     pub metadata_errors: u64,
     pub overlay_bytes: u64,
     pub reread_writes: u64,
+    /// The index is lazy (`--stream-lazy`).
+    pub index_lazy: bool,
+    /// Bytes the index holds now, and at most so far.
+    pub index_resident_bytes: u64,
+    pub index_peak_resident_bytes: u64,
+    /// Lazy index: sections read from its file, evicted from its cache, and the time spent
+    /// loading them.
+    pub index_sections_loaded: u64,
+    pub index_sections_evicted: u64,
+    pub index_load_ns: u64,
+    /// In-use inodes, and those whose section was loaded (the share of the tree loaded).
+    pub index_inodes: u64,
+    pub index_inodes_loaded: u64,
+    /// Section loads that failed (the section file was damaged while the VM ran).
+    pub index_load_errors: u64,
 }
 
 /// Queue fill at which data writes start being dropped (Gamma-Ray §VI), and at which they
@@ -803,6 +985,8 @@ pub struct EngineSink {
     /// When the overlay's heap bytes were last walked (at most once per
     /// [`OVERLAY_REFRESH`]: the walk is O(overlay), the other counters are cheap).
     overlay_walked: Option<std::time::Instant>,
+    /// `--stream-lazy`: where a live attach keeps the index.
+    lazy: Option<LazyPlan>,
 }
 
 /// How often the stream consumer walks the overlay for its heap bytes (`overlay_bytes`).
@@ -835,7 +1019,14 @@ impl EngineSink {
             stats,
             out: Vec::new(),
             overlay_walked: None,
+            lazy: None,
         }
+    }
+
+    /// Keep the index of a later live attach lazily, as `plan` says.
+    pub fn with_lazy(mut self, plan: Option<LazyPlan>) -> Self {
+        self.lazy = plan;
+        self
     }
 
     fn deliver(&mut self) {
@@ -941,6 +1132,15 @@ impl EngineSink {
             if let Some(bytes) = overlay {
                 s.overlay_bytes = bytes;
             }
+            if e.index_load_errors > s.index_load_errors {
+                let why = engine.index().lazy_stats().and_then(|l| l.last_error);
+                tracing::error!(
+                    "the lazy index of {} lost a section: {}",
+                    self.image.display(),
+                    why.unwrap_or_default()
+                );
+            }
+            copy_index_stats(&mut s, &e);
         }
     }
 
@@ -951,7 +1151,7 @@ impl EngineSink {
             return;
         }
         let started = std::time::Instant::now();
-        match make_engine(&self.image, self.data) {
+        match make_engine(&self.image, self.data, self.lazy.as_ref()) {
             Ok(engine) => {
                 if let Ok(mut slot) = self.slot.write() {
                     slot.0 = Some(engine);
@@ -965,6 +1165,19 @@ impl EngineSink {
             Err(e) => eprintln!("vmsight: cannot stream {}: {e}", self.image.display()),
         }
     }
+}
+
+/// The index's counters of `e` into `s`.
+fn copy_index_stats(s: &mut InferStats, e: &vmsight_fsview::EngineStats) {
+    s.index_lazy = e.index_lazy;
+    s.index_resident_bytes = e.index_resident_bytes;
+    s.index_peak_resident_bytes = e.index_peak_resident_bytes;
+    s.index_sections_loaded = e.index_sections_loaded;
+    s.index_sections_evicted = e.index_sections_evicted;
+    s.index_load_ns = e.index_load_ns;
+    s.index_inodes = e.index_inodes;
+    s.index_inodes_loaded = e.index_inodes_loaded;
+    s.index_load_errors = e.index_load_errors;
 }
 
 fn join_prefix(prefix: &str, path: &str) -> String {
@@ -1044,7 +1257,7 @@ pub fn replay(
         base: base.into(),
         source,
     })?;
-    let mut engine = make_engine(&image, data)?;
+    let mut engine = make_engine(&image, data, None)?;
     let disk = std::fs::OpenOptions::new()
         .write(true)
         .open(&image)

@@ -143,6 +143,11 @@ impl VmSource {
                     "Data writes dropped by overload control.",
                     infer.dropped_data_writes,
                 ),
+                (
+                    "vmsight_stream_index_sections_loaded_total",
+                    "Sections of a lazy index read from its file.",
+                    infer.index_sections_loaded,
+                ),
             ] {
                 sink.counter(name, help, &[], v);
             }
@@ -157,6 +162,12 @@ impl VmSource {
                 "Blocks waiting for their owner.",
                 &[],
                 infer.pending_blocks,
+            );
+            sink.gauge(
+                "vmsight_stream_index_resident_bytes",
+                "Bytes the disk's index holds in memory.",
+                &[],
+                infer.index_resident_bytes,
             );
         });
     }

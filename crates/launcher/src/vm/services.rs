@@ -324,8 +324,9 @@ fn start_stream(
     ds: &mut DiskStream,
     delivery: &Arc<Delivery>,
 ) -> Result<(), LaunchError> {
+    let lazy = crate::stream::LazyPlan::for_disk(&cfg.stream, &cfg.name, ds.index);
     if cfg.stream.enabled {
-        match crate::stream::make_engine(&ds.image, cfg.stream.data) {
+        match crate::stream::make_engine(&ds.image, cfg.stream.data, lazy.as_ref()) {
             Ok(engine) => {
                 if let Ok(mut slot) = ds.slot.write() {
                     slot.0 = Some(engine);
@@ -362,7 +363,8 @@ fn start_stream(
         cfg.stream.data,
         ds.attach.clone(),
         ds.infer.clone(),
-    );
+    )
+    .with_lazy(lazy);
     ds.start(&cfg.stream, vec![Box::new(sink)])
         .map_err(|e| LaunchError::Config(format!("disk {}: {e}", ds.index)))
 }
