@@ -8,7 +8,8 @@
 
 use std::process::ExitCode;
 use std::time::Instant;
-use vmsight_fsview::{read_partitions, FileSource, Index, LazyConfig};
+use std::sync::Arc;
+use vmsight_fsview::{read_partitions, Engine, EngineConfig, FileSource, Index, LazyConfig};
 
 fn run() -> Result<(), String> {
     let mut args = std::env::args().skip(1);
@@ -102,15 +103,16 @@ fn run() -> Result<(), String> {
         );
     }
     if let Some(path) = lazy {
-        let r = lazy_report(index, &path);
+        let r = lazy_report(index, &image, &path);
         let _ = std::fs::remove_file(&path);
         r?;
     }
     Ok(())
 }
 
-/// Turn the index into a lazy one at `path` and print its resident bytes.
-fn lazy_report(index: Index, path: &str) -> Result<(), String> {
+/// Turn the index into a lazy one at `path` and print its resident bytes (alone, and with an
+/// inference engine started on it, as `vmsight run --stream-lazy` does).
+fn lazy_report(index: Index, image: &str, path: &str) -> Result<(), String> {
     let inodes = index.stats().inodes.max(1) as f64;
     let t0 = Instant::now();
     let lazy = index
@@ -129,6 +131,16 @@ fn lazy_report(index: Index, path: &str) -> Result<(), String> {
         s.resident_bytes,
         s.resident_bytes as f64 / inodes
     );
+    let disk = Arc::new(FileSource::open(image).map_err(|e| e.to_string())?);
+    let engine = Engine::new(disk, lazy, EngineConfig::default()).map_err(|e| e.to_string())?;
+    let st = engine.counters();
+    println!(
+        "lazy engine:  {} bytes resident after the engine started ({} sections loaded), {:.1} bytes per inode",
+        st.index_resident_bytes,
+        st.index_sections_loaded,
+        st.index_resident_bytes as f64 / inodes
+    );
+    let lazy = engine.index();
     let t1 = Instant::now();
     let all: Vec<u32> = lazy.inodes().collect();
     for &ino in &all {
