@@ -7,8 +7,8 @@
 //! prints what stays resident right after start-up and after one query per inode.
 
 use std::process::ExitCode;
-use std::time::Instant;
 use std::sync::Arc;
+use std::time::Instant;
 use vmsight_fsview::{read_partitions, Engine, EngineConfig, FileSource, Index, LazyConfig};
 
 fn run() -> Result<(), String> {
