@@ -6,6 +6,8 @@
 //! file-system-independent [`Index`]: inode metadata, the path tree, per-file block maps and a
 //! map from every allocated block to its [`Owner`]. The index can be stored beside the image
 //! ([`Index::to_bytes`], [`Index::save`]) and reloaded ([`Index::from_bytes`], [`Index::load`]).
+//! [`Index::into_lazy`] keeps only its block → owner map in memory and loads the rest from a
+//! private section file on demand (Gamma-Ray's lazy metadata loading), answering the same.
 //!
 //! [`Engine`] (module [`infer`]) follows the disk's write stream from there: it reverse-maps
 //! each written block, parses the jbd2 journal, emits [`FsEvent`]s at commit time and serves the
