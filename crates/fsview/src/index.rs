@@ -466,18 +466,12 @@ impl Index {
 
     /// Heap bytes held now (cheap: no walk over the tables).
     pub fn resident_bytes(&self) -> u64 {
-        let fixed = vec_bytes(&self.meta)
-            + vec_bytes(&self.fs.inode_tables)
-            + self
-                .warnings
-                .iter()
-                .map(|w| w.message.capacity() + std::mem::size_of::<Warning>())
-                .sum::<usize>();
-        let store = match &self.store {
-            Store::Eager(e) => (e.t.heap_bytes() + vec_bytes(&e.phys_order)) as u64,
+        match &self.store {
+            Store::Eager(e) => (fixed_bytes(&self.fs, &self.meta, &self.warnings)
+                + e.t.heap_bytes()
+                + vec_bytes(&e.phys_order)) as u64,
             Store::Lazy(l) => l.resident_bytes(),
-        };
-        fixed as u64 + store
+        }
     }
 
     /// The tables holding inode `ino` (and, for a directory, its entries).
@@ -994,6 +988,18 @@ impl Iterator for InodeIter<'_> {
             },
         }
     }
+}
+
+/// Heap bytes of what either store keeps beside its tables.
+fn fixed_bytes(fs: &FsInfo, meta: &Vec<MetaRange>, warnings: &[Warning]) -> usize {
+    vec_bytes(meta)
+        + vec_bytes(&fs.inode_tables)
+        + fs.volume_name.capacity()
+        + fs.last_mounted.capacity()
+        + warnings
+            .iter()
+            .map(|w| w.message.capacity() + std::mem::size_of::<Warning>())
+            .sum::<usize>()
 }
 
 fn ftype_kind(t: u8) -> FileKind {

@@ -711,12 +711,14 @@ pub(crate) fn open(path: &Path, cfg: &LazyConfig) -> Result<Opened> {
         ..cfg.clone()
     };
     let words = shared.sections.len().div_ceil(64);
+    // Everything kept: the shared part, and the facts the index holds beside it.
     let fixed = (std::mem::size_of::<Shared>()
         + shared.path.as_os_str().len()
         + shared.runs.capacity() * std::mem::size_of::<ResRun>()
         + shared.sections.capacity() * std::mem::size_of::<SectionInfo>()
         + shared.names.capacity() * std::mem::size_of::<NameRef>()
-        + words * 8) as u64;
+        + words * 8
+        + super::fixed_bytes(&h.fs, &h.meta, &h.warnings)) as u64;
     Ok(Opened {
         fs: h.fs,
         meta: h.meta,
