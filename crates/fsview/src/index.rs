@@ -467,9 +467,11 @@ impl Index {
     /// Heap bytes held now (cheap: no walk over the tables).
     pub fn resident_bytes(&self) -> u64 {
         match &self.store {
-            Store::Eager(e) => (fixed_bytes(&self.fs, &self.meta, &self.warnings)
-                + e.t.heap_bytes()
-                + vec_bytes(&e.phys_order)) as u64,
+            Store::Eager(e) => {
+                (fixed_bytes(&self.fs, &self.meta, &self.warnings)
+                    + e.t.heap_bytes()
+                    + vec_bytes(&e.phys_order)) as u64
+            }
             Store::Lazy(l) => l.resident_bytes(),
         }
     }
