@@ -3,12 +3,13 @@
 schedule write-back from a cache to the slower disk): what write-back saves over write-through,
 in guest time and in bytes that reach the modelled disk, on workloads whose blocks die young.
 
-Each boot runs both workloads on an empty host-made ext4 extra disk (mounted `-o discard`, so
-freed blocks reach the device as discards) with the HDD model under a cache of `--cache-mib`:
-  postmark  Debian's postmark 1.53, files that fit the cache (1000 files of 512 B-64 KiB,
-            10 000 transactions, 4 KiB reads and writes), every file deleted at the end
+Each boot runs two of Sky's Figure 5 workloads (bench/sky_insights.py), whose blocks reach the
+disk and die young, on an empty host-made ext4 extra disk (mounted `-o discard`, so freed
+blocks reach the device as discards) with the HDD model under a cache of `--cache-mib`:
+  varmail   the guest's filebench-varmail-shaped program (guest/progs/varmail.c: create, append
+            and fsync, read, delete mail files), 300 files, 20 000 operations
   tar-rm    `--rounds` times: tar x of a source-like tree (`--files` files, from a raw read-only
-            disk), then rm -rf of it
+            disk), sync, rm -r, sync
 Configurations, rotated within each repetition:
   write-through  the cache writes every guest write through (the baseline)
   write-back     dirty blocks stay in RAM until a FLUSH, an eviction or shutdown; ext4 sends
@@ -47,32 +48,19 @@ import results as bench_results  # noqa: E402
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 VMSIGHT = os.environ.get("VMSIGHT", os.path.join(REPO, "target", "release", "vmsight"))
 CONFIGS = ["write-through", "write-back", "write-back-nobarrier"]
-WORKLOADS = ["postmark", "tar-rm"]
-
-POSTMARK_CONF = """set location /mnt/pm
-set size 512 65536
-set read 4096
-set write 4096
-set number 1000
-set transactions 10000
-run
-quit
-"""
-
+WORKLOADS = ["varmail", "tar-rm"]
 
 def guest_script(rounds, nobarrier):
     opts = "discard,nobarrier" if nobarrier else "discard"
     return f"""set -e
 mount -o {opts} /dev/vdb /mnt
-cat > /tmp/pm.conf <<'PM'
-{POSTMARK_CONF.strip()}
-PM
-mkdir /mnt/pm
+mkdir /mnt/vm
 sync
 t() {{ date +%s%N; }}
-s=$(t); postmark /tmp/pm.conf >/dev/null; e=$(t); echo "RESULT postmark $((e-s))"
+s=$(t); varmail -d /mnt/vm -n 300 -o 20000 -s 11 >/dev/null; sync; e=$(t); echo "RESULT varmail $((e-s))"
+rm -r /mnt/vm; sync
 s=$(t)
-for i in $(seq 1 {rounds}); do tar xf /dev/vdc -C /mnt; rm -rf /mnt/src; done
+for i in $(seq 1 {rounds}); do tar xf /dev/vdc -C /mnt; sync; rm -r /mnt/src; sync; done
 e=$(t); echo "RESULT tar-rm $((e-s))"
 echo MARK end
 umount /mnt
@@ -151,15 +139,15 @@ def main():
     print(f"\n### iCache write-back ({time.strftime('%Y-%m-%d')}, `bench/icache_writeback.py --reps {a.reps} "
           f"--cache-mib {a.cache_mib} --files {a.files} --rounds {a.rounds}`), HDD model, LRU\n")
     base = rows.get("write-through")
-    print("| configuration | postmark (s) | tar-rm (s) | MiB written to the disk | vs write-through: time (postmark / tar-rm), bytes | dirty blocks written back | dirty blocks discarded unwritten |")
+    print("| configuration | varmail (s) | tar-rm (s) | MiB written to the disk | vs write-through: time (varmail / tar-rm), bytes | dirty blocks written back | dirty blocks discarded unwritten |")
     print("|---|---|---|---|---|---|---|")
     for c in configs:
         rs = rows[c]
-        pm, tr = med(r["guest_s"].get("postmark") for r in rs), med(r["guest_s"].get("tar-rm") for r in rs)
+        pm, tr = med(r["guest_s"].get("varmail") for r in rs), med(r["guest_s"].get("tar-rm") for r in rs)
         wr = med(r["written_mib"] for r in rs)
         ratio = "-"
         if base and c != "write-through":
-            bpm = med(r["guest_s"].get("postmark") for r in base)
+            bpm = med(r["guest_s"].get("varmail") for r in base)
             btr = med(r["guest_s"].get("tar-rm") for r in base)
             bwr = med(r["written_mib"] for r in base)
             ratio = f"{pm / bpm:.2f}x / {tr / btr:.2f}x, {wr / bwr:.2f}x"
