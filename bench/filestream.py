@@ -3,7 +3,8 @@
 index size and crawl speed. Baselines run in the same invocation; results are printed as
 Markdown with ratios. Nothing is asserted.
 
-  bench/filestream.py [--reps N] [--lines N] [--skip latency,slowdown,crawl] [--out PATH]
+  bench/filestream.py [--reps N] [--lines N] [--skip latency,slowdown,crawl] [--mem MIB] [--disk-gib N]
+                      [--install-set small|paper] [--out PATH]
 
 - latency: a guest appends lines carrying its CLOCK_REALTIME (ns) to a file, with `sync` after
   each line and without (default writeback); a `vmsight watch --json --data` subscriber on the
@@ -12,10 +13,16 @@ Markdown with ratios. Nothing is asserted.
   and subtracted. Reports p50/p99/max.
 - slowdown: the same guest workloads with streaming (default), with `--no-stream` (the
   baseline: the tap is installed but idle) and with `--stream-queue-mb 1` (overload control
-  drops data writes when the queue fills): bonnie++ (-f, block I/O and file creation), a
-  postmark-like small-file transaction mix (python3), an Andrew-like phase workload (untar a
-  source tree, stat, grep, byte-compile it with python3 -m compileall, the guest has no C
-  compiler) and a dpkg install of a 2000-file package on the root disk. Guest-side wall time.
+  drops data writes when the queue fills), in a guest with `--mem` MiB of RAM (default 512) so
+  the big workloads exceed it as in Gamma-Ray §V-B: bonnie++ with its default sizes (a file of
+  twice the guest's RAM, -f), Debian's postmark 1.53 with Gamma-Ray's configuration (5000 files
+  of 512 B-328 KB, 20 000 transactions, 4 KiB reads and writes), an Andrew-like phase workload
+  (untar a source tree, stat, grep, byte-compile it with python3 -m compileall: the guest has
+  no C compiler, so Andrew's Make phase is a stand-in) and a software install: `dpkg -i` of
+  real Debian packages (`--install-set small|paper`, downloaded on the host with its own apt
+  sources and cached, given to the guest on a read-only disk; documentation, fonts and data
+  packages, since the guest has no network to fetch server packages' dependencies) onto the
+  root disk. Guest-side wall time.
 - crawl: bench/fsview-crawl.sh on the default root image, plus a crawl of an image made with
   `mkfs.ext4 -d` from the host's /usr/share (bytes per inode, seconds per GB of used space).
 
@@ -35,6 +42,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
+import gammaray  # noqa: E402
 import peers  # noqa: E402
 import results as bench_results  # noqa: E402
 
@@ -145,71 +153,38 @@ def latency_run(a):
 # --------------------------------------------------------------------------------------------
 # Slowdown
 
-POSTMARK = r"""
-import os, random, sys
-random.seed(42)
-root = sys.argv[1]
-os.makedirs(root)
-dirs = [os.path.join(root, f"s{i}") for i in range(10)]
-for d in dirs:
-    os.mkdir(d)
-files, n = [], 0
-def create():
-    global n
-    p = os.path.join(random.choice(dirs), f"f{n}")
-    n += 1
-    with open(p, "wb") as f:
-        f.write(b"p" * random.randint(500, 10000))
-    files.append(p)
-for _ in range(3000):
-    create()
-for _ in range(10000):
-    op = random.random()
-    if op < 0.25 or not files:
-        create()
-    elif op < 0.5:
-        os.unlink(files.pop(random.randrange(len(files))))
-    elif op < 0.75:
-        with open(random.choice(files), "rb") as f:
-            f.read()
-    else:
-        with open(random.choice(files), "ab") as f:
-            f.write(b"a" * random.randint(500, 10000))
-for p in files:
-    os.unlink(p)
-"""
-
 SLOW_SCRIPT = r"""
 set -e
 mount /dev/vdb /mnt
-cat > /tmp/postmark.py <<'PY'
-{postmark}
-PY
-# The package is built untimed, on tmpfs.
-mkdir -p /tmp/pkg/DEBIAN
-for d in $(seq 1 40); do mkdir -p /tmp/pkg/opt/benchpkg/d$d
-  for f in $(seq 1 50); do head -c $((f*400)) /usr/bin/bash > /tmp/pkg/opt/benchpkg/d$d/f$f; done; done
-printf 'Package: benchpkg\nVersion: 1.0\nArchitecture: all\nMaintainer: b <b@example.com>\nDescription: bench\n' > /tmp/pkg/DEBIAN/control
-dpkg-deb --build /tmp/pkg /tmp/benchpkg.deb >/dev/null
+mkdir -p /media/debs; mount -o ro /dev/vdc /media/debs
 sync
 t() {{ date +%s%N; }}
-s=$(t); bonnie++ -d /mnt -s 512 -r 256 -n 8 -f -u root -q >/dev/null 2>&1; sync; e=$(t); echo "RESULT bonnie $((e-s))"
-s=$(t); python3 /tmp/postmark.py /mnt/pm; sync; e=$(t); echo "RESULT postmark $((e-s))"
+ram=$(awk '/^MemTotal/ {{print int($2 / 1024)}}' /proc/meminfo)
+echo "guest RAM $ram MiB; bonnie++ file $((2 * ram)) MiB"
+s=$(t); bonnie++ -d /mnt -s $((2 * ram)) -r $ram -f -u root -q >/dev/null 2>&1; sync; e=$(t); echo "RESULT bonnie $((e-s))"
+rm -rf /mnt/Bonnie.*
+s=$(t); {postmark}; sync; e=$(t); echo "RESULT postmark $((e-s))"
+grep -i "written" /tmp/pm.out | head -2
 s=$(t); mkdir /mnt/andrew
 tar -C /usr/lib/python3.11 --exclude=__pycache__ -cf - email json http logging xml urllib asyncio unittest concurrent multiprocessing importlib | tar -C /mnt/andrew -xf -
 find /mnt/andrew -type f -exec stat -c '%s %Y' {{}} + >/dev/null
 grep -r 'def ' /mnt/andrew >/dev/null
 python3 -m compileall -q /mnt/andrew >/dev/null
 sync; e=$(t); echo "RESULT andrew $((e-s))"
-s=$(t); dpkg -i /tmp/benchpkg.deb >/dev/null; sync; e=$(t); echo "RESULT dpkg $((e-s))"
+s=$(t); dpkg -i /media/debs/*.deb >/tmp/dpkg.out; sync; e=$(t); echo "RESULT install $((e-s))"
+echo "installed $(ls /media/debs/*.deb | wc -l) packages, $(cat /var/lib/dpkg/info/*.list 2>/dev/null | wc -l) dpkg list lines"
 """
 
-WORKLOADS = ["bonnie", "postmark", "andrew", "dpkg"]
+WORKLOADS = ["bonnie", "postmark", "andrew", "install"]
 CONFIGS = {"no-stream": ["--no-stream"], "stream": [], "stream-q1": ["--stream-queue-mb", "1"]}
 
 
 def slowdown(a, tmp, rec):
-    script = SLOW_SCRIPT.format(postmark=POSTMARK.strip())
+    script = SLOW_SCRIPT.format(postmark=gammaray.postmark_script("/mnt/pm"))
+    debs, deb_bytes = gammaray.debs_disk(tmp, a.install_set)
+    print(f"software install: {len(gammaray.INSTALL_SETS[a.install_set])} packages, "
+          f"{deb_bytes / 2**20:.0f} MiB of .deb",
+          file=sys.stderr)
     res = {c: {w: [] for w in WORKLOADS} for c in CONFIGS}
     drops = {c: [] for c in CONFIGS}
     nobytes = {c: [] for c in CONFIGS}
@@ -218,9 +193,10 @@ def slowdown(a, tmp, rec):
             img = os.path.join(tmp, "slow.img")
             if os.path.exists(img):
                 os.unlink(img)
-            subprocess.run(["truncate", "-s", "2G", img], check=True)
+            subprocess.run(["truncate", "-s", f"{a.disk_gib}G", img], check=True)
             subprocess.run(["mkfs.ext4", "-q", "-F", img], check=True)
-            r = peers.run_vmsight(["bash", "-c", script], extra=extra, disks=[img])
+            r = peers.run_vmsight(["bash", "-c", script], extra=extra, disks=[img, debs + ",ro"],
+                                  mem_mib=a.mem, timeout=7200)
             if r["status"] != 0:
                 raise RuntimeError(f"{c}: {r['stderr'][-2000:]}")
             got = dict((m.group(1), int(m.group(2)) / 1e9)
@@ -310,6 +286,11 @@ def main():
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--lines", type=int, default=100)
     ap.add_argument("--skip", default="")
+    ap.add_argument("--mem", type=int, default=512,
+                    help="guest RAM (MiB) for the slowdown runs; bonnie++ writes twice that (its default)")
+    ap.add_argument("--disk-gib", type=int, default=8, help="the slowdown runs' extra disk (sparse)")
+    ap.add_argument("--install-set", choices=sorted(gammaray.INSTALL_SETS), default="small",
+                    help="packages installed by the software-install workload")
     bench_results.add_out_option(ap, "filestream")
     a = ap.parse_args()
     skip = set(filter(None, a.skip.split(",")))

@@ -12,9 +12,10 @@ copy of a host directory with --tree), mounted at /mnt; each run starts from a f
 it. One VM per workload, configuration and repetition, configurations interleaved:
 
 - bonnie:   bonnie++ -s 512 -r 256 -n 8 -f in /mnt/bonnie (Table V's bonnie++)
-- postmark: the postmark-like transaction mix of bench/filestream.py in /mnt/pm
+- postmark: Debian's postmark with Gamma-Ray's configuration (bench/lib/gammaray.py) in /mnt/pm
 - andrew:   untar a source tree into /mnt/andrew, stat, grep and byte-compile it
-- install:  dpkg -i of a 2000-file package (built untimed) on the root disk (SW install)
+- install:  dpkg -i of real Debian packages (bench/lib/gammaray.py, `--install-set`, from a
+            read-only disk) on the root disk (SW install)
 - update:   append a line to every 50th file of the existing tree (day-to-day updates)
 
 Per run: RssAnon of the vmsight process (its private memory; QEMU and guest RAM are not in
@@ -39,6 +40,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
+import gammaray  # noqa: E402
 import peers  # noqa: E402
 import results as bench_results  # noqa: E402
 
@@ -51,59 +53,20 @@ PAPER = {  # Table V: file tree loaded, old peak (MB), peak with lazy loading (M
     "install": ("11.3%", 708, 533),
 }
 
-POSTMARK = r"""
-import os, random, sys
-random.seed(42)
-root = sys.argv[1]
-os.makedirs(root)
-dirs = [os.path.join(root, f"s{i}") for i in range(10)]
-for d in dirs:
-    os.mkdir(d)
-files, n = [], 0
-def create():
-    global n
-    p = os.path.join(random.choice(dirs), f"f{n}")
-    n += 1
-    with open(p, "wb") as f:
-        f.write(b"p" * random.randint(500, 10000))
-    files.append(p)
-for _ in range(3000):
-    create()
-for _ in range(10000):
-    op = random.random()
-    if op < 0.25 or not files:
-        create()
-    elif op < 0.5:
-        os.unlink(files.pop(random.randrange(len(files))))
-    elif op < 0.75:
-        with open(random.choice(files), "rb") as f:
-            f.read()
-    else:
-        with open(random.choice(files), "ab") as f:
-            f.write(b"a" * random.randint(500, 10000))
-for p in files:
-    os.unlink(p)
-"""
-
 PREPARE = {
-    "postmark": "cat > /tmp/postmark.py <<'PY'\n" + POSTMARK.strip() + "\nPY\n",
-    "install": r"""mkdir -p /tmp/pkg/DEBIAN
-for d in $(seq 1 40); do mkdir -p /tmp/pkg/opt/benchpkg/d$d
-  for f in $(seq 1 50); do head -c $((f*400)) /usr/bin/bash > /tmp/pkg/opt/benchpkg/d$d/f$f; done; done
-printf 'Package: benchpkg\nVersion: 1.0\nArchitecture: all\nMaintainer: b <b@example.com>\nDescription: bench\n' > /tmp/pkg/DEBIAN/control
-dpkg-deb --build /tmp/pkg /tmp/benchpkg.deb >/dev/null
-""",
+    "postmark": "",
+    "install": "mkdir -p /media/debs && mount -o ro /dev/vdc /media/debs",
 }
 
 WORK = {
     "bonnie": "mkdir /mnt/bonnie && bonnie++ -d /mnt/bonnie -s 512 -r 256 -n 8 -f -u root -q >/dev/null 2>&1",
-    "postmark": "python3 /tmp/postmark.py /mnt/pm",
+    "postmark": gammaray.postmark_script("/mnt/pm"),
     "andrew": r"""mkdir /mnt/andrew
 tar -C /usr/lib/python3.11 --exclude=__pycache__ -cf - email json http logging xml urllib asyncio unittest concurrent multiprocessing importlib | tar -C /mnt/andrew -xf -
 find /mnt/andrew -type f -exec stat -c '%s %Y' {} + >/dev/null
 grep -r 'def ' /mnt/andrew >/dev/null
 python3 -m compileall -q /mnt/andrew >/dev/null""",
-    "install": "dpkg -i /tmp/benchpkg.deb >/dev/null",
+    "install": "dpkg -i /media/debs/*.deb >/dev/null",
     "update": "find /mnt/tree -type f | awk 'NR % 50 == 0' | while read -r f; do echo x >> \"$f\"; done",
 }
 
@@ -167,7 +130,7 @@ def anon_kib(pid):
     return peers.rss_kib(pid, "RssAnon:")
 
 
-def run_one(img, work, extra, timeout):
+def run_one(img, work, extra, timeout, debs=None):
     """One VM: returns (start-up KiB, peak KiB, guest seconds, --stats-json)."""
     with tempfile.TemporaryDirectory(prefix="bench-lazy-") as wd:
         stats = os.path.join(wd, "stats.json")
@@ -175,7 +138,8 @@ def run_one(img, work, extra, timeout):
         peers.sparse_copy(img, disk)
         script = SCRIPT.format(prepare=PREPARE.get(work, ""), work=WORK[work])
         args = [VMSIGHT, "run", "--name", f"bench-lazy-{os.getpid()}", "--mem", "1024M",
-                "--stats-json", stats, *extra, "--disk", disk + ",direct", "--", "bash", "-c", script]
+                "--stats-json", stats, *extra, "--disk", disk + ",direct",
+                *(["--disk", debs + ",ro"] if debs else []), "--", "bash", "-c", script]
         p = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
         mem = {"peak": 0, "startup": None}
@@ -236,6 +200,8 @@ def main():
     ap.add_argument("--tree-files", type=int, default=200_000, help="files of the generated tree (default 200000)")
     ap.add_argument("--tree", default=None, metavar="DIR", help="copy this host directory instead of generating")
     ap.add_argument("--timeout", type=int, default=3600, help="seconds per VM (default 3600)")
+    ap.add_argument("--install-set", choices=sorted(gammaray.INSTALL_SETS), default="small",
+                    help="packages the install workload installs (default small)")
     bench_results.add_out_option(ap, "stream_lazy")
     a = ap.parse_args()
     works = [w for w in a.workloads.split(",") if w]
@@ -253,12 +219,14 @@ def main():
     with tempfile.TemporaryDirectory(prefix="bench-stream-lazy-") as tmp:
         t = time.monotonic()
         img = make_image(tmp, a)
+        debs = gammaray.debs_disk(tmp, a.install_set)[0] if "install" in works else None
         print(f"populated disk made in {time.monotonic() - t:.0f} s", file=sys.stderr)
         for rep in range(a.reps):
             for w in works:
                 order = configs if rep % 2 == 0 else configs[::-1]
                 for c in order:
-                    start, peak, guest_s, st = run_one(img, w, CONFIGS[c], a.timeout)
+                    start, peak, guest_s, st = run_one(img, w, CONFIGS[c], a.timeout,
+                                                       debs if w == "install" else None)
                     ix = index_counters(st)
                     loaded = 100.0 * ix["index_inodes_loaded"] / ix["index_inodes"] if ix["index_inodes"] else None
                     row = dict(workload=w, config=c, rep=rep, startup_anon_kib=start, peak_anon_kib=peak,
