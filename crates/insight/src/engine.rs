@@ -313,12 +313,16 @@ pub struct Engine {
     counters: ClassCounters,
 }
 
-/// What the engine knows of a guest inode from the write syscalls it saw.
+/// What the engine knows of a guest inode from the latest read or write syscall it saw on it.
 #[derive(Debug, Clone)]
 struct InodeFacts {
     file: Option<Arc<str>>,
     pid: u32,
     pattern: Option<Pattern>,
+    /// The application's hint on that syscall: a page-owned chunk of the inode takes it (the
+    /// file's hint, e.g. a database's table file), so a read or write no syscall's checksum
+    /// matched still reaches the cache with its class.
+    app_class: Option<u8>,
 }
 
 /// Most inodes remembered for page-owned chunks (oldest first out).
@@ -571,6 +575,7 @@ impl Engine {
             file: m.file.clone(),
             pid: m.pid,
             pattern: m.pattern,
+            app_class: m.app_class,
         };
         if self.inodes.insert(m.inode, facts).is_none() {
             self.inode_order.push_back(m.inode);
@@ -640,8 +645,8 @@ impl Engine {
             inode,
             offset,
             size_class: self.cfg.size_classes.class_of(size),
-            pattern: facts.and_then(|f| f.pattern),
-            app_class: None,
+            pattern: facts.as_ref().and_then(|f| f.pattern),
+            app_class: facts.and_then(|f| f.app_class),
             at: now,
             copied: false,
             by_page: true,

@@ -958,3 +958,30 @@ fn without_a_page_source_unmatched_chunks_stay_metadata_never_unknown() {
     let cnt = w.engine.counters();
     assert_eq!((cnt.write_chunks_unknown, cnt.read_chunks_unknown), (0, 0));
 }
+
+#[test]
+fn a_page_owned_read_takes_the_hint_the_files_latest_syscall_carried() {
+    use crate::pages::PageOwner;
+    let mut w = world(InsightConfig::default());
+    w.open(30, "mariadbd", "/db/t.MYD", 5, 2);
+    // A hinted read of the file's first chunk (the shim's register convention).
+    let first = content(50, 4096);
+    let mut c = w.io_event(30, "mariadbd", 5, 0, &first, 1 << 30, true);
+    c.entry.args[4] = VMSIGHT_HINT_MAGIC;
+    c.entry.args[5] = 4;
+    w.syscall(&c);
+    // Readahead of a later page of the same inode: no syscall showed it yet.
+    let owners = vec![Some(PageOwner::File {
+        inode: INODE + 5 * 0x1000,
+        ino: 90,
+        offset: 1 << 20,
+        size: 1 << 30,
+        path: Some("/db/t.MYD".into()),
+    })];
+    let before = w.engine.lock().read_owners_insight(0, &owners);
+    assert_eq!(
+        (before.content, before.app_class, before.class),
+        (Content::Data, Some(4), 4),
+        "the file's hint, not its size class (0)"
+    );
+}
