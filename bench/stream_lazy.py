@@ -173,9 +173,9 @@ def index_counters(st):
             "index_sections_evicted", "index_load_ns", "index_inodes", "index_inodes_loaded"]
     out = dict.fromkeys(keys, 0)
     for d in st.get("disks", []):
-        s = d.get("stream") or {}
+        ix = (d.get("stream") or {}).get("index") or {}
         for k in keys:
-            out[k] += s.get(k, 0) or 0
+            out[k] += ix.get(k.removeprefix("index_"), 0) or 0
     return out
 
 

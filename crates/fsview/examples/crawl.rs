@@ -136,9 +136,9 @@ fn lazy_report(index: Index, image: &str, path: &str) -> Result<(), String> {
     let st = engine.counters();
     println!(
         "lazy engine:  {} bytes resident after the engine started ({} sections loaded), {:.1} bytes per inode",
-        st.index_resident_bytes,
-        st.index_sections_loaded,
-        st.index_resident_bytes as f64 / inodes
+        st.index.resident_bytes,
+        st.index.sections_loaded,
+        st.index.resident_bytes as f64 / inodes
     );
     let lazy = engine.index();
     let t1 = Instant::now();

@@ -41,7 +41,7 @@ pub use index::{
     DirEntry, FileExtent, FileKind, FsInfo, Index, IndexStats, InodeMeta, LazyConfig, LazyStats,
     Owner, Warning,
 };
-pub use infer::{Engine, EngineConfig, EngineStats};
+pub use infer::{Engine, EngineConfig, EngineStats, IndexCounters};
 pub use partition::{
     guid_string, read_partitions, Partition, PartitionTable, PartitionType, Scheme,
 };

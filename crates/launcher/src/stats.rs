@@ -472,25 +472,26 @@ impl fmt::Display for RunStats {
 /// The `--stats` line of a disk's index: eager, or lazy with its loads and the share of the
 /// tree loaded.
 fn index_line(st: &crate::stream::InferStats) -> String {
+    let ix = &st.index;
     let mib = |b: u64| b as f64 / f64::from(1 << 20);
-    if !st.index_lazy {
+    if !ix.lazy {
         return format!(
             "index: in memory, {:.1} MiB for {} inodes",
-            mib(st.index_resident_bytes),
-            st.index_inodes
+            mib(ix.resident_bytes),
+            ix.inodes
         );
     }
     format!(
         "index: lazy, {:.1} MiB resident (peak {:.1} MiB), {} sections loaded ({} evicted, {} ms), {:.1}% of {} inodes loaded{}",
-        mib(st.index_resident_bytes),
-        mib(st.index_peak_resident_bytes),
-        st.index_sections_loaded,
-        st.index_sections_evicted,
-        st.index_load_ns / 1_000_000,
-        100.0 * st.index_inodes_loaded as f64 / st.index_inodes.max(1) as f64,
-        st.index_inodes,
-        if st.index_load_errors > 0 {
-            format!(", {} failed loads", st.index_load_errors)
+        mib(ix.resident_bytes),
+        mib(ix.peak_resident_bytes),
+        ix.sections_loaded,
+        ix.sections_evicted,
+        ix.load_ns / 1_000_000,
+        100.0 * ix.inodes_loaded as f64 / ix.inodes.max(1) as f64,
+        ix.inodes,
+        if ix.load_errors > 0 {
+            format!(", {} failed loads", ix.load_errors)
         } else {
             String::new()
         }

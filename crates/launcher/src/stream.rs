@@ -681,19 +681,15 @@ mod tests {
         let engine = make_engine(&img, false, Some(&plan)).expect("engine");
         assert!(engine.index().is_lazy());
         assert!(!plan.file.exists(), "the name is removed once open");
-        let st = engine.counters();
-        assert!(st.index_lazy && st.index_resident_bytes > 0, "{st:?}");
+        let st = engine.counters().index;
+        assert!(st.lazy && st.resident_bytes > 0, "{st:?}");
         let f = engine
             .lookup("/d/f7")
             .expect("found through the section file");
         assert_eq!(engine.stat(f).map(|m| m.size), Some(1));
-        let mut infer = InferStats::default();
-        copy_index_stats(&mut infer, &engine.counters());
-        assert!(
-            infer.index_lazy && infer.index_sections_loaded > 0,
-            "{infer:?}"
-        );
-        assert_eq!(infer.index_inodes, st.index_inodes);
+        let again = engine.counters().index;
+        assert!(again.lazy && again.sections_loaded > 0, "{again:?}");
+        assert_eq!(again.inodes, st.inodes);
     }
 
     #[test]
@@ -943,21 +939,9 @@ pub struct InferStats {
     pub metadata_errors: u64,
     pub overlay_bytes: u64,
     pub reread_writes: u64,
-    /// The index is lazy (`--stream-lazy`).
-    pub index_lazy: bool,
-    /// Bytes the index holds now, and at most so far.
-    pub index_resident_bytes: u64,
-    pub index_peak_resident_bytes: u64,
-    /// Lazy index: sections read from its file, evicted from its cache, and the time spent
-    /// loading them.
-    pub index_sections_loaded: u64,
-    pub index_sections_evicted: u64,
-    pub index_load_ns: u64,
-    /// In-use inodes, and those whose section was loaded (the share of the tree loaded).
-    pub index_inodes: u64,
-    pub index_inodes_loaded: u64,
-    /// Section loads that failed (the section file was damaged while the VM ran).
-    pub index_load_errors: u64,
+    /// The disk's file-system index: eager or lazy (`--stream-lazy`), what it holds and
+    /// loaded (fsview's own counters, one definition).
+    pub index: vmsight_fsview::IndexCounters,
 }
 
 /// Queue fill at which data writes start being dropped (Gamma-Ray §VI), and at which they
@@ -1132,7 +1116,7 @@ impl EngineSink {
             if let Some(bytes) = overlay {
                 s.overlay_bytes = bytes;
             }
-            if e.index_load_errors > s.index_load_errors {
+            if e.index.load_errors > s.index.load_errors {
                 let why = engine.index().lazy_stats().and_then(|l| l.last_error);
                 tracing::error!(
                     "the lazy index of {} lost a section: {}",
@@ -1140,7 +1124,7 @@ impl EngineSink {
                     why.unwrap_or_default()
                 );
             }
-            copy_index_stats(&mut s, &e);
+            s.index = e.index;
         }
     }
 
@@ -1165,19 +1149,6 @@ impl EngineSink {
             Err(e) => eprintln!("vmsight: cannot stream {}: {e}", self.image.display()),
         }
     }
-}
-
-/// The index's counters of `e` into `s`.
-fn copy_index_stats(s: &mut InferStats, e: &vmsight_fsview::EngineStats) {
-    s.index_lazy = e.index_lazy;
-    s.index_resident_bytes = e.index_resident_bytes;
-    s.index_peak_resident_bytes = e.index_peak_resident_bytes;
-    s.index_sections_loaded = e.index_sections_loaded;
-    s.index_sections_evicted = e.index_sections_evicted;
-    s.index_load_ns = e.index_load_ns;
-    s.index_inodes = e.index_inodes;
-    s.index_inodes_loaded = e.index_inodes_loaded;
-    s.index_load_errors = e.index_load_errors;
 }
 
 fn join_prefix(prefix: &str, path: &str) -> String {

@@ -31,6 +31,7 @@ use crate::index::{
 use crate::view::{FsRead, ViewEntry};
 use journal::{Journal, Txn};
 use pending::Pending;
+use serde::{Deserialize, Serialize};
 use state::{Entries, Geometry, Inode};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
@@ -122,26 +123,35 @@ pub struct EngineStats {
     pub overlay_dirs: u64,
     /// Approximate heap bytes of the overlay, caches and buffers.
     pub overlay_bytes: u64,
-    /// The index is lazy ([`Index::into_lazy`]): its sections are loaded on demand.
-    pub index_lazy: bool,
+    /// The file-system index's counters (eager or lazy).
+    pub index: IndexCounters,
+}
+
+/// Counters of the engine's file-system index: what it holds and, when lazy
+/// ([`Index::into_lazy`]), what it loaded. One definition for the engine, the launcher's
+/// run statistics (`--stats-json`, under each disk's `stream.index`) and the metrics.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IndexCounters {
+    /// The index is lazy: its sections are loaded on demand.
+    pub lazy: bool,
     /// Heap bytes the index holds now (eager: all of it; lazy: the resident part and the
     /// loaded sections).
-    pub index_resident_bytes: u64,
-    /// Largest `index_resident_bytes` so far.
-    pub index_peak_resident_bytes: u64,
+    pub resident_bytes: u64,
+    /// Largest `resident_bytes` so far.
+    pub peak_resident_bytes: u64,
     /// Sections read from a lazy index's file (first loads and re-reads after eviction).
-    pub index_sections_loaded: u64,
+    pub sections_loaded: u64,
     /// Sections evicted from a lazy index's cache.
-    pub index_sections_evicted: u64,
+    pub sections_evicted: u64,
     /// Time spent reading, checking and decoding sections.
-    pub index_load_ns: u64,
+    pub load_ns: u64,
     /// In-use inodes in the index.
-    pub index_inodes: u64,
+    pub inodes: u64,
     /// In-use inodes whose section was loaded at least once (eager: all of them); over
-    /// `index_inodes`, the share of the file tree loaded.
-    pub index_inodes_loaded: u64,
+    /// `inodes`, the share of the file tree loaded.
+    pub inodes_loaded: u64,
     /// Section loads that failed (the file was damaged after it was opened).
-    pub index_load_errors: u64,
+    pub load_errors: u64,
 }
 
 #[derive(Debug, Default)]
@@ -420,35 +430,34 @@ impl Engine {
             overlay_inodes: self.inodes.len() as u64,
             overlay_dirs: self.dirs.len() as u64,
             overlay_bytes: 0,
-            ..self.index_counters()
+            index: self.index_counters(),
         }
     }
 
     /// The index's part of the counters (cheap: no walk over the index).
-    fn index_counters(&self) -> EngineStats {
+    fn index_counters(&self) -> IndexCounters {
         let inodes = self.index.inode_count() as u64;
         match self.index.lazy_stats() {
             None => {
                 let bytes = self.index.resident_bytes();
-                EngineStats {
-                    index_resident_bytes: bytes,
-                    index_peak_resident_bytes: bytes,
-                    index_inodes: inodes,
-                    index_inodes_loaded: inodes,
-                    ..EngineStats::default()
+                IndexCounters {
+                    resident_bytes: bytes,
+                    peak_resident_bytes: bytes,
+                    inodes,
+                    inodes_loaded: inodes,
+                    ..IndexCounters::default()
                 }
             }
-            Some(l) => EngineStats {
-                index_lazy: true,
-                index_resident_bytes: l.resident_bytes,
-                index_peak_resident_bytes: l.peak_resident_bytes,
-                index_sections_loaded: l.loads,
-                index_sections_evicted: l.evictions,
-                index_load_ns: l.load_ns,
-                index_inodes: inodes,
-                index_inodes_loaded: l.inodes_loaded,
-                index_load_errors: l.load_errors,
-                ..EngineStats::default()
+            Some(l) => IndexCounters {
+                lazy: true,
+                resident_bytes: l.resident_bytes,
+                peak_resident_bytes: l.peak_resident_bytes,
+                sections_loaded: l.loads,
+                sections_evicted: l.evictions,
+                load_ns: l.load_ns,
+                inodes,
+                inodes_loaded: l.inodes_loaded,
+                load_errors: l.load_errors,
             },
         }
     }

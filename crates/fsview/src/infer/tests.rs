@@ -406,25 +406,16 @@ fn a_lazy_index_gives_the_engine_the_same_events_and_view() {
                 "{mkfs} {args:?}: the view after step {k}"
             );
         }
-        let st = b.stats();
-        assert!(st.index_lazy && st.index_sections_loaded > 0, "{st:?}");
-        assert!(st.index_sections_evicted > 0, "{st:?}");
-        assert!(st.index_resident_bytes <= st.index_peak_resident_bytes);
-        assert!(!a.stats().index_lazy);
+        let st = b.stats().index;
+        assert!(st.lazy && st.sections_loaded > 0, "{st:?}");
+        assert!(st.sections_evicted > 0, "{st:?}");
+        assert!(st.resident_bytes <= st.peak_resident_bytes);
+        assert!(!a.stats().index.lazy);
+        assert_eq!(a.stats().index.inodes, st.inodes);
         let mut sa = a.stats();
         let mut sb = b.stats();
         for s in [&mut sa, &mut sb] {
-            (
-                s.index_lazy,
-                s.index_resident_bytes,
-                s.index_peak_resident_bytes,
-            ) = (false, 0, 0);
-            (
-                s.index_sections_loaded,
-                s.index_sections_evicted,
-                s.index_load_ns,
-            ) = (0, 0, 0);
-            s.index_inodes_loaded = 0;
+            s.index = Default::default();
         }
         assert_eq!(sa, sb, "the engine's other counters");
     }

@@ -146,7 +146,7 @@ impl VmSource {
                 (
                     "vmsight_stream_index_sections_loaded_total",
                     "Sections of a lazy index read from its file.",
-                    infer.index_sections_loaded,
+                    infer.index.sections_loaded,
                 ),
             ] {
                 sink.counter(name, help, &[], v);
@@ -167,7 +167,7 @@ impl VmSource {
                 "vmsight_stream_index_resident_bytes",
                 "Bytes the disk's index holds in memory.",
                 &[],
-                infer.index_resident_bytes,
+                infer.index.resident_bytes,
             );
         });
     }
