@@ -23,6 +23,37 @@ pub fn insight_log(path: &Path) -> Vec<Value> {
         .collect()
 }
 
+/// A guest run with `--insights` and `--stats-json`: the run, then its insight log records
+/// and its statistics (`insights` holds the engine's counters).
+pub struct InsightRun {
+    pub run: crate::Run,
+    pub records: Vec<Value>,
+    pub stats: Value,
+}
+
+/// Runs `script` in a guest with `--insights` and `--stats-json` (files in a temporary
+/// directory) and asserts it exited 0.
+pub fn guest_sh_with_insights(script: &str) -> InsightRun {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("ins.jsonl");
+    let st = dir.path().join("stats.json");
+    let run = crate::guest_sh(
+        &[
+            "--insights",
+            log.to_str().unwrap(),
+            "--stats-json",
+            st.to_str().unwrap(),
+        ],
+        script,
+    );
+    assert_eq!(run.code, Some(0), "{run:?}");
+    InsightRun {
+        records: insight_log(&log),
+        stats: json_file(&st),
+        run,
+    }
+}
+
 /// The lines of `stdout` between `BEGIN <tag>` and `END <tag>`.
 pub fn section<'a>(stdout: &'a str, tag: &str) -> &'a str {
     let begin = format!("BEGIN {tag}\n");

@@ -11,8 +11,7 @@
 use std::collections::BTreeSet;
 
 use serde_json::Value;
-use vmsight_tests::oracle::{fiemap_map, insight_log, json_file, judge_file_blocks, section};
-use vmsight_tests::*;
+use vmsight_tests::oracle::{fiemap_map, guest_sh_with_insights, judge_file_blocks, section};
 
 const FILE: &str = "/usr/bin/perl";
 
@@ -34,26 +33,16 @@ echo END fiemap
 
 #[test]
 fn reads_through_a_file_mapping_are_data_of_their_file_per_block() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("ins.jsonl");
-    let st = dir.path().join("stats.json");
-    let r = guest_sh(
-        &[
-            "--insights",
-            log.to_str().unwrap(),
-            "--stats-json",
-            st.to_str().unwrap(),
-        ],
-        SCRIPT,
-    );
-    assert_eq!(r.code, Some(0), "{r:?}");
+    let ir = guest_sh_with_insights(SCRIPT);
+    let r = &ir.run;
     let truth = fiemap_map(section(&r.stdout, "fiemap"), 0);
     assert!(
         truth.len() > 900,
         "FIEMAP blocks of {FILE}: {}",
         truth.len()
     );
-    let reads: Vec<Value> = insight_log(&log)
+    let reads: Vec<Value> = ir
+        .records
         .into_iter()
         .filter(|r| r["op"] == "read" && r["disk"] == 0)
         .collect();
@@ -77,7 +66,7 @@ fn reads_through_a_file_mapping_are_data_of_their_file_per_block() {
         &j.spurious[..j.spurious.len().min(5)]
     );
     // The mechanism: no read syscall showed these bytes, the pages' owner did.
-    let ins = &json_file(&st)["insights"];
+    let ins = &ir.stats["insights"];
     println!("insights: {ins}");
     let by_page = ins["read_chunks_by_page"].as_u64().unwrap();
     assert!(by_page >= truth.len() as u64, "{ins}");

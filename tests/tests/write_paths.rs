@@ -11,8 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
-use vmsight_tests::oracle::{fiemap_map, insight_log, json_file, judge_file_blocks, section};
-use vmsight_tests::*;
+use vmsight_tests::oracle::{fiemap_map, guest_sh_with_insights, judge_file_blocks, section};
 
 /// The files and how each is written (all on the root disk, under /root/wp).
 const FILES: &[(&str, &str)] = &[
@@ -60,19 +59,8 @@ echo END fiemap
 
 #[test]
 fn large_vectored_mmap_and_io_uring_writes_are_data_per_block() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("ins.jsonl");
-    let st = dir.path().join("stats.json");
-    let r = guest_sh(
-        &[
-            "--insights",
-            log.to_str().unwrap(),
-            "--stats-json",
-            st.to_str().unwrap(),
-        ],
-        SCRIPT,
-    );
-    assert_eq!(r.code, Some(0), "{r:?}");
+    let ir = guest_sh_with_insights(SCRIPT);
+    let r = &ir.run;
     let truth = fiemap_map(section(&r.stdout, "fiemap"), 0);
     let path = |n: &str| format!("/root/wp/{n}");
     let ours: BTreeSet<String> = FILES.iter().map(|(n, _)| path(n)).collect();
@@ -91,7 +79,8 @@ fn large_vectored_mmap_and_io_uring_writes_are_data_per_block() {
     .collect();
     assert_eq!(per_file, want, "FIEMAP blocks per file");
 
-    let writes: Vec<Value> = insight_log(&log)
+    let writes: Vec<Value> = ir
+        .records
         .into_iter()
         .filter(|r| r["op"] == "write" && r["disk"] == 0)
         .collect();
@@ -130,7 +119,7 @@ fn large_vectored_mmap_and_io_uring_writes_are_data_per_block() {
 
     // The mechanism engaged: at least the blocks no syscall checksummed (mmap, io_uring, and
     // all but the first MiB of each 2 MiB call) were classified by page ownership.
-    let ins = &json_file(&st)["insights"];
+    let ins = &ir.stats["insights"];
     let by_page = ins["write_chunks_by_page"].as_u64().unwrap();
     println!("insights: {ins}");
     assert!(by_page >= 2048 + 4 * 256 + 7 * 256, "{ins}");
@@ -156,22 +145,12 @@ echo END fiemap
 
 #[test]
 fn direct_io_from_anonymous_memory_is_unknown_never_metadata() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("ins.jsonl");
-    let st = dir.path().join("stats.json");
-    let r = guest_sh(
-        &[
-            "--insights",
-            log.to_str().unwrap(),
-            "--stats-json",
-            st.to_str().unwrap(),
-        ],
-        DIRECT_SCRIPT,
-    );
-    assert_eq!(r.code, Some(0), "{r:?}");
+    let ir = guest_sh_with_insights(DIRECT_SCRIPT);
+    let r = &ir.run;
     let truth = fiemap_map(section(&r.stdout, "fiemap"), 0);
     assert_eq!(truth.len(), 1024, "FIEMAP blocks of /root/wp/direct");
-    let writes: Vec<Value> = insight_log(&log)
+    let writes: Vec<Value> = ir
+        .records
         .into_iter()
         .filter(|r| r["op"] == "write" && r["disk"] == 0)
         .collect();
@@ -208,7 +187,7 @@ fn direct_io_from_anonymous_memory_is_unknown_never_metadata() {
         "unknown blocks outside the file: {stray:?}"
     );
     // The mechanism: the pages were seen as anonymous memory, and counted unknown.
-    let ins = &json_file(&st)["insights"];
+    let ins = &ir.stats["insights"];
     println!("insights: {ins}");
     assert!(
         ins["write_chunks_anonymous"].as_u64().unwrap() >= 1024,
