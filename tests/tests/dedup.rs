@@ -12,17 +12,19 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use vmsight_tests::*;
 
-/// A 256 MiB dedup volume holding a fresh ext4 file system (made on the host, imported).
+/// A 512 MiB dedup volume holding a fresh ext4 file system (made on the host, imported): room
+/// for a copy of the guest's /usr/bin, /usr/sbin and /usr/lib/x86_64-linux-gnu, which outgrew
+/// 256 MiB when MariaDB joined the image, plus the tests' own files.
 fn volume_with_ext4(dir: &Path) -> PathBuf {
     let raw = dir.join("fs.img");
-    make_ext4(&raw, 256);
+    make_ext4(&raw, 512);
     let vol = dir.join("vol");
     let r = run(&[
         "dedup",
         "create",
         vol.to_str().unwrap(),
         "--size",
-        "256MiB",
+        "512MiB",
         "--from",
         raw.to_str().unwrap(),
     ]);
