@@ -12,19 +12,23 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use vmsight_tests::*;
 
-/// A 512 MiB dedup volume holding a fresh ext4 file system (made on the host, imported): room
-/// for a copy of the guest's /usr/bin, /usr/sbin and /usr/lib/x86_64-linux-gnu, which outgrew
-/// 256 MiB when MariaDB joined the image, plus the tests' own files.
+/// A 256 MiB dedup volume holding a fresh ext4 file system (made on the host, imported). The
+/// gc tests rely on its size: a second 160 MiB only fits if freed chunks are reused.
 fn volume_with_ext4(dir: &Path) -> PathBuf {
+    volume_with_ext4_of(dir, 256)
+}
+
+/// The same with `mib` MiB.
+fn volume_with_ext4_of(dir: &Path, mib: u64) -> PathBuf {
     let raw = dir.join("fs.img");
-    make_ext4(&raw, 512);
+    make_ext4(&raw, mib);
     let vol = dir.join("vol");
     let r = run(&[
         "dedup",
         "create",
         vol.to_str().unwrap(),
         "--size",
-        "512MiB",
+        &format!("{mib}MiB"),
         "--from",
         raw.to_str().unwrap(),
     ]);
@@ -226,7 +230,9 @@ fn a_copied_file_is_stored_once_reads_back_exactly_and_online_gc_frees_it_once_t
 #[test]
 fn a_tar_of_usr_a_dpkg_install_overwrites_and_discards_on_a_dedup_disk_read_back_as_the_source() {
     let d = tempfile::tempdir().unwrap();
-    let vol = volume_with_ext4(d.path());
+    // The guest's /usr/bin, /usr/sbin and /usr/lib/x86_64-linux-gnu outgrew 256 MiB when
+    // MariaDB joined the image.
+    let vol = volume_with_ext4_of(d.path(), 512);
     let disk = format!("{},dedup,meta-cache=64KiB", vol.display());
     let script = "set -e; mount /dev/vdb /mnt; \
         tar -C / -cf - usr/bin usr/sbin usr/lib/x86_64-linux-gnu | tar -C /mnt -xf -; \
