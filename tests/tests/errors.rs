@@ -85,6 +85,23 @@ fn bad_storage_and_streaming_options_are_one_line_errors() {
         ),
         (vec!["run", "--cache-size", "lots", "--", "true"], 2, "lots"),
         (
+            vec![
+                "run",
+                "--stream-lazy",
+                "--stream-lazy-cache-mb",
+                "0",
+                "--",
+                "true",
+            ],
+            2,
+            "stream-lazy-cache-mb",
+        ),
+        (
+            vec!["run", "--stream-lazy-cache-mb", "4", "--", "true"],
+            2,
+            "--stream-lazy",
+        ),
+        (
             vec!["run", "--disk", "x.img,mount=rel", "--", "true"],
             2,
             "absolute",

@@ -330,6 +330,25 @@ struct RunArgs {
     command: Vec<String>,
 }
 
+/// A clap error as one line: its first line, and when that ends in a colon (e.g. "the
+/// following required arguments were not provided:") the items listed under it.
+fn one_line(text: &str) -> String {
+    let mut lines = text.lines().skip_while(|l| l.trim().is_empty());
+    let first = lines
+        .next()
+        .unwrap_or("invalid arguments")
+        .trim_start_matches("error: ")
+        .trim_end();
+    if !first.ends_with(':') {
+        return first.to_string();
+    }
+    let items: Vec<&str> = lines
+        .take_while(|l| l.starts_with(' ') && !l.trim().is_empty())
+        .map(str::trim)
+        .collect();
+    format!("{first} {}", items.join(", "))
+}
+
 /// One-line error and exit code 2 for bad usage; help and version print normally.
 fn parse() -> Result<Cli, i32> {
     match Cli::try_parse() {
@@ -344,13 +363,10 @@ fn parse() -> Result<Cli, i32> {
                     Err(if e.use_stderr() { 2 } else { 0 })
                 }
                 _ => {
-                    let text = e.to_string();
-                    let first = text
-                        .lines()
-                        .find(|l| !l.trim().is_empty())
-                        .unwrap_or("invalid arguments")
-                        .trim_start_matches("error: ");
-                    eprintln!("vmsight: {first} (see `vmsight --help`)");
+                    eprintln!(
+                        "vmsight: {} (see `vmsight --help`)",
+                        one_line(&e.to_string())
+                    );
                     Err(2)
                 }
             }
@@ -1178,5 +1194,24 @@ pub(crate) fn print_stdout(text: &str) -> Result<(), CliError> {
     match writeln!(out, "{text}").and_then(|()| out.flush()) {
         Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(CliError::Stdout(e)),
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::one_line;
+
+    #[test]
+    fn a_clap_error_listing_missing_arguments_names_them_on_its_one_line() {
+        let text = "error: the following required arguments were not provided:\n  --stream-lazy\n  --x\n\nUsage: vmsight run --stream-lazy\n";
+        assert_eq!(
+            one_line(text),
+            "the following required arguments were not provided: --stream-lazy, --x"
+        );
+        assert_eq!(
+            one_line("error: invalid value 'x'\n\nmore"),
+            "invalid value 'x'"
+        );
+        assert_eq!(one_line(""), "invalid arguments");
     }
 }
