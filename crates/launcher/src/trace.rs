@@ -194,12 +194,7 @@ fn run(
         if let Ok(mut ch) = channel.lock() {
             ch.drain(|r| batch.push(*r));
         }
-        s.sum.records += batch.len() as u64;
-        for r in &batch {
-            s.take_record(r);
-        }
-        let horizon = s.close_entries(stopping);
-        s.deliver_until(horizon);
+        s.step(&batch, vmsight_ring::monotonic_ns(), stopping);
         if stopping && batch.is_empty() && s.queue.is_empty() {
             break;
         }
@@ -232,6 +227,17 @@ impl Merger {
             open: Vec::new(),
             observers,
         }
+    }
+
+    /// One drain's worth: take the records, close the entries complete at `now` (all of them
+    /// when `stopping`) and deliver what the hold-back allows.
+    fn step(&mut self, batch: &[Record], now: u64, stopping: bool) {
+        self.sum.records += batch.len() as u64;
+        for r in batch {
+            self.take_record(r);
+        }
+        let horizon = self.close_entries(now, stopping);
+        self.deliver_until(horizon);
     }
 
     /// Take one ring record: data pieces join the entry being assembled on their vCPU (or
@@ -333,8 +339,7 @@ impl Merger {
 
     /// Queue the entries that are complete (old enough, or all of them when stopping) and
     /// return the timestamp up to which queued records may be delivered.
-    fn close_entries(&mut self, stopping: bool) -> u64 {
-        let now = vmsight_ring::monotonic_ns();
+    fn close_entries(&mut self, now: u64, stopping: bool) -> u64 {
         for slot in self.open.iter_mut() {
             // Pieces follow their entry within microseconds; an entry this old is complete
             // (its vCPU may simply have gone idle after it).
@@ -457,6 +462,30 @@ impl Merger {
 }
 
 use vmsight_introspect::syscall::event::{append_piece, append_sums};
+
+/// The trace thread's processing without its ring and clock, for benchmarks
+/// (`examples/trace_throughput.rs`): batches of records go through exactly the steps
+/// [`TraceSession`]'s thread takes after each drain.
+#[doc(hidden)]
+pub struct Replay(Merger);
+
+impl Replay {
+    /// A replay feeding `observers`.
+    pub fn new(observers: Vec<Box<dyn SyscallObserver>>) -> Self {
+        Replay(Merger::new(observers))
+    }
+
+    /// One drain: `batch` as the rings gave it, processed as if the host clock read `now`.
+    pub fn step(&mut self, batch: &[Record], now: u64) {
+        self.0.step(batch, now, false);
+    }
+
+    /// The last drain (everything left is delivered), then the trace's end.
+    pub fn finish(mut self) -> TraceSummary {
+        self.0.step(&[], u64::MAX, true);
+        self.0.finish()
+    }
+}
 
 #[cfg(test)]
 mod tests {
