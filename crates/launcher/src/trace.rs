@@ -17,6 +17,8 @@ use vmsight_introspect::syscall::{
 };
 use vmsight_ring::{ChannelHost, Record};
 
+mod queue;
+
 /// What to monitor.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TraceTarget {
@@ -130,6 +132,12 @@ impl RawEvent {
         }
     }
 
+    /// A late piece or checksums: stamped with its entry's timestamp, delivered after the
+    /// records of the same timestamp.
+    fn is_late(&self) -> bool {
+        matches!(self, RawEvent::LateData { .. } | RawEvent::Sums { .. })
+    }
+
     /// The vCPU whose ring the record came from.
     fn vcpu(&self) -> u32 {
         match self {
@@ -211,7 +219,7 @@ fn run(
 struct Merger {
     sum: TraceSummary,
     tracker: Tracker,
-    queue: Vec<RawEvent>,
+    queue: queue::Queue,
     /// The entry being assembled on each vCPU (its data pieces follow it in that ring).
     open: Vec<Option<EntryEvent>>,
     observers: Vec<Box<dyn SyscallObserver>>,
@@ -223,7 +231,7 @@ impl Merger {
         Merger {
             sum: TraceSummary::default(),
             tracker: Tracker::new(),
-            queue: Vec::new(),
+            queue: queue::Queue::default(),
             open: Vec::new(),
             observers,
         }
@@ -265,12 +273,15 @@ impl Merger {
                     Some(e) if e.ts_ns == entry_ts => append_piece(e, piece, offset),
                     // Queued after its entry (same timestamp, stable sort) or attached to
                     // the pending call in the tracker.
-                    _ => self.queue.push(RawEvent::LateData {
-                        vcpu: v,
-                        entry_ts,
-                        piece,
-                        offset,
-                    }),
+                    _ => self.queue.push(
+                        vcpu,
+                        RawEvent::LateData {
+                            vcpu: v,
+                            entry_ts,
+                            piece,
+                            offset,
+                        },
+                    ),
                 }
             }
             RawEvent::Sums {
@@ -280,12 +291,15 @@ impl Merger {
                 piece,
             } => match self.open[vcpu].as_mut() {
                 Some(e) if !late || e.ts_ns == entry_ts => append_sums(e, piece),
-                _ if late => self.queue.push(RawEvent::Sums {
-                    vcpu: v,
-                    entry_ts,
-                    late,
-                    piece,
-                }),
+                _ if late => self.queue.push(
+                    vcpu,
+                    RawEvent::Sums {
+                        vcpu: v,
+                        entry_ts,
+                        late,
+                        piece,
+                    },
+                ),
                 _ => self.sum.orphan_data += 1,
             },
             RawEvent::Data { piece, offset, .. } => {
@@ -304,7 +318,7 @@ impl Merger {
     fn take_boundary(&mut self, vcpu: usize, ev: RawEvent) {
         // A new record on this vCPU closes the entry being assembled.
         if let Some(e) = self.open[vcpu].take() {
-            self.queue.push(RawEvent::Entry(e));
+            self.queue.push(vcpu, RawEvent::Entry(e));
         }
         match ev {
             RawEvent::Entry(e) => {
@@ -324,7 +338,7 @@ impl Merger {
                     tid: r.tid,
                     ts_ns: r.ts_ns,
                 });
-                self.queue.push(RawEvent::Return(r));
+                self.queue.push(vcpu, RawEvent::Return(r));
             }
             RawEvent::Data { .. } | RawEvent::LateData { .. } | RawEvent::Sums { .. } => {}
         }
@@ -340,7 +354,7 @@ impl Merger {
     /// Queue the entries that are complete (old enough, or all of them when stopping) and
     /// return the timestamp up to which queued records may be delivered.
     fn close_entries(&mut self, now: u64, stopping: bool) -> u64 {
-        for slot in self.open.iter_mut() {
+        for (vcpu, slot) in self.open.iter_mut().enumerate() {
             // Pieces follow their entry within microseconds; an entry this old is complete
             // (its vCPU may simply have gone idle after it).
             if slot
@@ -348,14 +362,14 @@ impl Merger {
                 .is_some_and(|e| e.ts_ns.saturating_add(HOLD_BACK_NS) < now)
             {
                 if let Some(e) = slot.take() {
-                    self.queue.push(RawEvent::Entry(e));
+                    self.queue.push(vcpu, RawEvent::Entry(e));
                 }
             }
         }
         let horizon = if stopping {
-            for slot in self.open.iter_mut() {
+            for (vcpu, slot) in self.open.iter_mut().enumerate() {
                 if let Some(e) = slot.take() {
-                    self.queue.push(RawEvent::Entry(e));
+                    self.queue.push(vcpu, RawEvent::Entry(e));
                 }
             }
             u64::MAX
@@ -370,21 +384,12 @@ impl Merger {
             .fold(horizon, u64::min)
     }
 
-    /// Sort the queue by timestamp and deliver the records up to `horizon`.
+    /// Deliver the queued records up to `horizon`, in timestamp order (a late piece shares
+    /// its entry's timestamp and comes after it).
     fn deliver_until(&mut self, horizon: u64) {
-        // A late piece shares its entry's timestamp and must sort after it.
-        self.queue.sort_by_key(|e| {
-            (
-                e.ts(),
-                matches!(e, RawEvent::LateData { .. } | RawEvent::Sums { .. }),
-            )
-        });
-        let n = self.queue.partition_point(|e| e.ts() <= horizon);
-        let mut queue = std::mem::take(&mut self.queue);
-        for ev in queue.drain(..n) {
+        while let Some(ev) = self.queue.pop_until(horizon) {
             self.deliver(ev);
         }
-        self.queue = queue;
     }
 
     /// Deliver one record: entries and returns to the tracker (and entries to the observers),
