@@ -223,6 +223,8 @@ struct Merger {
     /// The entry being assembled on each vCPU (its data pieces follow it in that ring).
     open: Vec<Option<EntryEvent>>,
     observers: Vec<Box<dyn SyscallObserver>>,
+    /// Calls the tracker just completed, on their way to the observers (kept to reuse).
+    done: Vec<Completed>,
 }
 
 impl Merger {
@@ -234,6 +236,7 @@ impl Merger {
             queue: queue::Queue::default(),
             open: Vec::new(),
             observers,
+            done: Vec::new(),
         }
     }
 
@@ -408,8 +411,8 @@ impl Merger {
                 for o in self.observers.iter_mut() {
                     o.on_entry(&e);
                 }
-                let done = self.tracker.on_entry(e);
-                self.complete(done);
+                self.tracker.on_entry_into(e, &mut self.done);
+                self.complete();
             }
             RawEvent::Return(r) => {
                 tracing::trace!(
@@ -421,8 +424,8 @@ impl Merger {
                     r.via,
                     r.ts_ns
                 );
-                let done = self.tracker.on_return(&r);
-                self.complete(done);
+                self.tracker.on_return_into(&r, &mut self.done);
+                self.complete();
             }
             RawEvent::LateData {
                 entry_ts,
@@ -445,9 +448,9 @@ impl Merger {
         }
     }
 
-    /// Hand completed calls to every observer, in order.
-    fn complete(&mut self, calls: Vec<Completed>) {
-        for c in calls {
+    /// Hand the calls just completed to every observer, in order.
+    fn complete(&mut self) {
+        for c in self.done.drain(..) {
             for o in self.observers.iter_mut() {
                 o.on_complete(&c);
             }
@@ -456,8 +459,8 @@ impl Merger {
 
     /// End the calls still pending, finish the observers and return the counters.
     fn finish(mut self) -> TraceSummary {
-        let done = self.tracker.finish();
-        self.complete(done);
+        self.done = self.tracker.finish();
+        self.complete();
         for o in self.observers.iter_mut() {
             o.finish();
         }

@@ -17,6 +17,7 @@
 //! pending calls of the other threads of its process. A return with nothing pending (an
 //! interrupt return, a new thread's first return after `clone`) is not a syscall exit.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 
 use serde::Serialize;
@@ -97,7 +98,15 @@ pub struct Tracker {
     /// of `rt_sigreturn` (the kernel enters the handler with rax = 0) from its own return.
     handlers: HashMap<u32, Vec<u64>>,
     stats: TrackerStats,
+    /// Emptied stacks kept for the next task that enters a call (most calls return before the
+    /// task's next one: without these, every call would allocate a stack).
+    spare: Vec<Vec<Pending>>,
+    /// Scratch of [`Tracker::on_return_into`]: the calls one return completes.
+    resolved: Vec<(Pending, Outcome)>,
 }
+
+/// Bound on [`Tracker::spare`].
+const MAX_SPARE: usize = 64;
 
 /// Bound on remembered handler addresses per process.
 const MAX_HANDLERS: usize = 64;
@@ -131,13 +140,19 @@ impl Tracker {
 
     /// A monitored task entered a syscall. Returns what completed because of it.
     pub fn on_entry(&mut self, e: EntryEvent) -> Vec<Completed> {
-        self.stats.entries += 1;
         let mut out = Vec::new();
+        self.on_entry_into(e, &mut out);
+        out
+    }
+
+    /// [`Tracker::on_entry`], appending what completed to `out` (reuse it: no allocation).
+    pub fn on_entry_into(&mut self, e: EntryEvent, out: &mut Vec<Completed>) {
+        self.stats.entries += 1;
         match e.nr {
             nr::EXIT => {
                 let task = e.task;
                 if let Some(stack) = self.pending.remove(&task) {
-                    self.flush_stack(stack, &mut out);
+                    self.flush_stack(stack, out);
                 }
                 out.push(self.done(e, Outcome::NoReturn, None));
             }
@@ -153,13 +168,16 @@ impl Tracker {
                 tasks.sort_unstable();
                 for t in tasks {
                     if let Some(stack) = self.pending.remove(&t) {
-                        self.flush_stack(stack, &mut out);
+                        self.flush_stack(stack, out);
                     }
                 }
                 out.push(self.done(e, Outcome::NoReturn, None));
             }
             _ => {
-                let stack = self.pending.entry(e.task).or_default();
+                let stack = match self.pending.entry(e.task) {
+                    Entry::Occupied(o) => o.into_mut(),
+                    Entry::Vacant(v) => v.insert(self.spare.pop().unwrap_or_default()),
+                };
                 if stack.len() >= MAX_DEPTH {
                     stack.remove(0);
                     self.stats.overflowed += 1;
@@ -173,12 +191,18 @@ impl Tracker {
                     self.stats.peak_pending_tasks.max(self.pending.len() as u64);
             }
         }
-        out
+    }
+
+    /// Keeps an emptied stack for reuse.
+    fn recycle(&mut self, stack: Vec<Pending>) {
+        if self.spare.len() < MAX_SPARE {
+            self.spare.push(stack);
+        }
     }
 
     /// Ends a whole stack without returns, outermost call first (it started first).
-    fn flush_stack(&mut self, stack: Vec<Pending>, out: &mut Vec<Completed>) {
-        for p in stack {
+    fn flush_stack(&mut self, mut stack: Vec<Pending>, out: &mut Vec<Completed>) {
+        for p in stack.drain(..) {
             let exit = p.interrupted;
             let mut c = self.done(p.e, Outcome::NoReturn, None);
             if let Some((ts, vcpu)) = exit {
@@ -188,6 +212,7 @@ impl Tracker {
             out.push(c);
             out.extend(p.held);
         }
+        self.recycle(stack);
     }
 
     /// Completes a pending call; an interrupted one ends at its signal delivery.
@@ -203,11 +228,17 @@ impl Tracker {
 
     /// A monitored task returned to user mode. Returns what completed.
     pub fn on_return(&mut self, r: &ReturnEvent) -> Vec<Completed> {
-        self.stats.returns += 1;
         let mut out = Vec::new();
+        self.on_return_into(r, &mut out);
+        out
+    }
+
+    /// [`Tracker::on_return`], appending what completed to `out` (reuse it: no allocation).
+    pub fn on_return_into(&mut self, r: &ReturnEvent, out: &mut Vec<Completed>) {
+        self.stats.returns += 1;
         let Some(mut stack) = self.pending.remove(&r.task) else {
             self.stats.unmatched_returns += 1;
-            return out;
+            return;
         };
         let rax = r.rax as i64;
         let known_handler = self
@@ -232,7 +263,7 @@ impl Tracker {
         };
         let after_sigreturn = sigreturn.is_some();
         // Calls this return completes, innermost first.
-        let mut resolved: Vec<(Pending, Outcome)> = Vec::new();
+        let mut resolved = std::mem::take(&mut self.resolved);
         while let Some(top) = stack.last_mut() {
             if after_sigreturn && top.e.nr == nr::RT_SIGRETURN && top.interrupted.is_some() {
                 // An outer sigreturn interrupted by the signal whose sigreturn just returned:
@@ -274,22 +305,25 @@ impl Tracker {
             break;
         }
         // Outermost first: each interrupted call precedes its handler's calls (held in it).
-        for (p, o) in resolved.into_iter().rev() {
-            self.resolve(p, o, r, &mut out);
+        let start = out.len();
+        for (p, o) in resolved.drain(..).rev() {
+            self.resolve(p, o, r, out);
         }
+        self.resolved = resolved;
         if let Some(p) = sigreturn {
-            self.resolve(p, Outcome::Returned(rax), r, &mut out);
+            self.resolve(p, Outcome::Returned(rax), r, out);
         }
         // Completions inside a handler wait behind the call that handler interrupted.
         if let Some(holder) = stack.iter_mut().rev().find(|p| p.interrupted.is_some()) {
-            if holder.held.len() + out.len() <= MAX_HELD {
-                holder.held.append(&mut out);
+            if holder.held.len() + (out.len() - start) <= MAX_HELD {
+                holder.held.extend(out.drain(start..));
             }
         }
-        if !stack.is_empty() {
+        if stack.is_empty() {
+            self.recycle(stack);
+        } else {
             self.pending.insert(r.task, stack);
         }
-        out
     }
 
     /// Ends everything still pending (the VM stopped): those calls never returned.
@@ -502,6 +536,47 @@ mod tests {
         assert_eq!(
             names(&t.on_return(&ret(1, 0x1002, 42, 0))),
             vec![(nr::CLONE, Some(42))]
+        );
+    }
+
+    #[test]
+    fn the_into_forms_append_and_reused_stacks_start_empty() {
+        let mut t = Tracker::new();
+        let mut out = Vec::new();
+        t.on_entry_into(entry(1, 10, 0, 0x1000, 1), &mut out);
+        t.on_return_into(&ret(1, 0x1002, 5, 0), &mut out);
+        // Task 2 gets task 1's emptied stack: only its own call is pending.
+        t.on_entry_into(entry(2, 11, 1, 0x2000, 2), &mut out);
+        t.on_return_into(&ret(2, 0x2002, 6, 0), &mut out);
+        t.on_entry_into(entry(3, 12, nr::EXIT, 0x3000, 3), &mut out);
+        assert_eq!(
+            names(&out),
+            vec![(0, Some(5)), (1, Some(6)), (nr::EXIT, None)]
+        );
+        assert_eq!(t.pending_tasks(), 0);
+    }
+
+    #[test]
+    fn a_handlers_completion_is_held_without_what_out_held_before() {
+        let mut t = Tracker::new();
+        let mut out = Vec::new();
+        t.on_entry_into(entry(2, 11, 3, 0x2000, 1), &mut out);
+        t.on_return_into(&ret(2, 0x2002, 0, 0), &mut out); // close, reported
+        t.on_entry_into(entry(1, 10, 0, 0x1000, 2), &mut out); // read
+        t.on_return_into(&ret(1, 0x7000, 0, 0), &mut out); // handler starts
+        t.on_entry_into(entry(1, 10, 1, 0x7010, 3), &mut out); // write in the handler
+        t.on_return_into(&ret(1, 0x7012, 4, 0), &mut out); // held
+        assert_eq!(names(&out), vec![(3, Some(0))]);
+        t.on_entry_into(entry(1, 10, nr::RT_SIGRETURN, 0x7020, 4), &mut out);
+        t.on_return_into(&ret(1, 0x1002, -4, 0), &mut out);
+        assert_eq!(
+            names(&out),
+            vec![
+                (3, Some(0)),
+                (0, Some(-4)),
+                (1, Some(4)),
+                (nr::RT_SIGRETURN, Some(-4))
+            ]
         );
     }
 
