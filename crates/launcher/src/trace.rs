@@ -11,9 +11,12 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use serde::Serialize;
+use vmsight_introspect::syscall::event::{
+    append_piece_ref, append_sums_ref, PieceRef, Spare, SumsRef,
+};
 use vmsight_introspect::syscall::{
-    ArgData, Completed, Drained, EntryEvent, NameFilter, ReturnEvent, SumsPiece, SyscallObserver,
-    Tracker, TrackerStats,
+    Completed, Drained, EntryEvent, IoSums, NameFilter, ReturnEvent, SyscallObserver, Tracker,
+    TrackerStats,
 };
 use vmsight_ring::{ChannelHost, Record};
 
@@ -92,6 +95,91 @@ pub struct TraceSummary {
     pub tracker: TrackerStats,
 }
 
+/// The bytes of one DATA record, held in place (see [`vmsight_introspect::syscall::ArgData`]).
+#[derive(Debug, Clone)]
+pub struct Piece {
+    pub arg: u8,
+    len: u8,
+    raw: [u8; vmsight_ring::data::CAPACITY],
+    pub truncated: bool,
+    pub fault: bool,
+}
+
+impl Piece {
+    /// A piece of argument `arg` holding `bytes` (at most [`vmsight_ring::data::CAPACITY`];
+    /// the rest is left out).
+    pub fn new(arg: u8, bytes: &[u8], truncated: bool, fault: bool) -> Self {
+        let mut raw = [0u8; vmsight_ring::data::CAPACITY];
+        let n = bytes.len().min(raw.len());
+        raw[..n].copy_from_slice(&bytes[..n]);
+        Piece {
+            arg,
+            len: n as u8,
+            raw,
+            truncated,
+            fault,
+        }
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &self.raw[..usize::from(self.len)]
+    }
+
+    pub(crate) fn as_piece(&self) -> PieceRef<'_> {
+        PieceRef {
+            arg: self.arg,
+            bytes: self.bytes(),
+            truncated: self.truncated,
+            fault: self.fault,
+        }
+    }
+}
+
+/// The checksums of one SUMS record, held in place (see
+/// [`vmsight_introspect::syscall::SumsPiece`]).
+#[derive(Debug, Clone, Default)]
+pub struct Sums {
+    pub header: IoSums,
+    len: u8,
+    sums: [(u64, u64); vmsight_ring::sums::PER_RECORD],
+    /// Last record of the call.
+    pub last: bool,
+}
+
+impl Sums {
+    /// No checksums yet.
+    pub fn new(header: IoSums, last: bool) -> Self {
+        Sums {
+            header,
+            last,
+            ..Sums::default()
+        }
+    }
+
+    /// Adds (chunk index, checksum); false when the record's slots are all used.
+    pub fn push(&mut self, chunk: u64, sum: u64) -> bool {
+        let Some(slot) = self.sums.get_mut(usize::from(self.len)) else {
+            return false;
+        };
+        *slot = (chunk, sum);
+        self.len += 1;
+        true
+    }
+
+    /// (chunk index = file offset / 4096, checksum).
+    pub fn sums(&self) -> &[(u64, u64)] {
+        &self.sums[..usize::from(self.len)]
+    }
+
+    fn as_sums(&self) -> SumsRef<'_> {
+        SumsRef {
+            header: &self.header,
+            sums: self.sums(),
+            last: self.last,
+        }
+    }
+}
+
 /// A decoded ring record.
 #[derive(Debug, Clone)]
 pub enum RawEvent {
@@ -99,14 +187,14 @@ pub enum RawEvent {
     /// A piece of an argument's bytes, belonging to the last entry of the same vCPU.
     Data {
         vcpu: u32,
-        piece: ArgData,
+        piece: Piece,
         offset: u32,
     },
     /// A piece re-read at the call's return, for the call that entered at `entry_ts`.
     LateData {
         vcpu: u32,
         entry_ts: u64,
-        piece: ArgData,
+        piece: Piece,
         offset: u32,
     },
     Return(ReturnEvent),
@@ -116,7 +204,7 @@ pub enum RawEvent {
         vcpu: u32,
         entry_ts: u64,
         late: bool,
-        piece: SumsPiece,
+        piece: Sums,
     },
 }
 
@@ -225,6 +313,8 @@ struct Merger {
     observers: Vec<Box<dyn SyscallObserver>>,
     /// Calls the tracker just completed, on their way to the observers (kept to reuse).
     done: Vec<Completed>,
+    /// Buffers of delivered calls, reused by the next ones.
+    spare: Spare,
 }
 
 impl Merger {
@@ -237,6 +327,7 @@ impl Merger {
             open: Vec::new(),
             observers,
             done: Vec::new(),
+            spare: Spare::default(),
         }
     }
 
@@ -254,7 +345,7 @@ impl Merger {
     /// Take one ring record: data pieces join the entry being assembled on their vCPU (or
     /// are queued for the tracker), entries and returns close it.
     fn take_record(&mut self, r: &Record) {
-        let Some(ev) = crate::trace_records::convert(r) else {
+        let Some(ev) = crate::trace_records::convert(r, &mut self.spare) else {
             return;
         };
         let vcpu = ev.vcpu() as usize;
@@ -273,7 +364,9 @@ impl Merger {
             } => {
                 self.sum.data_pieces += 1;
                 match self.open[vcpu].as_mut() {
-                    Some(e) if e.ts_ns == entry_ts => append_piece(e, piece, offset),
+                    Some(e) if e.ts_ns == entry_ts => {
+                        append_piece_ref(e, piece.as_piece(), offset, &mut self.spare)
+                    }
                     // Queued after its entry (same timestamp, stable sort) or attached to
                     // the pending call in the tracker.
                     _ => self.queue.push(
@@ -293,7 +386,9 @@ impl Merger {
                 late,
                 piece,
             } => match self.open[vcpu].as_mut() {
-                Some(e) if !late || e.ts_ns == entry_ts => append_sums(e, piece),
+                Some(e) if !late || e.ts_ns == entry_ts => {
+                    append_sums_ref(e, piece.as_sums(), &mut self.spare)
+                }
                 _ if late => self.queue.push(
                     vcpu,
                     RawEvent::Sums {
@@ -308,7 +403,7 @@ impl Merger {
             RawEvent::Data { piece, offset, .. } => {
                 self.sum.data_pieces += 1;
                 match self.open[vcpu].as_mut() {
-                    Some(e) => append_piece(e, piece, offset),
+                    Some(e) => append_piece_ref(e, piece.as_piece(), offset, &mut self.spare),
                     None => self.sum.orphan_data += 1,
                 }
             }
@@ -433,14 +528,22 @@ impl Merger {
                 offset,
                 ..
             } => {
-                if !self.tracker.attach_late_data(entry_ts, piece, offset) {
+                let p = piece.as_piece();
+                if !self
+                    .tracker
+                    .attach_late_data_ref(entry_ts, p, offset, &mut self.spare)
+                {
                     self.sum.orphan_data += 1;
                 }
             }
             RawEvent::Sums {
                 entry_ts, piece, ..
             } => {
-                if !self.tracker.attach_late_sums(entry_ts, piece) {
+                let p = piece.as_sums();
+                if !self
+                    .tracker
+                    .attach_late_sums_ref(entry_ts, p, &mut self.spare)
+                {
                     self.sum.orphan_data += 1;
                 }
             }
@@ -454,6 +557,7 @@ impl Merger {
             for o in self.observers.iter_mut() {
                 o.on_complete(&c);
             }
+            self.spare.recycle(c.entry);
         }
     }
 
@@ -468,8 +572,6 @@ impl Merger {
         self.sum
     }
 }
-
-use vmsight_introspect::syscall::event::{append_piece, append_sums};
 
 /// The trace thread's processing without its ring and clock, for benchmarks
 /// (`examples/trace_throughput.rs`): batches of records go through exactly the steps
@@ -498,6 +600,8 @@ impl Replay {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use vmsight_introspect::syscall::event::append_piece;
+    use vmsight_introspect::syscall::ArgData;
 
     #[test]
     fn trace_targets_parse() {

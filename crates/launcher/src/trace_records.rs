@@ -6,18 +6,20 @@ use std::sync::{Arc, Mutex};
 
 use std::path::Path;
 
+use vmsight_introspect::syscall::event::Spare;
 use vmsight_introspect::syscall::{
-    ArgData, EntryEvent, IoSums, JsonSink, JsonWriter, PosSource, ReturnEvent, ReturnVia,
-    StraceWriter, SumsPiece, SyscallObserver,
+    EntryEvent, IoSums, JsonSink, JsonWriter, PosSource, ReturnEvent, ReturnVia, StraceWriter,
+    SyscallObserver,
 };
 
 use crate::process::ProcessObserver;
 use vmsight_ring::{kind, ChannelHost, MonitorFilters, Record};
 
-use crate::trace::{RawEvent, TraceConfig, TraceSession, TraceTarget};
+use crate::trace::{Piece, RawEvent, Sums, TraceConfig, TraceSession, TraceTarget};
 
-/// Decodes one ring record; `None` for kinds the trace does not use.
-pub fn convert(r: &Record) -> Option<RawEvent> {
+/// Decodes one ring record, with buffers from `spare`; `None` for kinds the trace does not
+/// use.
+pub fn convert(r: &Record, spare: &mut Spare) -> Option<RawEvent> {
     match r.kind {
         kind::SYSCALL_ENTRY => Some(RawEvent::Entry(EntryEvent {
             ts_ns: r.timestamp_ns,
@@ -27,11 +29,11 @@ pub fn convert(r: &Record) -> Option<RawEvent> {
             task: r.task(),
             tid: r.tid(),
             tgid: r.tgid(),
-            comm: r.comm_string(),
+            comm: spare.comm(vmsight_ring::control::comm_key(&r.comm())),
             nr: r.syscall_nr(),
             args: r.syscall_args(),
             sp: r.user_sp(),
-            data: Vec::new(),
+            data: spare.data(),
             io: None,
         })),
         kind::SYSCALL_RETURN => Some(RawEvent::Return(ReturnEvent {
@@ -49,12 +51,7 @@ pub fn convert(r: &Record) -> Option<RawEvent> {
             },
         })),
         kind::DATA => {
-            let piece = ArgData {
-                arg: r.data_arg(),
-                bytes: r.data_bytes(),
-                truncated: r.flags & vmsight_ring::flags::TRUNCATED != 0,
-                fault: r.flags & vmsight_ring::flags::FAULT != 0,
-            };
+            let piece = data_piece(r);
             Some(if r.flags & vmsight_ring::flags::LATE != 0 {
                 RawEvent::LateData {
                     vcpu: r.vcpu,
@@ -73,8 +70,8 @@ pub fn convert(r: &Record) -> Option<RawEvent> {
         kind::SUMS => {
             let h = r.sums_header();
             let f = r.flags;
-            let piece = SumsPiece {
-                header: IoSums {
+            let mut piece = Sums::new(
+                IoSums {
                     fd: h.fd,
                     read: h.read,
                     append: h.append,
@@ -93,9 +90,13 @@ pub fn convert(r: &Record) -> Option<RawEvent> {
                     fault: f & vmsight_ring::flags::FAULT != 0,
                     complete: false,
                 },
-                sums: r.sums_values(),
-                last: f & vmsight_ring::flags::FINAL != 0,
-            };
+                f & vmsight_ring::flags::FINAL != 0,
+            );
+            // As `Record::sums_values`, in place.
+            for k in (0..h.count).filter(|k| h.valid & (1 << k) != 0) {
+                let sum = r.payload[vmsight_ring::sums::SUMS + k];
+                piece.push(h.first.wrapping_add(k as u64), sum);
+            }
             Some(RawEvent::Sums {
                 vcpu: r.vcpu,
                 entry_ts: r.timestamp_ns,
@@ -105,6 +106,21 @@ pub fn convert(r: &Record) -> Option<RawEvent> {
         }
         _ => None,
     }
+}
+
+/// The bytes of a DATA record (as `Record::data_bytes`, in place).
+fn data_piece(r: &Record) -> Piece {
+    use vmsight_ring::data;
+    let mut raw = [0u8; data::CAPACITY];
+    for (b, w) in raw.chunks_exact_mut(8).zip(&r.payload[data::BYTES..]) {
+        b.copy_from_slice(&w.to_ne_bytes());
+    }
+    Piece::new(
+        r.data_arg(),
+        &raw[..r.data_len()],
+        r.flags & vmsight_ring::flags::TRUNCATED != 0,
+        r.flags & vmsight_ring::flags::FAULT != 0,
+    )
 }
 
 /// Tells the plugin what to monitor. For `@cmd`, nothing is monitored until the guest reports
@@ -171,4 +187,73 @@ pub fn start_session(
         observers.push(Box::new(JsonWriter::new(j, cfg.filter.clone())));
     }
     TraceSession::start(host, observers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vmsight_ring::{flags, SumsHeader};
+
+    #[test]
+    fn pieces_and_sums_decode_as_the_records_own_accessors() {
+        let mut spare = Spare::default();
+        let bytes: Vec<u8> = (0..200u8).collect();
+        for n in [0, 1, 7, 8, 87, 88, 200] {
+            let r = Record::data(1, 5, 0, 0, 2, 88, &bytes[..n], flags::FAULT);
+            let Some(RawEvent::Data { piece, offset, .. }) = convert(&r, &mut spare) else {
+                panic!("not a data piece");
+            };
+            assert_eq!(piece.bytes(), r.data_bytes());
+            assert_eq!(
+                (piece.arg, offset, piece.fault, piece.truncated),
+                (2, 88, true, false)
+            );
+        }
+        let h = SumsHeader {
+            fd: 4,
+            first: 10,
+            valid: 0b101101,
+            ..SumsHeader::default()
+        };
+        for count in 0..=6 {
+            let vals = [11, 12, 13, 14, 15, 16];
+            let r = Record::sums(0, 5, 0, 0, &SumsHeader { count, ..h }, &vals, flags::LATE);
+            let Some(RawEvent::Sums { piece, late, .. }) = convert(&r, &mut spare) else {
+                panic!("not sums");
+            };
+            assert_eq!(piece.sums(), r.sums_values());
+            assert!(late && !piece.last);
+        }
+    }
+
+    #[test]
+    fn a_recycled_entry_leaves_nothing_in_the_next() {
+        let mut spare = Spare::default();
+        let mut r = Record::syscall_entry(0, 1, 0, 0x1000, 257, [0; 6], 0);
+        r.set_task(1, 2, 3, Some(b"longer-name\0\0\0\0\0"));
+        let Some(RawEvent::Entry(mut e)) = convert(&r, &mut spare) else {
+            panic!("not an entry");
+        };
+        let d = Record::data(0, 1, 0, 0, 1, 0, b"/etc/passwd", flags::FINAL);
+        let Some(RawEvent::Data { piece, offset, .. }) = convert(&d, &mut spare) else {
+            panic!("not a data piece");
+        };
+        vmsight_introspect::syscall::event::append_piece_ref(
+            &mut e,
+            piece.as_piece(),
+            offset,
+            &mut spare,
+        );
+        assert_eq!(
+            e.arg_data(1).map(|d| &d.bytes[..]),
+            Some(&b"/etc/passwd"[..])
+        );
+        spare.recycle(e);
+        r.set_task(1, 2, 3, Some(b"sh\0\0\0\0\0\0\0\0\0\0\0\0\0\0"));
+        let Some(RawEvent::Entry(e)) = convert(&r, &mut spare) else {
+            panic!("not an entry");
+        };
+        assert_eq!((e.comm.as_str(), e.data.len()), ("sh", 0));
+        assert!(e.data.capacity() > 0, "the argument list is reused");
+    }
 }

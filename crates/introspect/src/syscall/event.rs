@@ -141,18 +141,132 @@ pub struct SumsPiece {
     pub last: bool,
 }
 
+/// A SUMS record borrowed from where it was decoded (see [`SumsPiece`]).
+#[derive(Debug, Clone, Copy)]
+pub struct SumsRef<'a> {
+    pub header: &'a IoSums,
+    /// (chunk index = file offset / 4096, checksum).
+    pub sums: &'a [(u64, u64)],
+    /// Last record of the call.
+    pub last: bool,
+}
+
+impl SumsPiece {
+    /// The piece, borrowed.
+    pub fn as_ref(&self) -> SumsRef<'_> {
+        SumsRef {
+            header: &self.header,
+            sums: &self.sums,
+            last: self.last,
+        }
+    }
+}
+
+/// A piece of argument bytes borrowed from the record it was decoded from (see [`ArgData`]).
+#[derive(Debug, Clone, Copy)]
+pub struct PieceRef<'a> {
+    pub arg: u8,
+    pub bytes: &'a [u8],
+    pub truncated: bool,
+    pub fault: bool,
+}
+
+impl ArgData {
+    /// The bytes as a piece, borrowed.
+    pub fn as_piece(&self) -> PieceRef<'_> {
+        PieceRef {
+            arg: self.arg,
+            bytes: &self.bytes,
+            truncated: self.truncated,
+            fault: self.fault,
+        }
+    }
+}
+
+/// Buffers of finished calls, for the next calls to reuse: the trace thread recycles every
+/// completed entry here and builds new entries from it, so assembling a call allocates
+/// little once the buffers have grown.
+#[derive(Debug, Default)]
+pub struct Spare {
+    bytes: Vec<Vec<u8>>,
+    data: Vec<Vec<ArgData>>,
+    chunks: Vec<Vec<ChunkSum>>,
+    comms: Vec<String>,
+}
+
+/// Most buffers of each kind kept.
+const MAX_SPARE: usize = 64;
+/// Largest argument buffer kept (a path, a partial chunk), in bytes.
+const MAX_SPARE_BYTES: usize = 8192;
+
+impl Spare {
+    /// Keeps the buffers of an entry no one needs any more.
+    pub fn recycle(&mut self, mut e: EntryEvent) {
+        for d in e.data.drain(..) {
+            if d.bytes.capacity() <= MAX_SPARE_BYTES {
+                keep(&mut self.bytes, d.bytes);
+            }
+        }
+        keep(&mut self.data, e.data);
+        if self.comms.len() < MAX_SPARE && e.comm.capacity() > 0 {
+            e.comm.clear();
+            self.comms.push(e.comm);
+        }
+        if let Some(io) = e.io {
+            keep(&mut self.chunks, io.chunks);
+        }
+    }
+
+    /// An empty argument list.
+    pub fn data(&mut self) -> Vec<ArgData> {
+        self.data.pop().unwrap_or_default()
+    }
+
+    /// `s`, lossily decoded as UTF-8, in an owned string.
+    pub fn comm(&mut self, s: &[u8]) -> String {
+        let mut c = self.comms.pop().unwrap_or_default();
+        c.push_str(&String::from_utf8_lossy(s));
+        c
+    }
+
+    /// `b` in an owned buffer.
+    fn bytes(&mut self, b: &[u8]) -> Vec<u8> {
+        let mut v = self.bytes.pop().unwrap_or_default();
+        v.extend_from_slice(b);
+        v
+    }
+
+    /// An empty chunk list.
+    fn chunks(&mut self) -> Vec<ChunkSum> {
+        self.chunks.pop().unwrap_or_default()
+    }
+}
+
+/// Keeps `v`, emptied, in `list` if it holds memory and `list` has room.
+fn keep<T>(list: &mut Vec<Vec<T>>, mut v: Vec<T>) {
+    if list.len() < MAX_SPARE && v.capacity() > 0 {
+        v.clear();
+        list.push(v);
+    }
+}
+
 /// Adds a SUMS record to an entry: the first creates [`EntryEvent::io`], later ones append
 /// their chunks. A record that does not belong (another fd or direction) is ignored.
 pub fn append_sums(e: &mut EntryEvent, p: SumsPiece) {
+    append_sums_ref(e, p.as_ref(), &mut Spare::default());
+}
+
+/// [`append_sums`] of a borrowed record, with buffers from `spare`.
+pub fn append_sums_ref(e: &mut EntryEvent, p: SumsRef<'_>, spare: &mut Spare) {
     const MAX_CHUNKS: usize = 1 << 16;
     let io = e.io.get_or_insert_with(|| IoSums {
-        chunks: Vec::new(),
+        chunks: spare.chunks(),
         ..p.header.clone()
     });
     if io.fd != p.header.fd || io.read != p.header.read {
         return;
     }
-    for (idx, sum) in p.sums {
+    for &(idx, sum) in p.sums {
         if io.chunks.len() < MAX_CHUNKS {
             io.chunks.push(ChunkSum {
                 offset: idx.saturating_mul(4096),
@@ -168,27 +282,90 @@ pub fn append_sums(e: &mut EntryEvent, p: SumsPiece) {
 /// Adds a piece of argument bytes to an entry, in order; a piece that does not continue the
 /// bytes so far (a lost piece before it) marks the argument truncated instead.
 pub fn append_piece(e: &mut EntryEvent, piece: ArgData, offset: u32) {
+    append_piece_ref(e, piece.as_piece(), offset, &mut Spare::default());
+}
+
+/// [`append_piece`] of a borrowed piece, with buffers from `spare`.
+pub fn append_piece_ref(e: &mut EntryEvent, piece: PieceRef<'_>, offset: u32, spare: &mut Spare) {
     const MAX_ARG_BYTES: usize = 64 * 1024;
     match e.data.iter_mut().find(|d| d.arg == piece.arg) {
         // A late re-read replaces a capture that faulted with nothing in it.
-        Some(d) if d.fault && d.bytes.is_empty() && offset == 0 => *d = piece,
+        Some(d) if d.fault && d.bytes.is_empty() && offset == 0 => {
+            d.bytes.extend_from_slice(piece.bytes);
+            d.truncated = piece.truncated;
+            d.fault = piece.fault;
+        }
         Some(d) => {
             if d.bytes.len() == offset as usize
                 && d.bytes.len() + piece.bytes.len() <= MAX_ARG_BYTES
             {
-                d.bytes.extend_from_slice(&piece.bytes);
+                d.bytes.extend_from_slice(piece.bytes);
                 d.truncated = piece.truncated;
                 d.fault = piece.fault;
             } else {
                 d.truncated = true;
             }
         }
-        None if offset == 0 => e.data.push(piece),
+        None if offset == 0 => e.data.push(ArgData {
+            arg: piece.arg,
+            bytes: spare.bytes(piece.bytes),
+            truncated: piece.truncated,
+            fault: piece.fault,
+        }),
         None => e.data.push(ArgData {
             arg: piece.arg,
             bytes: Vec::new(),
             truncated: true,
             fault: piece.fault,
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn piece(bytes: &[u8], fault: bool) -> ArgData {
+        ArgData {
+            arg: 1,
+            bytes: bytes.to_vec(),
+            truncated: false,
+            fault,
+        }
+    }
+
+    #[test]
+    fn a_late_re_read_replaces_an_empty_faulted_capture() {
+        let mut e = EntryEvent::default();
+        append_piece(&mut e, piece(b"", true), 0);
+        append_piece(&mut e, piece(b"/tmp/x", false), 0);
+        assert_eq!(e.data, vec![piece(b"/tmp/x", false)]);
+    }
+
+    #[test]
+    fn recycled_buffers_come_back_empty() {
+        let mut spare = Spare::default();
+        let mut e = EntryEvent {
+            comm: spare.comm(b"tar"),
+            data: spare.data(),
+            ..EntryEvent::default()
+        };
+        append_piece_ref(&mut e, piece(b"abc", false).as_piece(), 0, &mut spare);
+        let sums = SumsPiece {
+            sums: vec![(1, 7)],
+            ..SumsPiece::default()
+        };
+        append_sums_ref(&mut e, sums.as_ref(), &mut spare);
+        spare.recycle(e);
+        let mut e = EntryEvent {
+            comm: spare.comm(b"sh"),
+            data: spare.data(),
+            ..EntryEvent::default()
+        };
+        assert_eq!((e.comm.as_str(), e.data.len()), ("sh", 0));
+        append_piece_ref(&mut e, piece(b"de", false).as_piece(), 0, &mut spare);
+        append_sums_ref(&mut e, SumsPiece::default().as_ref(), &mut spare);
+        assert_eq!(e.data, vec![piece(b"de", false)]);
+        assert_eq!(e.io.map(|io| io.chunks.len()), Some(0));
     }
 }

@@ -22,7 +22,10 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use super::event::{EntryEvent, ReturnEvent};
+use super::event::{
+    append_piece_ref, append_sums_ref, ArgData, EntryEvent, PieceRef, ReturnEvent, Spare,
+    SumsPiece, SumsRef,
+};
 use super::nr;
 
 /// How a syscall ended.
@@ -340,31 +343,47 @@ impl Tracker {
     /// Attaches argument bytes captured after the entry (the plugin re-reads a string whose
     /// page was not present at entry once the kernel has faulted it in) to the pending call
     /// that entered at `entry_ts`. Returns false when no such call is pending.
-    /// Attaches checksums computed at a call's return (reads) to the pending call that
-    /// entered at `entry_ts`; false if no such call is pending.
-    pub fn attach_late_sums(&mut self, entry_ts: u64, piece: super::event::SumsPiece) -> bool {
-        for stack in self.pending.values_mut() {
-            if let Some(p) = stack.iter_mut().find(|p| p.e.ts_ns == entry_ts) {
-                super::event::append_sums(&mut p.e, piece);
-                return true;
-            }
-        }
-        false
+    pub fn attach_late_data(&mut self, entry_ts: u64, piece: ArgData, offset: u32) -> bool {
+        self.attach_late_data_ref(entry_ts, piece.as_piece(), offset, &mut Spare::default())
     }
 
-    pub fn attach_late_data(
+    /// [`Tracker::attach_late_data`] of a borrowed piece, with buffers from `spare`.
+    pub fn attach_late_data_ref(
         &mut self,
         entry_ts: u64,
-        piece: super::event::ArgData,
+        piece: PieceRef<'_>,
         offset: u32,
+        spare: &mut Spare,
     ) -> bool {
-        for stack in self.pending.values_mut() {
-            if let Some(p) = stack.iter_mut().find(|p| p.e.ts_ns == entry_ts) {
-                super::event::append_piece(&mut p.e, piece, offset);
-                return true;
-            }
-        }
-        false
+        self.pending_at(entry_ts)
+            .map(|e| append_piece_ref(e, piece, offset, spare))
+            .is_some()
+    }
+
+    /// Attaches checksums computed at a call's return (reads) to the pending call that
+    /// entered at `entry_ts`; false if no such call is pending.
+    pub fn attach_late_sums(&mut self, entry_ts: u64, piece: SumsPiece) -> bool {
+        self.attach_late_sums_ref(entry_ts, piece.as_ref(), &mut Spare::default())
+    }
+
+    /// [`Tracker::attach_late_sums`] of a borrowed record, with buffers from `spare`.
+    pub fn attach_late_sums_ref(
+        &mut self,
+        entry_ts: u64,
+        piece: SumsRef<'_>,
+        spare: &mut Spare,
+    ) -> bool {
+        self.pending_at(entry_ts)
+            .map(|e| append_sums_ref(e, piece, spare))
+            .is_some()
+    }
+
+    /// The pending call that entered at `entry_ts`.
+    fn pending_at(&mut self, entry_ts: u64) -> Option<&mut EntryEvent> {
+        self.pending
+            .values_mut()
+            .find_map(|stack| stack.iter_mut().find(|p| p.e.ts_ns == entry_ts))
+            .map(|p| &mut p.e)
     }
 }
 

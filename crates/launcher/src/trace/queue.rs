@@ -77,7 +77,7 @@ impl Queue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vmsight_introspect::syscall::{EntryEvent, ReturnEvent, ReturnVia, SumsPiece};
+    use vmsight_introspect::syscall::{EntryEvent, ReturnEvent, ReturnVia};
 
     fn entry(vcpu: u32, ts: u64) -> RawEvent {
         RawEvent::Entry(EntryEvent {
@@ -106,7 +106,7 @@ mod tests {
             vcpu,
             entry_ts,
             late: true,
-            piece: SumsPiece::default(),
+            piece: crate::trace::Sums::default(),
         }
     }
 
