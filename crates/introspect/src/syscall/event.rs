@@ -194,10 +194,14 @@ pub struct Spare {
     comms: Vec<String>,
 }
 
-/// Most buffers of each kind kept.
-const MAX_SPARE: usize = 64;
+/// Most buffers of each kind kept: enough for the calls the trace thread completes after one
+/// drain of the rings (a few hundred at a high syscall rate), so the next drain's entries find
+/// theirs. Argument buffers are at most [`MAX_SPARE_BYTES`]: a few MiB at worst.
+const MAX_SPARE: usize = 1024;
 /// Largest argument buffer kept (a path, a partial chunk), in bytes.
 const MAX_SPARE_BYTES: usize = 8192;
+/// Largest chunk list kept (a 1 MiB buffer's), in chunks.
+const MAX_SPARE_CHUNKS: usize = 256;
 
 impl Spare {
     /// Keeps the buffers of an entry no one needs any more.
@@ -212,7 +216,7 @@ impl Spare {
             e.comm.clear();
             self.comms.push(e.comm);
         }
-        if let Some(io) = e.io {
+        if let Some(io) = e.io.filter(|io| io.chunks.capacity() <= MAX_SPARE_CHUNKS) {
             keep(&mut self.chunks, io.chunks);
         }
     }
