@@ -265,7 +265,10 @@ impl Tracker {
             _ => None,
         };
         let after_sigreturn = sigreturn.is_some();
-        // Calls this return completes, innermost first.
+        // Calls this return completes are reported outermost first: each interrupted call
+        // precedes its handler's calls (held in it). The outer sigreturns it completes, found
+        // innermost first, wait here; the call it stops at (outermost) goes first.
+        let start = out.len();
         let mut resolved = std::mem::take(&mut self.resolved);
         while let Some(top) = stack.last_mut() {
             if after_sigreturn && top.e.nr == nr::RT_SIGRETURN && top.interrupted.is_some() {
@@ -302,13 +305,11 @@ impl Tracker {
             };
             if let Some(o) = outcome {
                 if let Some(p) = stack.pop() {
-                    resolved.push((p, o));
+                    self.resolve(p, o, r, out);
                 }
             }
             break;
         }
-        // Outermost first: each interrupted call precedes its handler's calls (held in it).
-        let start = out.len();
         for (p, o) in resolved.drain(..).rev() {
             self.resolve(p, o, r, out);
         }
