@@ -125,6 +125,14 @@ impl Piece {
         &self.raw[..usize::from(self.len)]
     }
 
+    /// Takes the first `len` bytes (at most the capacity) of the record payload `words`.
+    pub(crate) fn fill(&mut self, words: &[u64], len: usize) {
+        for (b, w) in self.raw.chunks_exact_mut(8).zip(words) {
+            b.copy_from_slice(&w.to_ne_bytes());
+        }
+        self.len = len.min(self.raw.len()) as u8;
+    }
+
     pub(crate) fn as_piece(&self) -> PieceRef<'_> {
         PieceRef {
             arg: self.arg,

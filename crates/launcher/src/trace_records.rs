@@ -110,17 +110,14 @@ pub fn convert(r: &Record, spare: &mut Spare) -> Option<RawEvent> {
 
 /// The bytes of a DATA record (as `Record::data_bytes`, in place).
 fn data_piece(r: &Record) -> Piece {
-    use vmsight_ring::data;
-    let mut raw = [0u8; data::CAPACITY];
-    for (b, w) in raw.chunks_exact_mut(8).zip(&r.payload[data::BYTES..]) {
-        b.copy_from_slice(&w.to_ne_bytes());
-    }
-    Piece::new(
+    let mut p = Piece::new(
         r.data_arg(),
-        &raw[..r.data_len()],
+        &[],
         r.flags & vmsight_ring::flags::TRUNCATED != 0,
         r.flags & vmsight_ring::flags::FAULT != 0,
-    )
+    );
+    p.fill(&r.payload[vmsight_ring::data::BYTES..], r.data_len());
+    p
 }
 
 /// Tells the plugin what to monitor. For `@cmd`, nothing is monitored until the guest reports
