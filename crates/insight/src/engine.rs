@@ -297,6 +297,8 @@ pub struct Engine {
     /// Recent-I/O cache: last known contents of file chunks (Sky §3.4.4).
     chunks: HashMap<(u64, u64), Box<[u8]>>,
     chunk_order: VecDeque<(u64, u64)>,
+    /// The buffer of the chunk the cache evicted last, reused for the next one it caches.
+    spare_chunk: Option<Box<[u8]>>,
     /// Pending block reads by position: (disk, offset, pending id).
     pending_reads: BTreeSet<(u32, u64, u64)>,
     /// Longest pending block read (bounds the position queries).
@@ -369,6 +371,7 @@ impl Engine {
             next_pending: 0,
             chunks: HashMap::new(),
             chunk_order: VecDeque::new(),
+            spare_chunk: None,
             pending_reads: BTreeSet::new(),
             pending_read_max: 0,
             copies: copy::Copies::default(),
@@ -535,24 +538,52 @@ impl Engine {
         let old_size = io.i_size;
         let needs_old = (off > start && start < old_size)
             || (off + (bytes.len() as u64) < (start + CHUNK).min(old_size));
-        let mut buf: Box<[u8]> = match self.chunks.get(&(io.inode, idx)) {
-            Some(b) => b.clone(),
-            None if !needs_old => vec![0u8; CHUNK as usize].into_boxed_slice(),
-            None => {
-                self.counters.partial_unknown += 1;
-                return;
-            }
-        };
-        buf[within..within + bytes.len()].copy_from_slice(bytes);
+        let key = (io.inode, idx);
+        let cached = self.chunks.contains_key(&key);
+        if !cached && needs_old {
+            self.counters.partial_unknown += 1;
+            return;
+        }
         // The page beyond end of file is zero on disk.
         let valid = eof.saturating_sub(start).min(CHUNK) as usize;
-        buf[valid..].fill(0);
-        let sum = chunk_sum(&buf);
-        self.cache_chunk(io.inode, idx, buf);
+        let sum = match self.chunks.get_mut(&key) {
+            Some(buf) => patch_chunk(buf, within, bytes, valid),
+            None => {
+                let mut buf = self.spare_chunk();
+                buf.fill(0);
+                let sum = patch_chunk(&mut buf, within, bytes, valid);
+                self.cache_chunk(io.inode, idx, buf);
+                sum
+            }
+        };
         self.counters.partial_completed += 1;
         let mut m = base.clone();
         m.offset = start;
         self.index_write(sum, m);
+    }
+
+    /// A 4 KiB buffer for a new cached chunk: the last one the cache evicted, or a new one
+    /// (contents unspecified).
+    fn spare_chunk(&mut self) -> Box<[u8]> {
+        self.spare_chunk
+            .take()
+            .unwrap_or_else(|| vec![0u8; CHUNK as usize].into_boxed_slice())
+    }
+
+    /// Caches `bytes` (one whole chunk) as the contents of chunk `idx` of `inode`.
+    fn cache_chunk_bytes(&mut self, inode: u64, idx: u64, bytes: &[u8]) {
+        match self.chunks.get_mut(&(inode, idx)) {
+            Some(b) if b.len() == bytes.len() => b.copy_from_slice(bytes),
+            _ => {
+                let mut buf = self.spare_chunk();
+                if buf.len() == bytes.len() {
+                    buf.copy_from_slice(bytes);
+                } else {
+                    buf = bytes.into();
+                }
+                self.cache_chunk(inode, idx, buf);
+            }
+        }
     }
 
     fn cache_chunk(&mut self, inode: u64, idx: u64, bytes: Box<[u8]>) {
@@ -560,7 +591,8 @@ impl Engine {
             self.chunk_order.push_back((inode, idx));
             while self.chunk_order.len() > self.cfg.max_cached_chunks {
                 if let Some(k) = self.chunk_order.pop_front() {
-                    self.chunks.remove(&k);
+                    // Kept for the next new chunk (saves an allocation and a free).
+                    self.spare_chunk = self.chunks.remove(&k);
                 }
             }
         }
@@ -1192,7 +1224,7 @@ impl Engine {
             if let Some(m) = m.as_ref().filter(|m| !m.unknown) {
                 // The block now holds these bytes: they complete later partial writes.
                 if m.inode != 0 {
-                    self.cache_chunk(m.inode, m.offset / CHUNK, c.to_vec().into_boxed_slice());
+                    self.cache_chunk_bytes(m.inode, m.offset / CHUNK, c);
                 }
                 self.remember_known(sum, m.clone());
             }
@@ -1713,6 +1745,14 @@ impl SyscallObserver for InsightEngine {
     fn finish(&mut self) {
         self.lock().flush();
     }
+}
+
+/// Writes `bytes` into chunk `buf` at `within`, zeroes it from `valid` on (beyond end of file)
+/// and returns its checksum.
+fn patch_chunk(buf: &mut [u8], within: usize, bytes: &[u8], valid: usize) -> u64 {
+    buf[within..within + bytes.len()].copy_from_slice(bytes);
+    buf[valid..].fill(0);
+    chunk_sum(buf)
 }
 
 /// Whether two single-chunk insights belong to the same logged run.
