@@ -471,11 +471,11 @@ impl Engine {
 
     /// Indexes the chunks of a write at its entry (Sky §3.4.1: the buffer may change right
     /// after the call, so the plugin summed it at entry).
-    fn on_write_entry(&mut self, e: &EntryEvent, io: &IoSums) {
-        let now = self.now();
+    /// `now`: when the observer got the entry (its clock read, shared with `expire`).
+    fn on_write_entry(&mut self, e: &EntryEvent, io: &IoSums, now: u64) {
         let pid = e.tgid;
-        let fd = self.proc_mut(pid, Some(&e.comm)).fds.get(&io.fd).cloned();
-        let path = fd.as_ref().and_then(|f| f.path.clone());
+        let fd = self.proc_mut(pid, Some(&e.comm)).fds.get(&io.fd);
+        let path = fd.and_then(|f| f.path.clone());
         if !self.cfg.paths.is_empty() && !path.as_deref().is_some_and(|p| self.cfg.selects(p)) {
             return;
         }
@@ -862,11 +862,10 @@ impl Engine {
 
     /// A read returned: its chunks classify the block reads seen in the window (Sky §3.4.1)
     /// and feed copy detection.
-    fn on_read_complete(&mut self, e: &EntryEvent, io: &IoSums) {
-        let now = self.now();
+    fn on_read_complete(&mut self, e: &EntryEvent, io: &IoSums, now: u64) {
         let pid = e.tgid;
-        let fd = self.proc_mut(pid, Some(&e.comm)).fds.get(&io.fd).cloned();
-        let path = fd.as_ref().and_then(|f| f.path.clone());
+        let fd = self.proc_mut(pid, Some(&e.comm)).fds.get(&io.fd);
+        let path = fd.and_then(|f| f.path.clone());
         if !self.cfg.paths.is_empty() && !path.as_deref().is_some_and(|p| self.cfg.selects(p)) {
             return;
         }
@@ -891,7 +890,10 @@ impl Engine {
             m.offset = c.offset;
             self.match_pending(c.sum, &m, false);
             self.remember_known(c.sum, m);
-            self.proc_mut(pid, None).note_read(c.sum);
+            // The process is there: `proc_mut` above added it, and nothing since removes one.
+            if let Some(p) = self.procs.get_mut(&pid) {
+                p.note_read(c.sum);
+            }
         }
     }
 
@@ -943,19 +945,20 @@ impl Engine {
     /// A completed call: fd tables and file sizes, copies without a user buffer, mounts.
     /// Returns what must be done outside the lock (resolving a copy's blocks, telling the
     /// resolver about a mount).
-    fn on_complete(&mut self, c: &Completed) -> Option<copy::Followup> {
+    /// `now`: when the observer got the call (its clock read, shared with `expire`).
+    fn on_complete(&mut self, c: &Completed, now: u64) -> Option<copy::Followup> {
         match c.entry.nr {
             copy::COPY_FILE_RANGE | copy::SENDFILE | copy::SPLICE => self.on_copy_complete(c),
             copy::MOUNT | copy::UMOUNT2 => self.on_mount(c),
             _ => {
-                self.update_tables(c);
+                self.update_tables(c, now);
                 None
             }
         }
     }
 
     /// Updates fd tables and file sizes from a completed call.
-    fn update_tables(&mut self, c: &Completed) {
+    fn update_tables(&mut self, c: &Completed, now: u64) {
         let e = &c.entry;
         let pid = e.tgid;
         let a = e.args;
@@ -975,7 +978,7 @@ impl Engine {
             292 if ok => self.fd_copy(pid, a[0], a[1], a[2] & O_CLOEXEC != 0),
             72 if ok => self.on_fcntl(pid, a, ret),
             nr if ok && (nr == 8 || io_call(nr, &a).is_some()) => {
-                self.on_io(e, ret.unwrap_or(0) as u64)
+                self.on_io(e, ret.unwrap_or(0) as u64, now)
             }
             77 if ok => self.on_ftruncate(pid, a[0], a[1]),
             76 if ok => {
@@ -1083,7 +1086,7 @@ impl Engine {
 
     /// A successful read or write (plain, positional or vectored: [`io_call`]) or lseek that
     /// returned `n`: the fd's offset and inode, the file's size, and read classification.
-    fn on_io(&mut self, e: &EntryEvent, n: u64) {
+    fn on_io(&mut self, e: &EntryEvent, n: u64, now: u64) {
         let pid = e.tgid;
         let a = e.args;
         let io = e.io.as_ref();
@@ -1120,7 +1123,7 @@ impl Engine {
             self.set_size(p.as_ref(), s);
         }
         if let Some(io) = io.filter(|io| io.read) {
-            self.on_read_complete(e, io);
+            self.on_read_complete(e, io, now);
         }
     }
 
@@ -1705,7 +1708,7 @@ impl SyscallObserver for InsightEngine {
             // Requests whose grace ended before this event must not match it.
             let now = g.now();
             g.expire(now);
-            g.on_write_entry(e, io);
+            g.on_write_entry(e, io, now);
         } else if copy::is_copy(e.nr) {
             // Registered at entry: the source's block reads happen during the call.
             let req = {
@@ -1730,7 +1733,7 @@ impl SyscallObserver for InsightEngine {
             g.learn(answers);
             let now = g.now();
             g.expire(now);
-            g.on_complete(c)
+            g.on_complete(c, now)
         };
         match follow {
             Some(copy::Followup::Copy(req)) => self.begin_copy(req),
