@@ -602,7 +602,9 @@ def main():
                             # Every run starts from the installed datadir (sparse copy).
                             subprocess.run(["cp", "--sparse=always", template, img], check=True)
                         else:
-                            ext4(img, 4096)
+                            # Room for the tree's inodes (and twice its data) at any --files.
+                            ext4(img, max(4096, 2 * os.path.getsize(tar) >> 20 if wl == "find" else 0),
+                                 inodes=max(262144, a.files * 5 // 4 + 10000) if wl == "find" else None)
                         if wl == "find":
                             r = run(config, model, a.cache_mib, [img, tar + ",ro"], FIND_SCRIPT)
                         elif wl == "sqlite":
