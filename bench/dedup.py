@@ -41,7 +41,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VMSIGHT = os.path.join(ROOT, "target", "release", "vmsight")
 sys.path.insert(0, os.path.join(ROOT, "bench", "lib"))
 import results as bench_results  # noqa: E402
-VOL_MIB = 256
+VOL_MIB = 256  # the volume and file system size; main() raises it for --mib above 32
 
 
 def sh(args, **kw):
@@ -194,6 +194,9 @@ def main():
     ap.add_argument("--json")
     bench_results.add_out_option(ap, "dedup")
     a = ap.parse_args()
+    global VOL_MIB
+    # The input and its copy (or its .gpg) side by side, plus ext4's journal and tables.
+    VOL_MIB = max(VOL_MIB, 2 * a.mib + 192)
     systems = a.systems.split(",")
     results = []
     rec = bench_results.Recorder(
