@@ -38,7 +38,7 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-VMSIGHT = os.path.join(ROOT, "target", "release", "vmsight")
+VMSIGHT = os.environ.get("VMSIGHT", os.path.join(ROOT, "target", "release", "vmsight"))
 sys.path.insert(0, os.path.join(ROOT, "bench", "lib"))
 import results as bench_results  # noqa: E402
 VOL_MIB = 256  # the volume and file system size; main() raises it for --mib above 32
