@@ -607,6 +607,12 @@ def main():
                                  inodes=max(262144, a.files * 5 // 4 + 10000) if wl == "find" else None)
                         if wl == "find":
                             r = run(config, model, a.cache_mib, [img, tar + ",ro"], FIND_SCRIPT)
+                            # The guest's own count of the unpacked files: all of them, or the run is void.
+                            n = [int(w[1]) for w in map(str.split, r["stdout"].splitlines())
+                                 if len(w) == 2 and w[0] == "files" and w[1].isdigit()]
+                            if n != [a.files]:
+                                sys.exit(f"{config}/{model}: the guest found {n} files, not {a.files}")
+                            extra = dict(guest_files=n[0])
                         elif wl == "sqlite":
                             r = run(config, model, a.cache_mib, [img], sqlite_script(a.rows))
                         else:
