@@ -125,12 +125,16 @@ impl Piece {
         &self.raw[..usize::from(self.len)]
     }
 
-    /// Takes the first `len` bytes (at most the capacity) of the record payload `words`.
-    pub(crate) fn fill(&mut self, words: &[u64], len: usize) {
-        for (b, w) in self.raw.chunks_exact_mut(8).zip(words) {
-            b.copy_from_slice(&w.to_ne_bytes());
+    /// The bytes and flags of a DATA record, in place.
+    pub(crate) fn from_record(r: &vmsight_ring::Record) -> Self {
+        let (raw, len) = r.data_raw();
+        Piece {
+            arg: r.data_arg(),
+            len: len as u8,
+            raw,
+            truncated: r.flags & vmsight_ring::flags::TRUNCATED != 0,
+            fault: r.flags & vmsight_ring::flags::FAULT != 0,
         }
-        self.len = len.min(self.raw.len()) as u8;
     }
 
     pub(crate) fn as_piece(&self) -> PieceRef<'_> {

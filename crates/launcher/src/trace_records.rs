@@ -51,7 +51,7 @@ pub fn convert(r: &Record, spare: &mut Spare) -> Option<RawEvent> {
             },
         })),
         kind::DATA => {
-            let piece = data_piece(r);
+            let piece = Piece::from_record(r);
             Some(if r.flags & vmsight_ring::flags::LATE != 0 {
                 RawEvent::LateData {
                     vcpu: r.vcpu,
@@ -92,10 +92,8 @@ pub fn convert(r: &Record, spare: &mut Spare) -> Option<RawEvent> {
                 },
                 f & vmsight_ring::flags::FINAL != 0,
             );
-            // As `Record::sums_values`, in place.
-            for k in (0..h.count).filter(|k| h.valid & (1 << k) != 0) {
-                let sum = r.payload[vmsight_ring::sums::SUMS + k];
-                piece.push(h.first.wrapping_add(k as u64), sum);
+            for (chunk, sum) in r.sums_iter() {
+                piece.push(chunk, sum);
             }
             Some(RawEvent::Sums {
                 vcpu: r.vcpu,
@@ -106,18 +104,6 @@ pub fn convert(r: &Record, spare: &mut Spare) -> Option<RawEvent> {
         }
         _ => None,
     }
-}
-
-/// The bytes of a DATA record (as `Record::data_bytes`, in place).
-fn data_piece(r: &Record) -> Piece {
-    let mut p = Piece::new(
-        r.data_arg(),
-        &[],
-        r.flags & vmsight_ring::flags::TRUNCATED != 0,
-        r.flags & vmsight_ring::flags::FAULT != 0,
-    );
-    p.fill(&r.payload[vmsight_ring::data::BYTES..], r.data_len());
-    p
 }
 
 /// Tells the plugin what to monitor. For `@cmd`, nothing is monitored until the guest reports

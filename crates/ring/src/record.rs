@@ -378,11 +378,15 @@ impl Record {
 
     /// The valid checksums of a [`kind::SUMS`] record as (chunk index, checksum).
     pub fn sums_values(&self) -> Vec<(u64, u64)> {
+        self.sums_iter().collect()
+    }
+
+    /// The (chunk index, checksum) pairs of a SUMS record, in order, without allocating.
+    pub fn sums_iter(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         let h = self.sums_header();
         (0..h.count)
-            .filter(|k| h.valid & (1 << k) != 0)
-            .map(|k| (h.first.wrapping_add(k as u64), self.payload[sums::SUMS + k]))
-            .collect()
+            .filter(move |k| h.valid & (1 << k) != 0)
+            .map(move |k| (h.first.wrapping_add(k as u64), self.payload[sums::SUMS + k]))
     }
 
     /// Stores the task identity of an entry or return record.
@@ -544,12 +548,18 @@ impl Record {
 
     /// Appends the bytes of a DATA piece to `out`.
     pub fn append_data(&self, out: &mut Vec<u8>) {
-        let n = self.data_len();
-        let mut raw = [0u8; data::CAPACITY];
-        for (i, w) in self.payload[data::BYTES..].iter().enumerate() {
-            raw[i * 8..i * 8 + 8].copy_from_slice(&w.to_ne_bytes());
-        }
+        let (raw, n) = self.data_raw();
         out.extend_from_slice(&raw[..n]);
+    }
+
+    /// The payload bytes of a DATA piece and how many of them are used (`data_len`), without
+    /// allocating.
+    pub fn data_raw(&self) -> ([u8; data::CAPACITY], usize) {
+        let mut raw = [0u8; data::CAPACITY];
+        for (b, w) in raw.chunks_exact_mut(8).zip(&self.payload[data::BYTES..]) {
+            b.copy_from_slice(&w.to_ne_bytes());
+        }
+        (raw, self.data_len())
     }
 
     /// The bytes of a DATA piece.
