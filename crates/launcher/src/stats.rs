@@ -28,6 +28,17 @@ pub struct VcpuStats {
     /// 32-bit system calls (`int 0x80`, `sysenter`) executed in user mode (any task): counted,
     /// not traced.
     pub compat_syscalls: u64,
+    /// Return callbacks (`sysretq`/`iretq` while a monitored or unknown task ran): the
+    /// vCPU-side cost of interception beyond the entry callbacks.
+    pub return_callbacks: u64,
+    /// Return callbacks that came back to kernel mode (ignored after the register reads).
+    pub kernel_returns: u64,
+    /// CR3-write callbacks (context switches while a filter is set).
+    pub cr3_writes: u64,
+    /// Current-task lookups in guest memory (the vCPU's monitoring state was unknown).
+    pub classifications: u64,
+    /// DATA records (buffer contents or checksums) produced.
+    pub data_records: u64,
 }
 
 /// One disk's backend counters.
@@ -196,6 +207,11 @@ impl RunStats {
                         dropped: v.records_dropped,
                         stale_tgids: v.stale_tgids,
                         compat_syscalls: v.compat_syscalls,
+                        return_callbacks: v.return_callbacks,
+                        kernel_returns: v.kernel_returns,
+                        cr3_writes: v.cr3_writes,
+                        classifications: v.classifications,
+                        data_records: v.data_records,
                     })
                     .collect()
             })
@@ -291,6 +307,16 @@ impl fmt::Display for RunStats {
                         f,
                         "    vcpu{}: syscalls={} callbacks={} records={} dropped={}",
                         v.vcpu, v.syscalls, v.callbacks, v.records, v.dropped
+                    )?;
+                    writeln!(
+                        f,
+                        "      returns={} (to kernel {}) cr3_writes={} classifications={} \
+                         data_records={}",
+                        v.return_callbacks,
+                        v.kernel_returns,
+                        v.cr3_writes,
+                        v.classifications,
+                        v.data_records
                     )?;
                 }
                 writeln!(f, "    total: syscalls={}", self.total_syscalls())?;
