@@ -19,10 +19,19 @@ retransmissions, the guest's RTT p50/p99 over the samples, the connection's mini
 the guest measured it (`ss` minrtt: the base the p99 is compared with, guest-side delays
 included like the p99's) and p99/min, also over the samples after the first 2 s (the guest's
 smoothed RTT starts from the handshake's sample and decays with a 1/8 gain, so its first
-samples are not queueing delay), and with FoxyVegas the ACKs rewritten. The paper sent 400 MB per run; --secs scales that down (20 s = 40 MB at 2000 KB/s).
+samples are not queueing delay), and with FoxyVegas the ACKs rewritten. The paper sent 400 MB
+per run (--mb 400); --secs scales that down (20 s = 40 MB at 2000 KB/s).
 
-  bench/foxyvegas.py [--ccs cubic,reno,bic,bbr,vegas,westwood] [--secs 20] [--reps 1]
-                     [--rate 2000] [--queue 6000] [--delay-ms 10] [--verbose] [--out PATH]
+Each sample is `ss -tmi` of the connection, so every run also reports its largest number of
+bytes in flight beside what can cap it: the receiver's advertised window and the sender's
+send buffer. With the guests' default socket-buffer maxima the bytes in flight stop near 3 MB,
+below the 6000 KB queue, and no packet is ever lost; --tcp-mem MIB raises both guests' maxima
+so that loss-based controls overflow the queue, as in the paper. The per-sample window trace
+(cwnd x MSS, bytes in flight, the peer's window) is kept for Fig 3.
+
+  bench/foxyvegas.py [--ccs cubic,reno,bic,bbr,vegas,westwood|all] [--secs 20 | --mb 400]
+                     [--tcp-mem MIB] [--reps 1] [--rate 2000] [--queue 6000] [--delay-ms 10]
+                     [--verbose] [--out PATH]
 
 Every run (throughput, retransmissions, RTT percentiles and every RTT sample, ACKs rewritten)
 goes to bench/results/foxyvegas.json (--out).
@@ -30,6 +39,7 @@ goes to bench/results/foxyvegas.json (--out).
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -47,20 +57,37 @@ SAMPLE_S = 0.2
 WARMUP_S = 2.0
 ALL_CCS = "bic,cubic,reno,htcp,highspeed,hybla,westwood,scalable,vegas,illinois,yeah,veno,bbr"
 
+# Socket-buffer maxima, raised in both guests when --tcp-mem is given (MiB): Linux's defaults
+# (tcp_wmem 4 MiB, tcp_rmem 6 MiB, about half of the receive buffer advertised as window) cap
+# the bytes in flight near 3 MB, below the 6000 KB queue, so without this the queue never
+# overflows and loss-based controls never lose a packet.
+TCP_MEM = r"""
+m=$(({mib} * 1048576))
+sysctl -qw net.core.rmem_max=$m net.core.wmem_max=$m
+sysctl -qw net.ipv4.tcp_rmem="4096 131072 $m" net.ipv4.tcp_wmem="4096 16384 $m"
+"""
+
 RECEIVER = r"""
+{tcp_mem}
 modprobe sch_netem
 tc qdisc add dev eth0 root netem delay {delay}ms limit 100000
 echo RECEIVER-UP
 iperf3 -s
 """
 
+# Every sample is `ss -tmin --oneline` of the data connection (the one with the most bytes
+# acked; iperf3's control connection goes to the same address), prefixed with the guest's
+# uptime: RTT, minimum RTT, cwnd, MSS, unacked segments, the peer's window (snd_wnd) and the
+# socket memory (skmem: t = bytes queued for sending, tb = send buffer size).
 SENDER = r"""
+{tcp_mem}
 modprobe tcp_{cc} 2>/dev/null; sysctl -qw net.ipv4.tcp_congestion_control={cc}
 i=0; until ping -c 1 -W 1 10.0.5.15 >/dev/null 2>&1; do i=$((i+1)); [ $i -lt 120 ] || exit 9; done
-iperf3 -c 10.0.5.15 -t {secs} -C {cc} -f k > /tmp/ip.txt 2>&1 &
+iperf3 -c 10.0.5.15 {amount} -C {cc} -f k > /tmp/ip.txt 2>&1 &
 ip=$!
 while kill -0 $ip 2>/dev/null; do
-  ss -tin dst 10.0.5.15 | awk '{{r=""; mr=""; b=0; for (i=1;i<=NF;i++) {{ if ($i ~ /^rtt:/) {{ split(substr($i,5),x,"/"); r=x[1] }} if ($i ~ /^minrtt:/) mr=substr($i,8); if ($i ~ /^bytes_acked:/) b=substr($i,13)+0 }} if (r!="" && b>m) {{ m=b; best=r; bmr=mr }} }} END {{ if (best!="") print "RTT", best, bmr }}'
+  t=$(cut -d' ' -f1 /proc/uptime)
+  ss -tminHO dst 10.0.5.15 | awk -v t=$t '{{b=0; for (i=1;i<=NF;i++) if ($i ~ /^bytes_acked:/) b=substr($i,13)+0; if (b>m) {{ m=b; best=$0 }} }} END {{ if (best!="") print "SS", t, best }}'
   sleep {sample}
 done
 awk '/sender/ {{print "RETR", $9}} /receiver/ {{print "KBPS", $7}}' /tmp/ip.txt
@@ -93,41 +120,86 @@ def pct(xs, p):
     return xs[min(len(xs) - 1, int(p / 100 * len(xs)))] if xs else float("nan")
 
 
+def parse_ss(line):
+    """One `SS UPTIME <ss -tminHO line>` sample: {t, rtt, minrtt (ms), cwnd, mss, unacked,
+    snd_wnd, wq (skmem w: bytes queued in the socket), tb (send buffer), retrans}; absent
+    fields are None."""
+    w = line.split()
+    d = {"t": float(w[1]), "rtt": None, "minrtt": None, "cwnd": None, "mss": None,
+         "unacked": 0, "snd_wnd": None, "wq": None, "tb": None, "retrans": 0}
+    for f in w[2:]:
+        k, _, v = f.partition(":")
+        if k == "rtt":
+            d["rtt"] = float(v.split("/")[0])
+        elif k == "minrtt":
+            d["minrtt"] = float(v)
+        elif k in ("cwnd", "mss", "unacked", "snd_wnd"):
+            d[k] = int(v)
+        elif k == "retrans":
+            d["retrans"] = int(v.split("/")[-1])
+        elif f.startswith("skmem:("):
+            # r rb t tb f w o bl d: w = bytes queued in the socket, tb = send buffer size.
+            m = dict((k2, int(v2)) for k2, v2 in re.findall(r"([a-z]+)(\d+)", f[7:-1]))
+            d["wq"], d["tb"] = m.get("w"), m.get("tb")
+    return d
+
+
 def sender_run(a, cc, foxy, tmp):
     stats = os.path.join(tmp, f"s-{cc}-{foxy}.json")
     args = [VMSIGHT, "run", "--name", "fvs", "--stats-json", stats]
     if foxy:
         args.append("--foxyvegas")
-    args += ["--", "sh", "-c", SENDER.format(cc=cc, secs=a.secs, sample=SAMPLE_S)]
+    amount = f"-n {a.mb}M" if a.mb else f"-t {a.secs}"
+    args += ["--", "sh", "-c", SENDER.format(cc=cc, amount=amount, sample=SAMPLE_S,
+                                             tcp_mem=tcp_mem(a))]
     p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_net(VMSIGHT, "fvs")
     link(a)
     out, err = p.communicate()
     if p.returncode != 0:
         sys.exit(f"sender {cc} foxy={foxy} failed: {err[-1500:]}")
-    rtts = [float(line.split()[1]) for line in out.splitlines() if line.startswith("RTT ")]
+    ss = [parse_ss(line) for line in out.splitlines() if line.startswith("SS ")]
+    ss = [x for x in ss if x["rtt"] is not None]
+    rtts = [x["rtt"] for x in ss]
     # The guest's own minimum RTT of the connection (ss minrtt): the base the p99 is compared
     # with, measured the same way as the p99 (guest-side delays included).
-    minrtts = [float(line.split()[2]) for line in out.splitlines()
-               if line.startswith("RTT ") and len(line.split()) > 2]
+    minrtts = [x["minrtt"] for x in ss if x["minrtt"] is not None]
     kbps = [float(line.split()[1]) for line in out.splitlines() if line.startswith("KBPS ")]
     retr = [int(line.split()[1]) for line in out.splitlines() if line.startswith("RETR ") and line.split()[1].isdigit()]
     st = json.load(open(stats))
     fv = st["nics"][0].get("foxyvegas") or {}
+    # Bytes in flight (unacked segments x MSS) against what could cap them: the peer's
+    # window and the send buffer. The window trace (Fig 3) is cwnd x MSS per sample.
+    inflight = [x["unacked"] * (x["mss"] or 0) for x in ss]
+    t0 = ss[0]["t"] if ss else 0.0
     return {"kBps": (kbps[0] / 8) if kbps else float("nan"), "retr": retr[0] if retr else -1,
             "rtt50": pct(rtts, 50), "rtt99": pct(rtts, 99), "samples": len(rtts),
             # The guest's smoothed RTT starts from the handshake's sample and decays with a
             # 1/8 gain; the p99 after the first WARMUP_S seconds leaves that start out.
             "rtt99w": pct(rtts[int(WARMUP_S / SAMPLE_S):], 99), "first": rtts[:3],
             "minrtt": min(minrtts) if minrtts else float("nan"),
+            "inflight_max": max(inflight, default=0),
+            "snd_wnd_max": max((x["snd_wnd"] or 0 for x in ss), default=0),
+            "tb_max": max((x["tb"] or 0 for x in ss), default=0),
             "rewrites": fv.get("rewrites", 0), "base_rtt_us": fv.get("lowest_base_rtt_us", 0),
-            "rtts": rtts}
+            "rtts": rtts,
+            "window": [[round(x["t"] - t0, 2), (x["cwnd"] or 0) * (x["mss"] or 0),
+                        x["unacked"] * (x["mss"] or 0), x["snd_wnd"]] for x in ss]}
+
+
+def tcp_mem(a):
+    return TCP_MEM.format(mib=a.tcp_mem) if a.tcp_mem else ""
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ccs", default="cubic,reno,bic,bbr,vegas,westwood")
     ap.add_argument("--secs", type=int, default=20)
+    ap.add_argument("--mb", type=int, default=0,
+                    help="send this many MB per run instead of --secs (the paper: 400)")
+    ap.add_argument("--tcp-mem", type=int, default=0, metavar="MIB",
+                    help="raise both guests' TCP socket-buffer maxima to MIB (0: the guests' "
+                         "defaults, which cap the bytes in flight near 3 MB)")
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--rate", type=int, default=2000, help="bottleneck KB/s")
     ap.add_argument("--queue", type=int, default=6000, help="bottleneck queue KB")
@@ -140,7 +212,7 @@ def main():
     tmp = tempfile.mkdtemp(prefix="bench-fv-")
     rcv = subprocess.Popen([VMSIGHT, "run", "--name", "fvr",
                             "--net", "isolated,ip=10.0.5.15/24,gw=10.0.5.1,host=10.0.5.1/24",
-                            "--", "sh", "-c", RECEIVER.format(delay=a.delay_ms)],
+                            "--", "sh", "-c", RECEIVER.format(delay=a.delay_ms, tcp_mem=tcp_mem(a))],
                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     for line in rcv.stdout:
         if line.strip() == "RECEIVER-UP":
@@ -158,26 +230,33 @@ def main():
                     rec.rep(cc=cc, config="on" if foxy else "off", rep=rep, kBps=r["kBps"], retr=r["retr"],
                             rtt_p50_ms=r["rtt50"], rtt_p99_ms=r["rtt99"], rtt_p99_after_warmup_ms=r["rtt99w"],
                             min_rtt_ms=r["minrtt"], samples=r["samples"], rewrites=r["rewrites"],
-                            base_rtt_us=r["base_rtt_us"], rtt_samples_ms=r["rtts"])
+                            base_rtt_us=r["base_rtt_us"], rtt_samples_ms=r["rtts"],
+                            inflight_max_bytes=r["inflight_max"], snd_wnd_max_bytes=r["snd_wnd_max"],
+                            send_buffer_max_bytes=r["tb_max"],
+                            window_trace=r["window"])
                     print(f"{cc:10} foxy={int(foxy)}: {r['kBps']:.0f} KB/s retr {r['retr']} "
                           f"rtt p50 {r['rtt50']:.1f} p99 {r['rtt99']:.1f} (after {WARMUP_S:.0f} s {r['rtt99w']:.1f}) "
                           f"min {r['minrtt']:.1f} ms ({r['samples']} samples, first {r['first']}) "
-                          f"rewrites {r['rewrites']}", file=sys.stderr)
+                          f"rewrites {r['rewrites']}; in flight max {r['inflight_max'] / 1000:.0f} KB, "
+                          f"peer window max {r['snd_wnd_max'] / 1000:.0f} KB, send buffer max "
+                          f"{r['tb_max'] / 1000:.0f} KB", file=sys.stderr)
     finally:
         rcv.terminate()
         rcv.wait()
     med = lambda rs, k: statistics.median(r[k] for r in rs)  # noqa: E731
-    print(f"\nbench/foxyvegas.py --ccs {a.ccs} --secs {a.secs} --reps {a.reps} --rate {a.rate} "
-          f"--queue {a.queue} --delay-ms {a.delay_ms}; load {os.getloadavg()[0]:.2f}\n")
-    print("| cc | KB/s off | KB/s on | on/off | retr off | retr on | RTT p50 off | RTT p50 on | RTT p99 off | RTT p99 on | p99 on after warm-up | min RTT on | p99/min on (after warm-up) | rewrites |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print(f"\nbench/foxyvegas.py --ccs {a.ccs} --secs {a.secs} --mb {a.mb} --tcp-mem {a.tcp_mem} "
+          f"--reps {a.reps} --rate {a.rate} --queue {a.queue} --delay-ms {a.delay_ms}; "
+          f"load {os.getloadavg()[0]:.2f}\n")
+    print("| cc | KB/s off | KB/s on | on/off | retr off | retr on | RTT p50 off | RTT p50 on | RTT p99 off | RTT p99 on | p99 on after warm-up | min RTT on | p99/min on (after warm-up) | rewrites | in flight max KB off | on |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for cc in ccs:
         off, on = rows[(cc, False)], rows[(cc, True)]
         print(f"| {cc} | {med(off,'kBps'):.0f} | {med(on,'kBps'):.0f} | {med(on,'kBps')/med(off,'kBps'):.2f}x | "
               f"{med(off,'retr'):.0f} | {med(on,'retr'):.0f} | {med(off,'rtt50'):.1f} | {med(on,'rtt50'):.1f} | "
               f"{med(off,'rtt99'):.1f} | {med(on,'rtt99'):.1f} | {med(on,'rtt99w'):.1f} | {med(on,'minrtt'):.1f} | "
               f"{statistics.median(r['rtt99'] / r['minrtt'] for r in on):.2f}x "
-              f"({statistics.median(r['rtt99w'] / r['minrtt'] for r in on):.2f}x) | {med(on,'rewrites'):.0f} |")
+              f"({statistics.median(r['rtt99w'] / r['minrtt'] for r in on):.2f}x) | {med(on,'rewrites'):.0f} | "
+              f"{med(off,'inflight_max') / 1000:.0f} | {med(on,'inflight_max') / 1000:.0f} |")
     base = [r["base_rtt_us"] for rs in rows.values() for r in rs if r["base_rtt_us"]]
     if base:
         print(f"\nbase RTT at the device (FoxyVegas, min over flows): median {statistics.median(base)/1000:.1f} ms; "
