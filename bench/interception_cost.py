@@ -24,6 +24,9 @@ Configurations, rotated within each repetition:
              checksummed, every block request classified, the log written
   traced     `--trace wl --trace-out /dev/null`: only the workload (/tmp/wl and children)
              (`--configs` to add it)
+  counting   `--count-syscalls`: the plugin translates (every user `syscall` counted inline)
+             but makes no callback: what QEMU's generated code costs for a translating plugin,
+             before vmsight does any work (`--configs` to add it)
 
 Prints, per workload, the medians and the median of the per-repetition ratios to the
 no-plugin boot of the same repetition.
@@ -95,7 +98,7 @@ db_stop() {
 }
 """)
 
-CONFIGS = ["no-plugin", "insights", "traced"]
+CONFIGS = ["no-plugin", "insights", "traced", "counting"]
 
 
 def guest_script(workloads):
@@ -115,6 +118,8 @@ def flags(config, work):
         return ["--no-plugin"]
     if config == "insights":
         return ["--insights", os.path.join(work, "insights.jsonl")]
+    if config == "counting":
+        return ["--count-syscalls"]
     return ["--trace", "wl", "--trace-out", "/dev/null"]
 
 
