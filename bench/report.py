@@ -8,7 +8,8 @@ date, command, load), the tables the script printed, and a table of every repeti
 configuration row and metric: the median, the ratio to the baseline row, every value), and
 one SVG plot per results file under docs/plots/ (per configuration the median as a bar and
 each repetition as a point; a CDF per row where a row has many repetitions or a measurement
-is a distribution). `make bench` ends with it. Plots need matplotlib (Debian's
+is a distribution), and a second one, NAME-series.svg, where the repetitions carry time series
+(lists of [x, y, ...] samples, e.g. a window trace). `make bench` ends with it. Plots need matplotlib (Debian's
 python3-matplotlib, which scripts/setup-host.sh installs); without it the tables are still
 written and the script says that no plot was drawn.
 """
@@ -110,6 +111,14 @@ def numbers(values):
     return [v for v in values if bench_results.is_number(v)]
 
 
+def is_series(v):
+    """A time series: a list of [x, y, ...] rows whose first two fields are numbers (later
+    fields may be anything), e.g. a window trace of [seconds, bytes, ...] samples."""
+    return (isinstance(v, list) and len(v) >= 2
+            and all(isinstance(x, list) and len(x) >= 2 and bench_results.is_number(x[0])
+                    and bench_results.is_number(x[1]) for x in v))
+
+
 class View:
     """A results document's rows, metrics (numbers), distributions (lists of numbers) and
     outcomes (short strings and booleans with a few distinct values, counted), as the tables
@@ -125,13 +134,15 @@ class View:
         self.metrics = [m for m in names
                         if any(bench_results.is_number(bench_results.field(r, m)) for r in self.reps)]
         skip = set(self.keys) | set(bench_results.INDEX_FIELDS) | set(self.metrics)
-        self.distributions, self.outcomes = [], []
+        self.distributions, self.outcomes, self.series = [], [], []
         for r in self.reps:
             for k, v in r.items():
-                if k in skip or k in self.distributions or k in self.outcomes:
+                if k in skip or k in self.distributions or k in self.outcomes or k in self.series:
                     continue
                 if isinstance(v, list) and v and all(bench_results.is_number(x) for x in v):
                     self.distributions.append(k)
+                elif is_series(v):
+                    self.series.append(k)
                 elif isinstance(v, (str, bool)) and not k.endswith("_tail") and len(str(v)) <= 40:
                     self.outcomes.append(k)
         self.outcomes = [k for k in self.outcomes if 1 <= len({str(r.get(k)) for r in self.reps if k in r}) <= 12]
@@ -245,8 +256,8 @@ def section(name, doc, plot):
             out.append(f"- {s.get('date', '?')}, commit {s.get('commit', '?')}, load "
                        f"{load_text(s.get('load_before'))}: `{s.get('command', '?')}`")
         out.append("")
-    if plot:
-        out += [f"![{name}](plots/{os.path.basename(plot)})", ""]
+    for p in plot or []:
+        out += [f"![{name}](plots/{os.path.basename(p)})", ""]
     tables = doc.get("tables") or []
     if tables:
         out += ["### As the script printed it", ""]
@@ -371,6 +382,42 @@ def plot(plt, name, doc, path):
     return True
 
 
+def series_plot(plt, name, doc, path):
+    """One figure per results file that has time series (View.series): per series field and
+    per value of every key but the last, a panel with one line per value of the last key (for
+    example a panel per congestion control, FoxyVegas off and on as its lines), drawn from
+    each row's first repetition: x the first field of each sample, y the second. Returns
+    False when there is nothing to draw."""
+    view = View(doc)
+    if not view.series or not view.rows:
+        return False
+    groups = {}
+    for key in view.rows:
+        groups.setdefault(key[:-1], []).append(key)
+    panels = [(f, g) for f in view.series[:2] for g in groups][:MAX_PANELS]
+    ncols = 1 if len(panels) == 1 else 2 if len(panels) <= 4 else 3
+    nrows = (len(panels) + ncols - 1) // ncols
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 2.4 * nrows), squeeze=False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, (f, g) in zip(axes.flat, panels):
+        for i, key in enumerate(groups[g]):
+            first = next((r[f] for r in view.rows[key] if is_series(r.get(f))), None)
+            if first:
+                ax.plot([x[0] for x in first], [x[1] for x in first], linewidth=0.8,
+                        label=fmt(key[-1]), color=colors[i % len(colors)])
+        ax.set_title(f"{f}: {row_label(g)} (first repetition)", fontsize=8)
+        ax.legend(fontsize=6, loc="upper right")
+        ax.tick_params(labelsize=6)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig.suptitle(f"{name} ({doc.get('commit') or '?'}, {doc.get('date', '?')})", fontsize=9)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fig.savefig(path, format="svg", metadata={"Date": None})
+    plt.close(fig)
+    return True
+
+
 # ------------------------------------------------------------------------------------------
 
 def main(argv=None, reexec=False):
@@ -392,20 +439,23 @@ def main(argv=None, reexec=False):
             plt.rcParams["svg.fonttype"] = "none"  # text as text: smaller, searchable
             os.makedirs(a.plots, exist_ok=True)
             for name, doc in docs:
-                path = os.path.join(a.plots, f"{name}.svg")
-                if plot(plt, name, doc, path):
-                    plots[name] = path
+                for path, draw in ((os.path.join(a.plots, f"{name}.svg"), plot),
+                                   (os.path.join(a.plots, f"{name}-series.svg"), series_plot)):
+                    if draw(plt, name, doc, path):
+                        plots.setdefault(name, []).append(path)
             # The directory holds the plots of the current results only.
+            drawn = {p for ps in plots.values() for p in ps}
             for f in os.listdir(a.plots):
                 p = os.path.join(a.plots, f)
-                if f.endswith(".svg") and p not in plots.values():
+                if f.endswith(".svg") and p not in drawn:
                     os.unlink(p)
     text = document(docs, plots)
     os.makedirs(os.path.dirname(os.path.abspath(a.doc)), exist_ok=True)
     with open(a.doc, "w") as f:
         f.write(text)
     print(f"report.py: {len(docs)} results files -> {bench_results.shown_path(a.doc)}, "
-          f"{len(plots)} plots in {bench_results.shown_path(a.plots)}", file=sys.stderr)
+          f"{sum(len(p) for p in plots.values())} plots in {bench_results.shown_path(a.plots)}",
+          file=sys.stderr)
     return 0
 
 

@@ -36,7 +36,9 @@ def synthetic(d):
     reps = []
     for rep in range(3):
         reps.append({"workload": "w|1", "config": "base", "rep": rep, "wall_s": 10.0 + rep, "host_cpu_s": 4.0,
-                     "lat_ms": [1.0, 2.0, 3.0], "ok": True})
+                     "lat_ms": [1.0, 2.0, 3.0], "ok": True,
+                     # A time series (a window trace): [seconds, bytes, anything].
+                     "trace": [[0.0, 100, None], [0.5, 300, 7], [1.0, 200, 7]]})
         reps.append({"workload": "w|1", "config": "fast", "rep": rep, "wall_s": 5.0 + rep, "host_cpu_s": 2.0,
                      "lat_ms": [0.5, 1.0], "ok": rep != 1})
     results.write_json(os.path.join(d, "alpha.json"), dict(
@@ -147,11 +149,12 @@ class Synthetic(unittest.TestCase):
         if NO_MPL in p.stderr:
             self.assertNotIn("![", text)
             self.skipTest("no matplotlib on this machine: tables only, as the report said")
-        self.assertEqual(sorted(os.listdir(self.plots)), ["alpha.svg", "beta.svg"])
-        for name in ("alpha", "beta"):
-            svg = read(os.path.join(self.plots, f"{name}.svg"))
-            self.assertIn("<svg", svg)
-            self.assertIn(f"![{name}](plots/{name}.svg)", text)
+        self.assertEqual(sorted(os.listdir(self.plots)), ["alpha-series.svg", "alpha.svg", "beta.svg"])
+        for name, svg in (("alpha", "alpha"), ("beta", "beta"), ("alpha", "alpha-series")):
+            self.assertIn("<svg", read(os.path.join(self.plots, f"{svg}.svg")))
+            self.assertIn(f"![{name}](plots/{svg}.svg)", text)
+        # The series panel is per workload, one line per configuration that has the series.
+        self.assertIn("trace: w|1 (first repetition)", read(os.path.join(self.plots, "alpha-series.svg")))
         self.assertIn("CDF", read(os.path.join(self.plots, "beta.svg")))
         self.assertNotIn("![empty]", text)
         # Drawn again from the same results: the same bytes.
