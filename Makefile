@@ -63,12 +63,14 @@ guest-test-qemu10: image qemu11
 # Every step runs even after one fails, so the end always says which fuzzing seeds this run
 # drew (docs/fuzzing.md) and how many guest runs the harness ran again (tests/src/lib.rs,
 # `rerun_reason`); more than one rerun fails the suite. The cargo-fuzz crate is built (not
-# run: libFuzzer runs need nightly) so its targets keep compiling.
+# run: libFuzzer runs need nightly) so its targets keep compiling. The benchmark tooling's own
+# unit tests (bench/lib/test_*.py: results files, report tables and plots) run too.
 test: image qemu11
 	@rm -rf target/vmsight-test-reruns target/vmsight-fuzz-seeds; status=0; \
 	$(CARGO) test --release --workspace --no-fail-fast -- --test-threads=$(TEST_THREADS) \
 		|| status=1; \
 	$(CARGO) build --release --manifest-path fuzz/Cargo.toml --bins || status=1; \
+	python3 -m unittest discover -s bench/lib -p 'test_*.py' || status=1; \
 	$(QEMU10_RUN) || status=1; \
 	VMSIGHT_FSVIEW_IMAGE="$$($(VMSIGHT) image info --json | jq -r .dir)/rootfs.img" \
 		$(CARGO) test --release -p vmsight-fsview --test real_images -- --ignored external_image \
