@@ -342,10 +342,7 @@ def plot(plt, name, doc, path):
         return False
     labels = {k: row_label(k) for k in view.rows}
     keys = list(view.rows)
-    ncols = 1 if len(panels) == 1 else 2 if len(panels) <= 4 else 3
-    nrows = (len(panels) + ncols - 1) // ncols
-    bar_h = max(1.6, 0.28 * len(keys) + 0.9)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, bar_h * nrows), squeeze=False)
+    fig, axes = grid(plt, len(panels), max(1.6, 0.28 * len(keys) + 0.9))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, (kind, m) in zip(axes.flat, panels):
         many = kind == "dist" or max(len(view.values(k, m)) for k in keys) > MAX_LISTED
@@ -371,10 +368,22 @@ def plot(plt, name, doc, path):
             ax.invert_yaxis()
             ax.set_title(f"{m} (bar: median, points: repetitions)", fontsize=8)
         ax.tick_params(axis="x", labelsize=6)
-    for ax in list(axes.flat)[len(panels):]:
+    return finish(plt, fig, axes, len(panels), name, doc, path)
+
+
+def grid(plt, n, panel_h):
+    """A figure of n panels, up to three per row: (figure, axes as a 2-D array)."""
+    ncols = 1 if n == 1 else 2 if n <= 4 else 3
+    nrows = (n + ncols - 1) // ncols
+    return plt.subplots(nrows, ncols, figsize=(5.2 * ncols, panel_h * nrows), squeeze=False)
+
+
+def finish(plt, fig, axes, used, name, doc, path):
+    """Blanks the unused panels, titles the figure with the results' commit and date, and
+    writes it as SVG to path. Returns True."""
+    for ax in list(axes.flat)[used:]:
         ax.axis("off")
-    commit = doc.get("commit") or "?"
-    fig.suptitle(f"{name} ({commit}, {doc.get('date', '?')})", fontsize=9)
+    fig.suptitle(f"{name} ({doc.get('commit') or '?'}, {doc.get('date', '?')})", fontsize=9)
     fig.tight_layout()
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fig.savefig(path, format="svg", metadata={"Date": None})
@@ -395,9 +404,7 @@ def series_plot(plt, name, doc, path):
     for key in view.rows:
         groups.setdefault(key[:-1], []).append(key)
     panels = [(f, g) for f in view.series[:2] for g in groups][:MAX_PANELS]
-    ncols = 1 if len(panels) == 1 else 2 if len(panels) <= 4 else 3
-    nrows = (len(panels) + ncols - 1) // ncols
-    fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 2.4 * nrows), squeeze=False)
+    fig, axes = grid(plt, len(panels), 2.4)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, (f, g) in zip(axes.flat, panels):
         for i, key in enumerate(groups[g]):
@@ -408,14 +415,7 @@ def series_plot(plt, name, doc, path):
         ax.set_title(f"{f}: {row_label(g)} (first repetition)", fontsize=8)
         ax.legend(fontsize=6, loc="upper right")
         ax.tick_params(labelsize=6)
-    for ax in list(axes.flat)[len(panels):]:
-        ax.axis("off")
-    fig.suptitle(f"{name} ({doc.get('commit') or '?'}, {doc.get('date', '?')})", fontsize=9)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fig.savefig(path, format="svg", metadata={"Date": None})
-    plt.close(fig)
-    return True
+    return finish(plt, fig, axes, len(panels), name, doc, path)
 
 
 # ------------------------------------------------------------------------------------------
