@@ -959,8 +959,8 @@ impl Crawler<'_> {
 
     /// Read the entries of every directory the scan found (block-mapped, then inline); one
     /// that cannot be read becomes a warning.
-    fn read_all_directories(&mut self) -> Result<Vec<RawEntry>> {
-        let mut raw_entries: Vec<RawEntry> = Vec::new();
+    fn read_all_directories(&mut self) -> Result<RawEntries> {
+        let mut raw_entries = RawEntries::default();
         let dirs = std::mem::take(&mut self.dirs_to_read);
         let inline_dirs = std::mem::take(&mut self.inline_dirs);
         for ino in dirs {
@@ -980,14 +980,14 @@ impl Crawler<'_> {
     /// the arena); entries pointing to inodes not in use are dropped and returned as errors.
     fn path_tree(
         &mut self,
-        mut raw_entries: Vec<RawEntry>,
+        mut raw_entries: RawEntries,
     ) -> Result<(Vec<DirRec>, Vec<EntryRec>, Vec<Error>)> {
-        raw_entries.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
-        raw_entries.dedup_by(|a, b| a.0 == b.0 && a.1 == b.1);
+        raw_entries.sort_dedup();
         let mut dirs: Vec<DirRec> = Vec::new();
-        let mut entries: Vec<EntryRec> = Vec::with_capacity(raw_entries.len());
+        let mut entries: Vec<EntryRec> = Vec::with_capacity(raw_entries.recs.len());
         let mut dangling = Vec::new();
-        for (dir, name, target, ftype, block) in raw_entries {
+        for e in &raw_entries.recs {
+            let (dir, target, name) = (e.dir, e.target, raw_entries.name(e));
             if self
                 .inodes
                 .binary_search_by_key(&target, |r| r.ino)
@@ -1010,14 +1010,14 @@ impl Crawler<'_> {
             }
             let name_off = self
                 .strings
-                .intern(&mut self.arena, &name)
+                .intern(&mut self.arena, name)
                 .ok_or_else(|| Error::Limit("name arena exceeds 4 GiB".into()))?;
             entries.push(EntryRec {
                 ino: target,
                 name_off,
-                name_len: name.len() as u8,
-                file_type: ftype,
-                block,
+                name_len: e.name_len,
+                file_type: e.ftype,
+                block: e.block,
             });
         }
         self.add_empty_dirs(&mut dirs, entries.len() as u32);
@@ -1106,7 +1106,7 @@ impl Crawler<'_> {
         order
     }
 
-    fn read_directory(&mut self, ino: u32, out: &mut Vec<RawEntry>) -> Result<()> {
+    fn read_directory(&mut self, ino: u32, out: &mut RawEntries) -> Result<()> {
         let i = self
             .inodes
             .binary_search_by_key(&ino, |r| r.ino)
@@ -1156,13 +1156,67 @@ impl Crawler<'_> {
     }
 }
 
-/// A directory entry found by the crawl: directory, name, target inode, file type, directory
-/// block index (`NO_BLOCK` for inline directories and blocks past 65534).
-type RawEntry = (u32, Vec<u8>, u32, u8, u16);
+/// The directory entries found by the crawl, before they become the index's entry table:
+/// fixed-size records, their names in one buffer. (A `Vec<u8>` per name cost about 70 bytes
+/// per entry at the crawl's peak, more than the whole index keeps per inode.)
+#[derive(Default)]
+struct RawEntries {
+    recs: Vec<RawEntry>,
+    names: Vec<u8>,
+}
+
+/// One directory entry: directory, target inode, name (in [`RawEntries::names`]), file type,
+/// directory block index (`NO_BLOCK` for inline directories and blocks past 65534).
+#[derive(Debug, Clone, Copy)]
+struct RawEntry {
+    dir: u32,
+    target: u32,
+    name_off: u32,
+    block: u16,
+    name_len: u8,
+    ftype: u8,
+}
+
+impl RawEntries {
+    /// Appends an entry; names are at most 255 bytes (ext4's `name_len` is one byte).
+    fn push(&mut self, dir: u32, name: &[u8], target: u32, ftype: u8, block: u16) -> Result<()> {
+        let name_off = u32::try_from(self.names.len())
+            .map_err(|_| Error::Limit("directory names exceed 4 GiB".into()))?;
+        let name_len = u8::try_from(name.len())
+            .map_err(|_| Error::inode(dir, "directory entry name longer than 255 bytes"))?;
+        self.names.extend_from_slice(name);
+        self.recs.push(RawEntry {
+            dir,
+            target,
+            name_off,
+            block,
+            name_len,
+            ftype,
+        });
+        Ok(())
+    }
+
+    fn name(&self, e: &RawEntry) -> &[u8] {
+        &self.names[e.name_off as usize..][..usize::from(e.name_len)]
+    }
+
+    /// Sorts by (directory, name) and keeps the first entry found of each pair: names are
+    /// appended in the order found, so the name offset orders equal pairs the way a stable
+    /// sort would, without its buffer of half the records.
+    fn sort_dedup(&mut self) {
+        let names = &self.names;
+        let name = |e: &RawEntry| &names[e.name_off as usize..][..usize::from(e.name_len)];
+        self.recs.sort_unstable_by(|a, b| {
+            (a.dir, name(a), a.name_off).cmp(&(b.dir, name(b), b.name_off))
+        });
+        self.recs
+            .dedup_by(|a, b| a.dir == b.dir && name(a) == name(b));
+    }
+}
 
 /// Parse the entries of an inline directory: a 4-byte parent inode, then entries; the xattr
 /// part (past byte 60) is a second entry area.
-fn parse_inline_dir(ino: u32, data: &[u8], out: &mut Vec<RawEntry>) -> Result<()> {
+fn parse_inline_dir(ino: u32, data: &[u8], out: &mut RawEntries) -> Result<()> {
     let first = data.get(4..60.min(data.len())).unwrap_or(&[]);
     parse_dir_block(ino, first, NO_BLOCK, out)?;
     if data.len() > 60 {
@@ -1295,9 +1349,9 @@ fn link_from_root(index: &mut Tables) -> Vec<Error> {
     loops
 }
 
-/// Parse one directory block (or inline area) into [`RawEntry`] tuples, skipping `.`, `..`,
-/// empty slots, htree node headers and the checksum tail.
-fn parse_dir_block(dir: u32, blk: &[u8], block: u16, out: &mut Vec<RawEntry>) -> Result<()> {
+/// Parse one directory block (or inline area) into [`RawEntries`], skipping `.`, `..`, empty
+/// slots, htree node headers and the checksum tail.
+fn parse_dir_block(dir: u32, blk: &[u8], block: u16, out: &mut RawEntries) -> Result<()> {
     let mut p = 0usize;
     while p + 8 <= blk.len() {
         let ino = le32(blk, p);
@@ -1325,7 +1379,7 @@ fn parse_dir_block(dir: u32, blk: &[u8], block: u16, out: &mut Vec<RawEntry>) ->
                         "directory entry name contains '/' or NUL",
                     ));
                 }
-                out.push((dir, name.to_vec(), ino, ftype, block));
+                out.push(dir, name, ino, ftype, block)?;
             }
         }
         p += rec_len;
@@ -1389,9 +1443,12 @@ mod tests {
         dirent(&mut b, 2, 12, b"..", 2);
         dirent(&mut b, 0, 16, b"gone", 1); // deleted slot
         dirent(&mut b, 12, 1024 - 40, b"file", 1);
-        let mut out = Vec::new();
+        let mut out = RawEntries::default();
         parse_dir_block(2, &b, 0, &mut out).expect("valid block");
-        assert_eq!(out, vec![(2, b"file".to_vec(), 12, 1, 0)]);
+        assert_eq!(out.recs.len(), 1);
+        let e = out.recs[0];
+        assert_eq!((e.dir, e.target, e.ftype, e.block), (2, 12, 1, 0));
+        assert_eq!(out.name(&e), b"file");
 
         let mut bad = b.clone();
         bad[4] = 7; // rec_len not a multiple of 4
@@ -1403,6 +1460,38 @@ mod tests {
         bad[40 + 8] = b'/';
         let e = parse_dir_block(2, &bad, 0, &mut out).expect_err("slash");
         assert!(e.to_string().contains("'/'"));
+    }
+
+    /// Entries sort by (directory, name); of two entries with the same directory and name
+    /// (a corrupt directory) the one found first stays, as with a stable sort.
+    #[test]
+    fn raw_entries_sort_by_directory_and_name_and_keep_the_first_duplicate() {
+        let mut r = RawEntries::default();
+        for (dir, name, target) in [
+            (5, &b"b"[..], 50),
+            (3, b"zz", 30),
+            (5, b"a", 51),
+            (5, b"b", 52),
+            (3, b"z", 31),
+            (5, b"b", 53),
+        ] {
+            r.push(dir, name, target, 1, 0).expect("push");
+        }
+        r.sort_dedup();
+        let got: Vec<(u32, Vec<u8>, u32)> = r
+            .recs
+            .iter()
+            .map(|e| (e.dir, r.name(e).to_vec(), e.target))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (3, b"z".to_vec(), 31),
+                (3, b"zz".to_vec(), 30),
+                (5, b"a".to_vec(), 51),
+                (5, b"b".to_vec(), 50),
+            ]
+        );
     }
 
     #[test]
