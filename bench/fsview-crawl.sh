@@ -11,7 +11,8 @@
 #                      log-normal sizes; bench/lib/trees.py), built once with mkfs.ext4 -d and
 #                      kept in ~/.cache/vmsight/bench/ (about G * 1.1 GiB)
 #
-# Every crawl (time, inodes, index bytes, peak RSS) goes to bench/results/fsview-crawl.json
+# Every crawl (time, inodes, index bytes, peak RSS of the whole run and of the crawl alone, before
+# the serialisation) goes to bench/results/fsview-crawl.json
 # (--files: fsview-crawl-scale.json; --out).
 set -euo pipefail
 # shellcheck source=bench/lib/args.sh
@@ -64,11 +65,11 @@ for run in cold warm warm lazy; do
     [ "$run" = lazy ] && extra=(--lazy "$LAZY")
     out=$(/usr/bin/time -f 'peak rss: %M KiB' target/release/examples/crawl "$IMG" "${extra[@]}" 2>&1)
     printf "%s\n" "$out" | grep -v '^  ' | sed -n 1,14p
-    printf '{"config": "%s", "rep": %d, "crawl_s": %s, "inodes": %s, "index_bytes": %s, "index_bytes_per_inode": %s, "serialised_bytes": %s, "serialised_bytes_per_inode": %s, "peak_rss_kib": %s, "lazy_start_bytes_per_inode": %s, "lazy_engine_bytes_per_inode": %s}\n' \
+    printf '{"config": "%s", "rep": %d, "crawl_s": %s, "inodes": %s, "index_bytes": %s, "index_bytes_per_inode": %s, "serialised_bytes": %s, "serialised_bytes_per_inode": %s, "peak_rss_kib": %s, "crawl_peak_rss_kib": %s, "lazy_start_bytes_per_inode": %s, "lazy_engine_bytes_per_inode": %s}\n' \
         "$run" "$rep" "$(field 'crawl time: *\([0-9.]*\) s.*')" "$(field 'in use: *\([0-9]*\) inodes.*')" \
         "$(field 'index size: *\([0-9]*\) bytes.*')" "$(field 'index size: .*, \([0-9.]*\) bytes per inode.*')" \
         "$(field 'serialised: *\([0-9]*\) bytes.*')" "$(field 'serialised: .*, \([0-9.]*\) bytes per inode.*')" \
-        "$(field 'peak rss: \([0-9]*\) KiB')" "$(field 'lazy start: .*, \([0-9.]*\) bytes per inode.*')" \
+        "$(field 'peak rss: \([0-9]*\) KiB')" "$(field 'crawl peak: *\([0-9]*\) KiB.*')" "$(field 'lazy start: .*, \([0-9.]*\) bytes per inode.*')" \
         "$(field 'lazy engine: .*, \([0-9.]*\) bytes per inode.*')" \
         | sed 's/: ,/: null,/g; s/: }/: null}/' >> "$REC"
     if [ "$run" = warm ]; then rep=$((rep + 1)); fi

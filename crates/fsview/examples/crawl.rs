@@ -58,6 +58,10 @@ fn run() -> Result<(), String> {
         fs.blocks_count, fs.block_size, fs.group_count, fs.inodes_count
     );
     println!("crawl time:   {:.3} s", elapsed.as_secs_f64());
+    // The process's peak so far (VmHWM), before the serialisation below adds its copy.
+    if let Some(kib) = peak_rss_kib() {
+        println!("crawl peak:   {kib} KiB resident (the crawl alone)");
+    }
     println!(
         "in use:       {} inodes ({} dirs, {} files, {} symlinks), {} entries, {} block runs",
         st.inodes, st.directories, st.regular_files, st.symlinks, st.entries, st.runs
@@ -169,4 +173,11 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The process's peak resident set so far (`VmHWM` in /proc/self/status), in KiB.
+fn peak_rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
 }
