@@ -30,8 +30,8 @@ so that loss-based controls overflow the queue, as in the paper. The per-sample 
 (cwnd x MSS, bytes in flight, the peer's window) is kept for Fig 3.
 
   bench/foxyvegas.py [--ccs cubic,reno,bic,bbr,vegas,westwood|all] [--secs 20 | --mb 400]
-                     [--tcp-mem MIB] [--reps 1] [--rate 2000] [--queue 6000] [--delay-ms 10]
-                     [--verbose] [--out PATH]
+                     [--tcp-mem MIB] [--sender-sysctl KEY=VALUE,...] [--reps 1] [--rate 2000]
+                     [--queue 6000] [--delay-ms 10] [--verbose] [--out PATH]
 
 Every run (throughput, retransmissions, RTT percentiles and every RTT sample, ACKs rewritten)
 goes to bench/results/foxyvegas.json (--out).
@@ -151,7 +151,7 @@ def sender_run(a, cc, foxy, tmp):
         args.append("--foxyvegas")
     amount = f"-n {a.mb}M" if a.mb else f"-t {a.secs}"
     args += ["--", "sh", "-c", SENDER.format(cc=cc, amount=amount, sample=SAMPLE_S,
-                                             tcp_mem=tcp_mem(a))]
+                                             tcp_mem=tcp_mem(a) + sender_sysctls(a))]
     p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_net(VMSIGHT, "fvs")
     link(a)
@@ -191,6 +191,11 @@ def tcp_mem(a):
     return TCP_MEM.format(mib=a.tcp_mem) if a.tcp_mem else ""
 
 
+def sender_sysctls(a):
+    """`sysctl -w` lines for --sender-sysctl KEY=VALUE,... (the sender guest only)."""
+    return "".join(f"sysctl -qw {kv}\n" for kv in a.sender_sysctl.split(",") if kv)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ccs", default="cubic,reno,bic,bbr,vegas,westwood")
@@ -200,6 +205,9 @@ def main():
     ap.add_argument("--tcp-mem", type=int, default=0, metavar="MIB",
                     help="raise both guests' TCP socket-buffer maxima to MIB (0: the guests' "
                          "defaults, which cap the bytes in flight near 3 MB)")
+    ap.add_argument("--sender-sysctl", default="", metavar="KEY=VALUE,...",
+                    help="sysctls for the sender guest, e.g. net.ipv4.tcp_sack=0,"
+                         "net.ipv4.tcp_recovery=0 to take SACK and RACK out of loss recovery")
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--rate", type=int, default=2000, help="bottleneck KB/s")
     ap.add_argument("--queue", type=int, default=6000, help="bottleneck queue KB")
@@ -245,6 +253,7 @@ def main():
         rcv.wait()
     med = lambda rs, k: statistics.median(r[k] for r in rs)  # noqa: E731
     print(f"\nbench/foxyvegas.py --ccs {a.ccs} --secs {a.secs} --mb {a.mb} --tcp-mem {a.tcp_mem} "
+          f"--sender-sysctl '{a.sender_sysctl}' "
           f"--reps {a.reps} --rate {a.rate} --queue {a.queue} --delay-ms {a.delay_ms}; "
           f"load {os.getloadavg()[0]:.2f}\n")
     print("| cc | KB/s off | KB/s on | on/off | retr off | retr on | RTT p50 off | RTT p50 on | RTT p99 off | RTT p99 on | p99 on after warm-up | min RTT on | p99/min on (after warm-up) | rewrites | in flight max KB off | on |")
