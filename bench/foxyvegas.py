@@ -27,7 +27,9 @@ bytes in flight beside what can cap it: the receiver's advertised window and the
 send buffer. With the guests' default socket-buffer maxima the bytes in flight stop near 3 MB,
 below the 6000 KB queue, and no packet is ever lost; --tcp-mem MIB raises both guests' maxima
 so that loss-based controls overflow the queue, as in the paper. The per-sample window trace
-(cwnd x MSS, bytes in flight, the peer's window) is kept for Fig 3.
+(cwnd x MSS, bytes in flight, the peer's window) is kept for Fig 3. With FoxyVegas on, its
+rewrite log gives FoxyVegas's own view (Fig 3/4): the RTT it measures at the device and its
+Vegas window over time, beside the guest's.
 
   bench/foxyvegas.py [--ccs cubic,reno,bic,bbr,vegas,westwood|all] [--secs 20 | --mb 400]
                      [--tcp-mem MIB] [--sender-sysctl KEY=VALUE,...] [--reps 1] [--rate 2000]
@@ -147,8 +149,9 @@ def parse_ss(line):
 def sender_run(a, cc, foxy, tmp):
     stats = os.path.join(tmp, f"s-{cc}-{foxy}.json")
     args = [VMSIGHT, "run", "--name", "fvs", "--stats-json", stats]
+    rwlog = os.path.join(tmp, f"rw-{cc}.jsonl")
     if foxy:
-        args.append("--foxyvegas")
+        args += ["--foxyvegas", "--foxyvegas-log", rwlog]
     amount = f"-n {a.mb}M" if a.mb else f"-t {a.secs}"
     args += ["--", "sh", "-c", SENDER.format(cc=cc, amount=amount, sample=SAMPLE_S,
                                              tcp_mem=tcp_mem(a) + sender_sysctls(a))]
@@ -172,6 +175,7 @@ def sender_run(a, cc, foxy, tmp):
     # window and the send buffer. The window trace (Fig 3) is cwnd x MSS per sample.
     inflight = [x["unacked"] * (x["mss"] or 0) for x in ss]
     t0 = ss[0]["t"] if ss else 0.0
+    dev_rtts, dev_window = device_view(rwlog) if foxy else ([], [])
     return {"kBps": (kbps[0] / 8) if kbps else float("nan"), "retr": retr[0] if retr else -1,
             "rtt50": pct(rtts, 50), "rtt99": pct(rtts, 99), "samples": len(rtts),
             # The guest's smoothed RTT starts from the handshake's sample and decays with a
@@ -182,9 +186,33 @@ def sender_run(a, cc, foxy, tmp):
             "snd_wnd_max": max((x["snd_wnd"] or 0 for x in ss), default=0),
             "tb_max": max((x["tb"] or 0 for x in ss), default=0),
             "rewrites": fv.get("rewrites", 0), "base_rtt_us": fv.get("lowest_base_rtt_us", 0),
-            "rtts": rtts,
+            "rtts": rtts, "dev_rtts": dev_rtts, "dev_window": dev_window,
+            "dev_rtt50": pct(dev_rtts, 50), "dev_rtt99": pct(dev_rtts, 99),
             "window": [[round(x["t"] - t0, 2), (x["cwnd"] or 0) * (x["mss"] or 0),
                         x["unacked"] * (x["mss"] or 0), x["snd_wnd"]] for x in ss]}
+
+
+def device_view(path, keep=2000):
+    """FoxyVegas's own view of the data flow, from its rewrite log (one line per rewritten
+    ACK; the file is removed): the RTT it measured at the device (ms) and its Vegas window
+    (bytes) over time (s from the first line), each thinned evenly to about `keep` samples.
+    The flow is the one with the most lines (iperf3's control connection has few)."""
+    rows = {}
+    try:
+        with open(path) as f:
+            for line in f:
+                r = json.loads(line)
+                rows.setdefault((r["guest"], r["peer"]), []).append(r)
+        os.unlink(path)
+    except (OSError, ValueError, KeyError):
+        return [], []
+    flow = max(rows.values(), key=len, default=[])
+    step = max(1, len(flow) // keep)
+    flow = flow[::step]
+    t0 = flow[0]["t_ns"] if flow else 0
+    rtts = [r["rtt_us"] / 1000 for r in flow if r.get("rtt_us")]
+    window = [[round((r["t_ns"] - t0) / 1e9, 3), r["cwnd_segments"] * r["mss"]] for r in flow]
+    return rtts, window
 
 
 def tcp_mem(a):
@@ -241,7 +269,9 @@ def main():
                             base_rtt_us=r["base_rtt_us"], rtt_samples_ms=r["rtts"],
                             inflight_max_bytes=r["inflight_max"], snd_wnd_max_bytes=r["snd_wnd_max"],
                             send_buffer_max_bytes=r["tb_max"],
-                            window_trace=r["window"])
+                            device_rtt_p50_ms=r["dev_rtt50"], device_rtt_p99_ms=r["dev_rtt99"],
+                            window_trace=r["window"], device_window_trace=r["dev_window"],
+                            device_rtt_samples_ms=r["dev_rtts"])
                     print(f"{cc:10} foxy={int(foxy)}: {r['kBps']:.0f} KB/s retr {r['retr']} "
                           f"rtt p50 {r['rtt50']:.1f} p99 {r['rtt99']:.1f} (after {WARMUP_S:.0f} s {r['rtt99w']:.1f}) "
                           f"min {r['minrtt']:.1f} ms ({r['samples']} samples, first {r['first']}) "
@@ -256,8 +286,8 @@ def main():
           f"--sender-sysctl '{a.sender_sysctl}' "
           f"--reps {a.reps} --rate {a.rate} --queue {a.queue} --delay-ms {a.delay_ms}; "
           f"load {os.getloadavg()[0]:.2f}\n")
-    print("| cc | KB/s off | KB/s on | on/off | retr off | retr on | RTT p50 off | RTT p50 on | RTT p99 off | RTT p99 on | p99 on after warm-up | min RTT on | p99/min on (after warm-up) | rewrites | in flight max KB off | on |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| cc | KB/s off | KB/s on | on/off | retr off | retr on | RTT p50 off | RTT p50 on | RTT p99 off | RTT p99 on | p99 on after warm-up | min RTT on | p99/min on (after warm-up) | rewrites | in flight max KB off | on | device RTT p50 on | p99 on |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for cc in ccs:
         off, on = rows[(cc, False)], rows[(cc, True)]
         print(f"| {cc} | {med(off,'kBps'):.0f} | {med(on,'kBps'):.0f} | {med(on,'kBps')/med(off,'kBps'):.2f}x | "
@@ -265,7 +295,8 @@ def main():
               f"{med(off,'rtt99'):.1f} | {med(on,'rtt99'):.1f} | {med(on,'rtt99w'):.1f} | {med(on,'minrtt'):.1f} | "
               f"{statistics.median(r['rtt99'] / r['minrtt'] for r in on):.2f}x "
               f"({statistics.median(r['rtt99w'] / r['minrtt'] for r in on):.2f}x) | {med(on,'rewrites'):.0f} | "
-              f"{med(off,'inflight_max') / 1000:.0f} | {med(on,'inflight_max') / 1000:.0f} |")
+              f"{med(off,'inflight_max') / 1000:.0f} | {med(on,'inflight_max') / 1000:.0f} | "
+              f"{med(on,'dev_rtt50'):.1f} | {med(on,'dev_rtt99'):.1f} |")
     base = [r["base_rtt_us"] for rs in rows.values() for r in rs if r["base_rtt_us"]]
     if base:
         print(f"\nbase RTT at the device (FoxyVegas, min over flows): median {statistics.median(base)/1000:.1f} ms; "
