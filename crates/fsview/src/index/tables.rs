@@ -17,6 +17,7 @@
 //!   like `index.html` or `LC_MESSAGES` that occurs in a thousand directories is stored once).
 
 use super::{FileKind, InodeMeta};
+use hashbrown::HashTable;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
@@ -354,11 +355,13 @@ impl Tables {
     }
 }
 
-/// Builds an arena in which every distinct byte string is stored once. The map holds hashes
-/// only (the bytes are compared in the arena), and lives only while the tables are built.
+/// Builds an arena in which every distinct byte string is stored once. The table holds each
+/// string's place in the arena only, 8 bytes a slot (a map from hash to offset took 16, the
+/// largest single part of a crawl's peak at 500 000 names); hashes are recomputed from the
+/// arena when the table grows. It lives only while the tables are built.
 #[derive(Default)]
 pub(crate) struct Interner {
-    seen: HashMap<u64, u32>,
+    seen: HashTable<(u32, u32)>,
 }
 
 fn fnv(b: &[u8]) -> u64 {
@@ -370,21 +373,29 @@ fn fnv(b: &[u8]) -> u64 {
     h ^ (b.len() as u64).rotate_left(48)
 }
 
+/// The arena's bytes at (offset, length); empty if out of range (never for entries the
+/// interner made).
+fn stored(arena: &[u8], (off, len): (u32, u32)) -> &[u8] {
+    arena
+        .get(off as usize..off as usize + len as usize)
+        .unwrap_or(&[])
+}
+
 impl Interner {
-    /// Offset of `bytes` in `arena`, appending them unless an equal string is there already
-    /// (a hash collision with other bytes just appends). `None` past 4 GiB.
+    /// Offset of `bytes` in `arena`, appending them unless an equal string is there already.
+    /// `None` past 4 GiB.
     pub fn intern(&mut self, arena: &mut Vec<u8>, bytes: &[u8]) -> Option<u32> {
         let h = fnv(bytes);
-        if let Some(&off) = self.seen.get(&h) {
-            let s = off as usize;
-            if arena.get(s..s + bytes.len()) == Some(bytes) {
-                return Some(off);
-            }
+        if let Some(&(off, _)) = self.seen.find(h, |&e| stored(arena, e) == bytes) {
+            return Some(off);
         }
         let off = u32::try_from(arena.len()).ok()?;
+        let len = u32::try_from(bytes.len()).ok()?;
         u32::try_from(arena.len() + bytes.len()).ok()?;
         arena.extend_from_slice(bytes);
-        self.seen.entry(h).or_insert(off);
+        let arena = &*arena;
+        self.seen
+            .insert_unique(h, (off, len), |&e| fnv(stored(arena, e)));
         Some(off)
     }
 }
@@ -459,10 +470,23 @@ mod tests {
         assert_eq!(i.intern(&mut arena, b"README"), Some(a));
         assert_eq!(i.intern(&mut arena, b"index.html"), Some(b));
         assert_eq!(arena, b"READMEindex.html");
-        // A collision (forced by pre-seeding the hash) appends instead of aliasing.
-        i.seen.insert(fnv(b"other"), a);
+        // A string whose hash is taken by another (forced by an entry filed under "other"'s
+        // hash that points at "README") is still stored, not aliased to the other.
+        i.seen
+            .insert_unique(fnv(b"other"), (a, 6), |&e| fnv(stored(&arena, e)));
         let c = i.intern(&mut arena, b"other").expect("fits");
         assert_eq!(&arena[c as usize..], b"other");
+        assert_eq!(i.intern(&mut arena, b"other"), Some(c));
+        // Many strings: the table grows (rehashing from the arena) and still finds them all.
+        let offs: Vec<u32> = (0..10_000)
+            .map(|n| {
+                i.intern(&mut arena, format!("f{n}").as_bytes())
+                    .expect("fits")
+            })
+            .collect();
+        for (n, off) in offs.iter().enumerate() {
+            assert_eq!(i.intern(&mut arena, format!("f{n}").as_bytes()), Some(*off));
+        }
     }
 
     #[test]
