@@ -27,7 +27,8 @@ bytes in flight beside what can cap it: the receiver's advertised window and the
 send buffer. With the guests' default socket-buffer maxima the bytes in flight stop near 3 MB,
 below the 6000 KB queue, and no packet is ever lost; --tcp-mem MIB raises both guests' maxima
 so that loss-based controls overflow the queue, as in the paper. The per-sample window trace
-(cwnd x MSS, bytes in flight, the peer's window) is kept for Fig 3. With FoxyVegas on, its
+(the binding window min(cwnd x MSS, the peer's window), cwnd x MSS, bytes in flight, the
+peer's window) is kept for Fig 3. With FoxyVegas on, its
 rewrite log gives FoxyVegas's own view (Fig 3/4): the RTT it measures at the device and its
 Vegas window over time, beside the guest's.
 
@@ -188,8 +189,17 @@ def sender_run(a, cc, foxy, tmp):
             "rewrites": fv.get("rewrites", 0), "base_rtt_us": fv.get("lowest_base_rtt_us", 0),
             "rtts": rtts, "dev_rtts": dev_rtts, "dev_window": dev_window,
             "dev_rtt50": pct(dev_rtts, 50), "dev_rtt99": pct(dev_rtts, 99),
-            "window": [[round(x["t"] - t0, 2), (x["cwnd"] or 0) * (x["mss"] or 0),
-                        x["unacked"] * (x["mss"] or 0), x["snd_wnd"]] for x in ss]}
+            "window": [window_sample(x, t0) for x in ss]}
+
+
+def window_sample(x, t0):
+    """[seconds, window, cwnd x MSS, bytes in flight, peer window]: the window that binds the
+    sender is the smaller of its congestion window and the peer's window (which FoxyVegas
+    lowers), as the paper's Fig 3 plots it."""
+    cwnd = (x["cwnd"] or 0) * (x["mss"] or 0)
+    peer = x["snd_wnd"]
+    return [round(x["t"] - t0, 2), min(cwnd, peer) if peer else cwnd, cwnd,
+            x["unacked"] * (x["mss"] or 0), peer]
 
 
 def device_view(path, keep=2000):
