@@ -997,7 +997,7 @@ impl Crawler<'_> {
                     dir,
                     format!(
                         "entry {:?} points to inode {target}, which is not in use",
-                        String::from_utf8_lossy(&name)
+                        String::from_utf8_lossy(name)
                     ),
                 ));
                 continue;
