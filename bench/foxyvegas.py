@@ -81,7 +81,7 @@ iperf3 -s
 # Every sample is `ss -tmin --oneline` of the data connection (the one with the most bytes
 # acked; iperf3's control connection goes to the same address), prefixed with the guest's
 # uptime: RTT, minimum RTT, cwnd, MSS, unacked segments, the peer's window (snd_wnd) and the
-# socket memory (skmem: t = bytes queued for sending, tb = send buffer size).
+# socket memory (skmem: w = bytes queued in the socket, tb = send buffer size).
 SENDER = r"""
 {tcp_mem}
 modprobe tcp_{cc} 2>/dev/null; sysctl -qw net.ipv4.tcp_congestion_control={cc}
@@ -173,7 +173,7 @@ def sender_run(a, cc, foxy, tmp):
     st = json.load(open(stats))
     fv = st["nics"][0].get("foxyvegas") or {}
     # Bytes in flight (unacked segments x MSS) against what could cap them: the peer's
-    # window and the send buffer. The window trace (Fig 3) is cwnd x MSS per sample.
+    # window and the send buffer. The window trace (Fig 3): window_sample per sample.
     inflight = [x["unacked"] * (x["mss"] or 0) for x in ss]
     t0 = ss[0]["t"] if ss else 0.0
     dev_rtts, dev_window = device_view(rwlog) if foxy else ([], [])
