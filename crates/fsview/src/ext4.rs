@@ -1177,6 +1177,13 @@ struct RawEntry {
     ftype: u8,
 }
 
+impl RawEntry {
+    /// The entry's name in `names` (its [`RawEntries::names`]).
+    fn name_in<'n>(&self, names: &'n [u8]) -> &'n [u8] {
+        &names[self.name_off as usize..][..usize::from(self.name_len)]
+    }
+}
+
 impl RawEntries {
     /// Appends an entry; names are at most 255 bytes (ext4's `name_len` is one byte).
     fn push(&mut self, dir: u32, name: &[u8], target: u32, ftype: u8, block: u16) -> Result<()> {
@@ -1197,7 +1204,7 @@ impl RawEntries {
     }
 
     fn name(&self, e: &RawEntry) -> &[u8] {
-        &self.names[e.name_off as usize..][..usize::from(e.name_len)]
+        e.name_in(&self.names)
     }
 
     /// Sorts by (directory, name) and keeps the first entry found of each pair: names are
@@ -1205,7 +1212,7 @@ impl RawEntries {
     /// sort would, without its buffer of half the records.
     fn sort_dedup(&mut self) {
         let names = &self.names;
-        let name = |e: &RawEntry| &names[e.name_off as usize..][..usize::from(e.name_len)];
+        let name = |e: &RawEntry| e.name_in(names);
         self.recs.sort_unstable_by(|a, b| {
             (a.dir, name(a), a.name_off).cmp(&(b.dir, name(b), b.name_off))
         });
