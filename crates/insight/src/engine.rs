@@ -30,6 +30,7 @@ use crate::CHUNK;
 
 mod copy;
 mod facts;
+mod forks;
 
 /// The engine's hash maps and sets. Their keys (checksums of guest data, guest inode pointers,
 /// pids, fds, guest paths) are chosen by the guest, so the hasher must resist collisions it
@@ -181,6 +182,10 @@ pub struct ClassCounters {
     pub lookups_fd_symcall: u64,
     /// Lookups no source could answer (each asked once: see `facts`).
     pub lookup_failures: u64,
+    /// New processes whose fd table and working directory were taken from their parent's
+    /// fork entry at their own first call, because they ran before the parent's return was
+    /// seen (a `vfork` child always does; module `forks`).
+    pub forks_adopted: u64,
 }
 
 impl ClassCounters {
@@ -217,6 +222,9 @@ struct Proc {
     /// Fds no lookup source knew: not asked again until a seen syscall opens, closes or
     /// dup's onto them (bounded).
     fd_misses: HashSet<u32>,
+    /// The tables came from the parent's fork entry at the process's own first call, before
+    /// the parent's return was seen (module `forks`): that return leaves them.
+    adopted: bool,
 }
 
 const RECENT_READS: usize = 4096;
@@ -320,6 +328,8 @@ pub struct Engine {
     /// Where each disk's file system is mounted in the guest (from the mounts the trace saw;
     /// the root disk at `/`): turns a page owner's path within its file system into a guest path.
     disk_mounts: HashMap<u32, String>,
+    /// The parents' tables at forks still in flight (module `forks`).
+    forks: forks::Forks,
     counters: ClassCounters,
 }
 
@@ -386,6 +396,7 @@ impl Engine {
             inodes: HashMap::default(),
             inode_order: VecDeque::new(),
             disk_mounts: [(0, "/".to_string())].into_iter().collect(),
+            forks: forks::Forks::default(),
             counters: ClassCounters::default(),
         }
     }
@@ -1012,12 +1023,10 @@ impl Engine {
             }
             // fork, vfork, clone (not a thread), clone3 (flags unknown here: a thread's
             // copy is keyed by its tid and simply never used)
-            57 | 58 | 56 | 435 if ret.is_some_and(|r| r > 0) => {
-                if e.nr == 56 && a[0] & CLONE_THREAD != 0 {
-                    return;
-                }
-                self.on_fork(pid, ret.unwrap_or(0) as u32);
-            }
+            57 | 58 | 56 | 435 if forks::starts_process(e) => match ret {
+                Some(child) if child > 0 => self.fork_returned(pid, e.tid, child as u32),
+                _ => self.fork_failed(pid, e.tid),
+            },
             231 => {
                 self.procs.remove(&pid);
             }
@@ -1174,19 +1183,6 @@ impl Engine {
             .and_then(|f| f.path.as_deref().map(str::to_string));
         if let Some(p) = p {
             self.proc_mut(pid, None).cwd = Some(p);
-        }
-    }
-
-    /// A new process `child` forked from `pid`: it gets a copy of the parent's state (fd
-    /// table, working directory) without its recent reads, within the process bound.
-    fn on_fork(&mut self, pid: u32, child: u32) {
-        if let Some(mut p) = self.procs.get(&pid).cloned() {
-            p.recent_reads.clear();
-            p.recent_order.clear();
-            p.forget_lookups();
-            if self.procs.len() < self.cfg.max_processes {
-                self.procs.insert(child, p);
-            }
         }
     }
 
@@ -1701,6 +1697,17 @@ impl InsightEngine {
 
 impl SyscallObserver for InsightEngine {
     fn on_entry(&mut self, e: &EntryEvent) {
+        // A new process's tables before anything else it does (module `forks`).
+        let ppid = forks::parent_tgid(e);
+        if ppid.is_some() || forks::starts_process(e) {
+            let mut g = self.lock();
+            if let Some(pp) = ppid {
+                g.adopt(e.tgid, pp);
+            }
+            if forks::starts_process(e) {
+                g.fork_entry(e);
+            }
+        }
         let answers = self.ask(|g| g.missing_at_entry(e));
         if let Some(io) = e.io.as_ref().filter(|io| !io.read) {
             let mut g = self.lock();

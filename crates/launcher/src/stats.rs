@@ -382,6 +382,13 @@ impl fmt::Display for RunStats {
                     c.lookup_failures
                 )?;
             }
+            if c.forks_adopted > 0 {
+                writeln!(
+                    f,
+                    "    new processes given their parent's fds at their first call (before the fork's return): {}",
+                    c.forks_adopted
+                )?;
+            }
             writeln!(f, "    writes by class: {}", fmt(&c.writes))?;
             writeln!(f, "    reads by class: {}", fmt(&c.reads))?;
         }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use vmsight_blockdev::insight::{Content, InsightRecord, Pattern};
-use vmsight_introspect::syscall::event::{ArgData, HEAD_ARG, TAIL_ARG};
+use vmsight_introspect::syscall::event::{ArgData, HEAD_ARG, PPID_ARG, TAIL_ARG};
 use vmsight_introspect::syscall::{
     ChunkSum, Completed, EntryEvent, IoSums, Outcome, PosSource, SyscallObserver,
 };
@@ -479,6 +479,78 @@ fn fd_table_follows_dup_fork_chdir_and_path_selection() {
     assert!(!recs.iter().any(
         |r| matches!(r, InsightRecord::Truncate(f) | InsightRecord::Unlink(f) if f.file == "/other/g")
     ));
+}
+
+/// dash runs a command with its redirection through `vfork`: the parent opens the file and
+/// dup2's it onto fd 1, then vforks; the child execs and writes before the parent's return is
+/// seen. The child's writes are the file's from its first one, and what the child opens
+/// before that return survives it.
+#[test]
+fn a_vfork_child_writing_before_its_parents_return_has_the_parents_fds() {
+    let mut w = world(InsightConfig::default());
+    w.open(20, "sh", "/root/out", 3, 0o1101); // O_WRONLY|O_CREAT|O_TRUNC
+    let c = w.call(20, "sh", 33, [3, 1, 0, 0, 0, 0], 1); // dup2(3, 1)
+    w.syscall(&c);
+    let c = w.call(20, "sh", 3, [3, 0, 0, 0, 0, 0], 0); // close(3)
+    w.syscall(&c);
+    let vfork = w.call(20, "sh", 58, [0; 6], 21);
+    w.engine.on_entry(&vfork.entry);
+    // The child's first call carries its parent's TGID (the plugin's description).
+    let mut first = w.call(21, "sh", 14, [2, 0, 0, 0, 0, 0], 0);
+    first.entry.data.push(ArgData {
+        arg: PPID_ARG,
+        bytes: 20i32.to_le_bytes().to_vec(),
+        ..Default::default()
+    });
+    w.syscall(&first);
+    let c = w.call(21, "head", 59, [0x1000, 0, 0, 0, 0, 0], 0); // execve
+    w.syscall(&c);
+    w.open(21, "head", "/root/other", 5, 0o101);
+    let d = content(21, 8192);
+    let c = w.io_event(21, "head", 1, 0, &d, 0, false);
+    w.syscall(&c);
+    // Only now the parent's vfork returns.
+    w.engine.on_complete(&vfork);
+    let e = content(22, 4096);
+    let c = w.io_event(21, "head", 5, 0, &e, 0, false);
+    w.syscall(&c);
+    let f = content(23, 4096);
+    let c = w.io_event(21, "head", 1, 8192, &f, 8192, false);
+    w.syscall(&c);
+    assert_eq!(w.engine.counters().forks_adopted, 1);
+    for (off, data, file, at) in [
+        (0, &d, "/root/out", 0),
+        (8192, &f, "/root/out", 8192),
+        (65536, &e, "/root/other", 0),
+    ] {
+        let i = w.block_write(off, data);
+        assert_eq!(i.content, Content::Data, "{file} at {at}");
+        assert_eq!(i.file.as_deref(), Some(file));
+        assert_eq!(i.file_offset, Some(at), "{file}");
+        assert_eq!(i.pid, Some(21));
+    }
+}
+
+/// Without the parent's TGID on the child's first call, the child gets the parent's tables
+/// as they were at the fork's entry when the fork returns, not as they are by then.
+#[test]
+fn a_fork_child_without_a_parent_tgid_gets_the_tables_of_the_forks_entry() {
+    let mut w = world(InsightConfig::default());
+    w.open(30, "sh", "/root/kept", 4, 0o101);
+    let fork = w.call(30, "sh", 57, [0; 6], 31);
+    w.engine.on_entry(&fork.entry);
+    // Another thread of the parent closes fd 4 while the fork is in flight.
+    let mut c = w.call(30, "sh", 3, [4, 0, 0, 0, 0, 0], 0);
+    c.entry.tid = 32;
+    w.syscall(&c);
+    w.engine.on_complete(&fork);
+    let d = content(31, 4096);
+    let c = w.io_event(31, "sh", 4, 0, &d, 0, false);
+    w.syscall(&c);
+    assert_eq!(w.engine.counters().forks_adopted, 0);
+    let i = w.block_write(0, &d);
+    assert_eq!(i.file.as_deref(), Some("/root/kept"));
+    assert_eq!(i.pid, Some(31));
 }
 
 #[test]
