@@ -193,7 +193,9 @@ fn root_disk_writes_are_classified_as_data_per_block() {
     // dash runs each `head > file` through vfork: the child writes before the parent's
     // return, so its fds come from the fork's entry (this test once failed when the return
     // was seen after the child's first write and the child had exited by then).
-    let adopted = json_file(&st)["insights"]["forks_adopted"].as_u64().unwrap();
+    let adopted = json_file(&st)["insights"]["forks_adopted"]
+        .as_u64()
+        .unwrap();
     println!("root disk: {adopted} vfork children adopted their parent's fds");
     assert!(adopted >= FILES.len() as u64, "{adopted}");
     // The truth: /root is on /dev/vda itself (root=/dev/vda, no partition table).
