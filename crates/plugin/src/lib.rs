@@ -102,6 +102,10 @@ const SB_TRACK: usize = 24;
 const SB_ARM: usize = 32;
 /// 32-bit system calls (`int 0x80`, `sysenter`) executed in user mode, counted inline.
 const SB_COMPAT: usize = 40;
+/// 1 while the vCPU runs user code, 0 in kernel code (stored inline at every block with the
+/// synchronous transport; vmsight reads it next to the arm word).
+const SB_USER: usize = 48;
+const _: () = assert!(SB_USER - SB_ARM == vmsight_ring::redirect::USER_WORD_AFTER_ARM as usize);
 const SB_ELEMENT: usize = 128;
 
 /// Monitoring states (scoreboard `SB_STATE`).
@@ -709,6 +713,7 @@ fn install(id: PluginId, args: &[String], info: &InstallInfo) -> Result<(), Plug
             vcpu_init: on_vcpu_init,
             vcpu_exit: on_vcpu_exit,
             vcpu_idle: on_vcpu_idle,
+            vcpu_resume: symsync.then_some(on_vcpu_resume as fn(c_uint)),
             // Dormant (nothing asked of the plugin): no translation callback, so QEMU
             // generates the same code as without a plugin.
             tb_trans: translates.then_some(on_tb_trans as fn(Tb<'_>)),
@@ -891,10 +896,23 @@ fn on_vcpu_exit(vcpu: c_uint) {
 fn on_vcpu_idle(vcpu: c_uint) {
     guard(Some(vcpu), || {
         if let Some(st) = STATE.get() {
+            if st.symsync() {
+                st.channel.redirect_mailbox().set_idle(vcpu, true);
+            }
             if st.vcpu(vcpu).is_some() {
                 st.poll_filters(vcpu);
             }
             st.publish(vcpu);
+        }
+    });
+}
+
+/// A halted vCPU runs again (registered with the synchronous transport only): vmsight no
+/// longer needs to interrupt the guest for it to take a request.
+fn on_vcpu_resume(vcpu: c_uint) {
+    guard(Some(vcpu), || {
+        if let Some(st) = STATE.get() {
+            st.channel.redirect_mailbox().set_idle(vcpu, false);
         }
     });
 }
@@ -927,6 +945,13 @@ fn instrument_tb(st: &State, tb: Tb<'_>) -> u64 {
     let kernel = is_kernel_addr(tb_vaddr);
     if !(user || ((monitoring || hooks.is_some() || symsync) && kernel)) {
         return 0;
+    }
+    if symsync && (user || kernel) {
+        // Where the vCPU runs, for vmsight to ring a guest none of whose vCPUs would take a
+        // kernel request soon (all halted or in user code): one inline store per block.
+        if let Some(first) = tb.insn(0) {
+            first.store_inline(st.entry(SB_USER), u64::from(user));
+        }
     }
     if symsync && kernel {
         // The kernel trigger: one inline compare per block, a call only while armed.

@@ -14,13 +14,14 @@
 //! cancelled active one (the vCPU then stays wherever the guest function took it).
 //!
 //! ```text
-//! CONTROL_OFFSET + 2048   Mailbox (197 u64 atomics, 1576 bytes)
+//! CONTROL_OFFSET + 2048   Mailbox (198 u64 atomics, 1584 bytes)
 //!   req_seq cancel_seq done_seq verified_seq
 //!   trigger tgid entry has_frame return_to reserve set_mask set[20]
 //!   mem_addr mem_len mem[32]
 //!   status vcpu return_vcpu pc elapsed_ns saved[20] at_return[20] mismatch_mask
 //!   at_check[20]
 //!   arm_pid arm_n arm_addr[64]
+//!   idle
 //! ```
 //!
 //! Every field is an atomic; a scribbled mailbox yields a request the plugin validates like
@@ -76,12 +77,23 @@ pub struct Mailbox {
     arm_pid: AtomicU64,
     arm_n: AtomicU64,
     arm_addr: [AtomicU64; MAX_ARM_VCPUS],
+    /// Bit `v` set while vCPU `v` is halted (between QEMU's idle and resume callbacks): a
+    /// kernel-triggered request nobody will take until the guest is interrupted.
+    idle: AtomicU64,
 }
 
 /// Most vCPUs whose arm words the mailbox publishes.
 pub const MAX_ARM_VCPUS: usize = 64;
 
-const _: () = assert!(std::mem::size_of::<Mailbox>() == (111 + NREGS + 2 + MAX_ARM_VCPUS) * 8);
+/// Where a vCPU's user-mode word is in QEMU's memory, in bytes after its arm word (both are in
+/// the plugin's per-vCPU scoreboard element): 1 while the vCPU runs user code, 0 while it runs
+/// kernel code, stored inline at every translation block while SymCall's synchronous
+/// transport is on. vmsight reads it (`process_vm_readv`) to ring a guest whose vCPUs would not
+/// reach a kernel block soon.
+pub const USER_WORD_AFTER_ARM: u64 = 16;
+
+const _: () = assert!(std::mem::size_of::<Mailbox>() == (111 + NREGS + 2 + MAX_ARM_VCPUS + 1) * 8);
+const _: () = assert!(MAX_ARM_VCPUS <= 64, "one idle bit per vCPU in a u64");
 const _: () = assert!(MAILBOX_OFFSET as usize + std::mem::size_of::<Mailbox>() <= 4096);
 const _: () = assert!(MAILBOX_OFFSET as usize >= std::mem::size_of::<crate::control::FilterArea>());
 
@@ -276,6 +288,34 @@ impl Mailbox {
         (n > 0).then(|| (pid, self.arm_addr[..n].iter().map(load).collect()))
     }
 
+    /// Records that vCPU `vcpu` halted (`true`) or resumed (the plugin's idle and resume
+    /// callbacks). vCPUs beyond [`MAX_ARM_VCPUS`] are not recorded.
+    pub fn set_idle(&self, vcpu: u32, idle: bool) {
+        if vcpu as usize >= MAX_ARM_VCPUS {
+            return;
+        }
+        let bit = 1u64 << vcpu;
+        if idle {
+            self.idle.fetch_or(bit, Ordering::AcqRel);
+        } else {
+            self.idle.fetch_and(!bit, Ordering::AcqRel);
+        }
+    }
+
+    /// True when every vCPU whose arm word is published is halted: a kernel-triggered request
+    /// waits for an interrupt, so the guest is best woken at once. `false` with none
+    /// published (nothing known).
+    pub fn all_vcpus_idle(&self) -> bool {
+        let n = (self.arm_n.load(Ordering::Acquire) as usize).min(MAX_ARM_VCPUS);
+        let want = if n == 64 { u64::MAX } else { (1u64 << n) - 1 };
+        n > 0 && self.idle_mask() & want == want
+    }
+
+    /// The halted vCPUs, bit `v` for vCPU `v` (see [`Mailbox::set_idle`]).
+    pub fn idle_mask(&self) -> u64 {
+        self.idle.load(Ordering::Acquire)
+    }
+
     /// The last posted sequence (what [`Mailbox::wait_post`] compares with).
     pub fn posted(&self) -> u64 {
         self.req_seq.load(Ordering::Acquire)
@@ -468,6 +508,32 @@ mod tests {
             bytes: (0..13).collect(),
         });
         r
+    }
+
+    /// The idle bits follow the vCPUs' halts and resumes; "every vCPU idle" needs all the
+    /// published vCPUs halted, and nothing is known before the arm words are published.
+    #[test]
+    fn every_vcpu_is_idle_only_when_all_published_vcpus_halted() {
+        let m = mailbox();
+        m.set_idle(0, true);
+        assert!(!m.all_vcpus_idle(), "no vCPU published yet");
+        m.publish_arm(100, &[0x1000, 0x2000]);
+        assert!(!m.all_vcpus_idle());
+        m.set_idle(1, true);
+        assert!(m.all_vcpus_idle());
+        m.set_idle(0, false);
+        assert!(!m.all_vcpus_idle());
+        m.set_idle(0, true);
+        m.set_idle(64, true); // beyond the bits: ignored
+        m.set_idle(u32::MAX, false);
+        assert!(m.all_vcpus_idle());
+        let all: Vec<u64> = (0..MAX_ARM_VCPUS as u64).collect();
+        m.publish_arm(100, &all);
+        assert!(!m.all_vcpus_idle());
+        for v in 0..MAX_ARM_VCPUS as u32 {
+            m.set_idle(v, true);
+        }
+        assert!(m.all_vcpus_idle());
     }
 
     /// A kernel-triggered request (SymCall's synchronous transport) keeps its not-here value

@@ -10,10 +10,10 @@
 //!
 //! | what | v4 | v7 |
 //! |---|---|---|
-//! | vCPU init/exit/idle callback | `(id, vcpu_index)` | `(vcpu_index, userdata)` |
+//! | vCPU init/exit/idle/resume callback | `(id, vcpu_index)` | `(vcpu_index, userdata)` |
 //! | translation callback | `(id, tb)` | `(tb, userdata)` |
 //! | at-exit callback | `(id, userdata)` | `(userdata)` |
-//! | `register_vcpu_{init,exit,idle,tb_trans}_cb` | `(id, cb)` | `(id, cb, userdata)` |
+//! | `register_vcpu_{init,exit,idle,resume,tb_trans}_cb` | `(id, cb)` | `(id, cb, userdata)` |
 //! | `qemu_plugin_read_register` | `int` bytes read, -1 on error | `bool` |
 //! | `qemu_plugin_reg_descriptor` | 24 bytes | 32 bytes (`+ bool is_readonly`) |
 //! | register handles | index + 1 | `(index + 1) << 1 \| is_readonly` (opaque either way) |
@@ -136,6 +136,7 @@ pub const COND_GE: c_uint = 7;
 
 /// `enum qemu_plugin_op`.
 pub const INLINE_ADD_U64: c_uint = 0;
+pub const INLINE_STORE_U64: c_uint = 1;
 
 /// `enum qemu_plugin_discon_type` (v7), a bit mask.
 pub const DISCON_INTERRUPT: c_uint = 1;
@@ -180,6 +181,8 @@ extern "C" {
     pub fn qemu_plugin_register_vcpu_exit_cb(id: PluginId, cb: VcpuSimpleCbV4);
     /// v4 form; v7 adds a trailing `void *userdata`.
     pub fn qemu_plugin_register_vcpu_idle_cb(id: PluginId, cb: VcpuSimpleCbV4);
+    /// v4 form; v7 adds a trailing `void *userdata` (the same type as the idle callback's).
+    pub fn qemu_plugin_register_vcpu_resume_cb(id: PluginId, cb: VcpuSimpleCbV4);
     /// v4 form; v7 adds a trailing `void *userdata`.
     pub fn qemu_plugin_register_vcpu_tb_trans_cb(id: PluginId, cb: TbTransCbV4);
     /// v4 form; v7's callback takes only the user data.

@@ -211,6 +211,9 @@ pub struct Hooks {
     pub vcpu_init: fn(c_uint),
     pub vcpu_exit: fn(c_uint),
     pub vcpu_idle: fn(c_uint),
+    /// `None`: no resume callback (only the synchronous transport needs to know when a
+    /// halted vCPU runs again).
+    pub vcpu_resume: Option<fn(c_uint)>,
     /// `None`: no translation callback at all (a dormant plugin; see `Options::translates`).
     pub tb_trans: Option<fn(Tb<'_>)>,
     pub atexit: fn(),
@@ -235,6 +238,11 @@ extern "C" fn exit_v4(_id: PluginId, vcpu: c_uint) {
 extern "C" fn idle_v4(_id: PluginId, vcpu: c_uint) {
     if let Some(h) = hooks() {
         (h.vcpu_idle)(vcpu);
+    }
+}
+extern "C" fn resume_v4(_id: PluginId, vcpu: c_uint) {
+    if let Some(f) = hooks().and_then(|h| h.vcpu_resume) {
+        f(vcpu);
     }
 }
 extern "C" fn tb_v4(_id: PluginId, tb: *mut ffi::qemu_plugin_tb) {
@@ -262,6 +270,11 @@ extern "C" fn idle_v7(vcpu: c_uint, _udata: *mut c_void) {
         (h.vcpu_idle)(vcpu);
     }
 }
+extern "C" fn resume_v7(vcpu: c_uint, _udata: *mut c_void) {
+    if let Some(f) = hooks().and_then(|h| h.vcpu_resume) {
+        f(vcpu);
+    }
+}
 extern "C" fn tb_v7(tb: *mut ffi::qemu_plugin_tb, _udata: *mut c_void) {
     if let Some(f) = hooks().and_then(|h| h.tb_trans) {
         f(Tb::new(tb));
@@ -276,6 +289,7 @@ extern "C" fn atexit_v7(_udata: *mut c_void) {
 /// Registers the lifecycle callbacks (once; later calls are ignored). Call during install.
 pub fn register_hooks(id: PluginId, h: Hooks) {
     let translates = h.tb_trans.is_some();
+    let resumes = h.vcpu_resume.is_some();
     if HOOKS.set(h).is_err() {
         return;
     }
@@ -288,6 +302,9 @@ pub fn register_hooks(id: PluginId, h: Hooks) {
                 ffi::qemu_plugin_register_vcpu_init_cb(id, init_v4);
                 ffi::qemu_plugin_register_vcpu_exit_cb(id, exit_v4);
                 ffi::qemu_plugin_register_vcpu_idle_cb(id, idle_v4);
+                if resumes {
+                    ffi::qemu_plugin_register_vcpu_resume_cb(id, resume_v4);
+                }
                 if translates {
                     ffi::qemu_plugin_register_vcpu_tb_trans_cb(id, tb_v4);
                 }
@@ -300,6 +317,9 @@ pub fn register_hooks(id: PluginId, h: Hooks) {
                 vcpu(ffi::qemu_plugin_register_vcpu_init_cb)(id, init_v7, null);
                 vcpu(ffi::qemu_plugin_register_vcpu_exit_cb)(id, exit_v7, null);
                 vcpu(ffi::qemu_plugin_register_vcpu_idle_cb)(id, idle_v7, null);
+                if resumes {
+                    vcpu(ffi::qemu_plugin_register_vcpu_resume_cb)(id, resume_v7, null);
+                }
                 let tb = std::mem::transmute::<
                     unsafe extern "C" fn(PluginId, ffi::TbTransCbV4),
                     ffi::RegisterTbTransCbV7,
@@ -483,6 +503,19 @@ impl Insn<'_> {
                 word.0,
                 imm,
                 udata as *mut c_void,
+            );
+        }
+    }
+
+    /// Stores `imm` into the vCPU's `word` inline every time the instruction executes.
+    pub fn store_inline(&self, word: Word, imm: u64) {
+        // SAFETY: live handle; the scoreboard lives until QEMU exits.
+        unsafe {
+            ffi::qemu_plugin_register_vcpu_insn_exec_inline_per_vcpu(
+                self.raw,
+                ffi::INLINE_STORE_U64,
+                word.0,
+                imm,
             );
         }
     }
