@@ -362,6 +362,48 @@ fn symcalls_over_the_synchronous_transport_on_qemu11_answer_what_the_guest_itsel
     assert_eq!(module["stale_answers"], 0, "{module:?}");
 }
 
+/// An idle guest has every vCPU halted: nobody would take a synchronous call until an
+/// interrupt, so vmsight rings the guest at once (the plugin's idle and resume callbacks say
+/// so) instead of waiting for a running vCPU first; every call is still answered right.
+#[test]
+fn synchronous_calls_to_an_idle_guest_ring_it_at_once_and_are_answered() {
+    require_trixie_root();
+    let name = vm_name("sym-idle");
+    let mut vm = LiveVm::start(&[
+        "--name",
+        &name,
+        "--qemu",
+        "trixie",
+        "--symbiotic",
+        "--",
+        "sh",
+        "-c",
+        "echo ===UP; read x",
+    ]);
+    vm.wait_line("===UP");
+    wait_active(&name);
+    let r = sym(&[
+        name.as_str(),
+        "call",
+        "echo",
+        "1",
+        "--repeat",
+        "300",
+        "--transport",
+        "sync",
+    ]);
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert!(r.stdout.contains("300 ok, 0 failed, 0 wrong"), "{r:?}");
+    let s = spy(&name);
+    let c = &s["counters"];
+    println!("idle guest: {c}");
+    assert!(c["calls_sync"].as_u64().unwrap() >= 300, "{s}");
+    assert!(c["sync_wakes_idle"].as_u64().unwrap() > 0, "{s}");
+    vm.send("go");
+    let (code, out, err) = vm.finish();
+    assert_eq!(code, Some(0), "{out:?} {err}");
+}
+
 #[test]
 fn without_vmsight_the_module_finds_no_device_and_the_guest_works_as_before() {
     // Plain QEMU from vmsight's point of view: no --symbiotic, so no fw_cfg item and no device.

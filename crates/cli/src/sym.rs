@@ -206,10 +206,14 @@ fn describe_spy(r: &SpyReport) -> String {
     }
     let c = &r.counters;
     out.push(format!(
-        "counters: calls {} doorbell, {} sync; timeouts {}; busy {}; doorbells {} call, {} \
-         state, {} spurious; spy problems {}",
+        "counters: calls {} doorbell, {} sync (guest woken at once {} times with all vCPUs idle, \
+         {} with none in the kernel; {} after waiting); timeouts {}; busy {}; doorbells {} call, \
+         {} state, {} spurious; spy problems {}",
         c.calls_doorbell,
         c.calls_sync,
+        c.sync_wakes_idle,
+        c.sync_wakes_user,
+        c.sync_wakes_waited,
         c.timeouts,
         c.busy,
         c.doorbells_call,

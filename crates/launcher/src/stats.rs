@@ -432,7 +432,9 @@ impl fmt::Display for RunStats {
         if let Some(c) = &self.symbiotic {
             writeln!(
                 f,
-                "  symbiotic: {} hellos ({} accepted, {} refused); symcalls {} doorbell, {} sync, \
+                "  symbiotic: {} hellos ({} accepted, {} refused); symcalls {} doorbell, {} sync \
+                 (guest woken at once {} times with all vCPUs idle, {} with none in the kernel; \
+                 {} after waiting), \
                  {} timed out, {} refused as busy; guest doorbells {} call ({} spurious), {} \
                  state; SymSpy read {} times, {} problems",
                 c.hellos,
@@ -440,6 +442,9 @@ impl fmt::Display for RunStats {
                 c.refused,
                 c.calls_doorbell,
                 c.calls_sync,
+                c.sync_wakes_idle,
+                c.sync_wakes_user,
+                c.sync_wakes_waited,
                 c.timeouts,
                 c.busy,
                 c.doorbells_call,

@@ -1074,6 +1074,15 @@ pub struct SymCounters {
     /// Symcalls answered, by transport, and failed ones.
     pub calls_doorbell: u64,
     pub calls_sync: u64,
+    /// State doorbells the synchronous transport rang to wake the guest: at once, because
+    /// every vCPU was halted, or halted or in user code; and after waiting for a running vCPU
+    /// to take the call.
+    #[serde(default)]
+    pub sync_wakes_idle: u64,
+    #[serde(default)]
+    pub sync_wakes_user: u64,
+    #[serde(default)]
+    pub sync_wakes_waited: u64,
     pub timeouts: u64,
     pub busy: u64,
     /// SymSpy reads and the problems found in them (hostile or torn pages).

@@ -116,6 +116,21 @@ fn samples(sym: &Symbiotic) -> Vec<Sample> {
             c.calls_sync,
         ),
         s(
+            "sym_sync_wakes_idle_total",
+            "guest wakes rung at once for a synchronous call: every vCPU was halted",
+            c.sync_wakes_idle,
+        ),
+        s(
+            "sym_sync_wakes_user_total",
+            "guest wakes rung at once for a synchronous call: no vCPU was in the kernel",
+            c.sync_wakes_user,
+        ),
+        s(
+            "sym_sync_wakes_waited_total",
+            "guest wakes rung for a synchronous call no running vCPU took in time",
+            c.sync_wakes_waited,
+        ),
+        s(
             "sym_timeouts_total",
             "symcalls the guest did not answer in time",
             c.timeouts,

@@ -83,6 +83,19 @@ pub struct SyncEntry {
     pub stack: u64,
 }
 
+/// Why the synchronous transport rings the guest's state doorbell (counted apart).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wake {
+    /// Every vCPU was halted when the call was posted: nobody would take it until an
+    /// interrupt, so the guest is rung at once.
+    Idle,
+    /// Every vCPU was halted or running user code (entering the kernel only on the next
+    /// timer tick or syscall): rung at once too.
+    User,
+    /// No vCPU took the call within `sync::WAKE_AFTER` (or again, every `sync::WAKE_AGAIN`).
+    Waited,
+}
+
 /// The synchronous transport: runs the module's entry on a vCPU (the plugin's redirection,
 /// QEMU 11) and returns the entry's `rax`. Set once the plugin channel exists.
 pub trait SyncTransport: Send + Sync {
@@ -94,7 +107,7 @@ pub trait SyncTransport: Send + Sync {
         word: u64,
         args: [u64; 5],
         timeout: Duration,
-        wake: &dyn Fn(),
+        wake: &dyn Fn(Wake),
     ) -> Result<i64, String>;
 }
 
@@ -109,6 +122,9 @@ struct Counters {
     doorbells_spurious: AtomicU64,
     calls_doorbell: AtomicU64,
     calls_sync: AtomicU64,
+    sync_wakes_idle: AtomicU64,
+    sync_wakes_user: AtomicU64,
+    sync_wakes_waited: AtomicU64,
     timeouts: AtomicU64,
     busy: AtomicU64,
     spy_reads: AtomicU64,
@@ -131,6 +147,9 @@ impl Counters {
             doorbells_spurious: g(&self.doorbells_spurious),
             calls_doorbell: g(&self.calls_doorbell),
             calls_sync: g(&self.calls_sync),
+            sync_wakes_idle: g(&self.sync_wakes_idle),
+            sync_wakes_user: g(&self.sync_wakes_user),
+            sync_wakes_waited: g(&self.sync_wakes_waited),
             timeouts: g(&self.timeouts),
             busy: g(&self.busy),
             spy_reads: g(&self.spy_reads),
@@ -644,7 +663,12 @@ impl Symbiotic {
                 reason: "not offered".into(),
             });
         };
-        let wake = || {
+        let wake = |why: Wake| {
+            bump(match why {
+                Wake::Idle => &self.counters.sync_wakes_idle,
+                Wake::User => &self.counters.sync_wakes_user,
+                Wake::Waited => &self.counters.sync_wakes_waited,
+            });
             let _ = self.bells.ring_guest(VEC_STATE);
         };
         match t.call(at, word, args, timeout, &wake) {
@@ -730,7 +754,7 @@ mod tests {
             _: u64,
             _: [u64; 5],
             _: Duration,
-            _: &dyn Fn(),
+            _: &dyn Fn(Wake),
         ) -> Result<i64, String> {
             self.0.ok_or_else(|| "timed out".to_owned())
         }

@@ -1,9 +1,11 @@
 //! The synchronous transport: the plugin redirects a vCPU into the module's entry (QEMU 11,
 //! plugin API v7) and puts it back when the entry returns to the module's return marker, with
 //! no interrupt on a running guest (`Trigger::Kernel`: the next kernel block a vCPU runs with
-//! interrupts enabled). An idle guest has no vCPU running: after [`WAKE_AFTER`] without a
-//! taker vmsight rings the guest's state doorbell (again every [`WAKE_AGAIN`]), which wakes
-//! a vCPU (the module's handler for it does nothing).
+//! interrupts enabled). A guest whose vCPUs are all halted (QEMU's idle and resume callbacks,
+//! recorded by the plugin) or running user code (a word the plugin stores inline at every
+//! block) will not reach such a block soon: vmsight rings the guest's state doorbell at once;
+//! otherwise after [`WAKE_AFTER`] without a taker (again every [`WAKE_AGAIN`]). The doorbell
+//! interrupts a vCPU, whose handler in the module is a safe point where it takes the call.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -11,10 +13,10 @@ use std::time::{Duration, Instant};
 
 use vmsight_proto::redirect::{Frame, RedirectRequest, Reg, Trigger};
 use vmsight_proto::sym::RET_NOT_HERE;
-use vmsight_ring::redirect::Progress;
+use vmsight_ring::redirect::{Progress, USER_WORD_AFTER_ARM};
 use vmsight_ring::ChannelHost;
 
-use super::{Symbiotic, SyncEntry, SyncTransport};
+use super::{Symbiotic, SyncEntry, SyncTransport, Wake};
 use crate::redirect::{lock, post, REDIRECT_API};
 use crate::vm::prepare::Prepared;
 
@@ -67,13 +69,9 @@ impl PluginSync {
     /// milliseconds). False if that is not possible; the plugin's own arming thread then does
     /// it.
     fn arm(&self) -> bool {
-        let Some((pid, addrs)) = lock(&self.channel).redirect_mailbox().arm_targets() else {
+        let Some((pid, addrs)) = self.targets() else {
             return false;
         };
-        let ours = *self.qemu.get_or_init(|| is_our_child(pid).then_some(pid));
-        if ours != Some(pid) {
-            return false;
-        }
         let ones: Vec<u8> = addrs.iter().flat_map(|_| 1u64.to_ne_bytes()).collect();
         let remote: Vec<nix::sys::uio::RemoteIoVec> = addrs
             .iter()
@@ -89,6 +87,52 @@ impl PluginSync {
         )
         .is_ok_and(|n| n == ones.len())
     }
+
+    /// QEMU's pid and the addresses of the vCPUs' arm words, if the plugin published them and
+    /// that pid is our child (vmsight writes and reads there).
+    fn targets(&self) -> Option<(u32, Vec<u64>)> {
+        let (pid, addrs) = lock(&self.channel).redirect_mailbox().arm_targets()?;
+        let ours = *self.qemu.get_or_init(|| is_our_child(pid).then_some(pid));
+        (ours == Some(pid)).then_some((pid, addrs))
+    }
+
+    /// Why the guest must be rung at once, if it must: every vCPU is halted ([`Wake::Idle`]),
+    /// or each is halted or running user code ([`Wake::User`]), so none reaches a kernel
+    /// block soon. `None` when a vCPU is in the kernel, or when the words cannot be read.
+    fn ring_at_once(&self) -> Option<Wake> {
+        let idle = {
+            let ch = lock(&self.channel);
+            let mb = ch.redirect_mailbox();
+            if mb.all_vcpus_idle() {
+                return Some(Wake::Idle);
+            }
+            mb.idle_mask()
+        };
+        let (pid, addrs) = self.targets()?;
+        let mut words = vec![0u8; addrs.len() * 8];
+        let remote: Vec<nix::sys::uio::RemoteIoVec> = addrs
+            .iter()
+            .map(|&a| nix::sys::uio::RemoteIoVec {
+                base: (a + USER_WORD_AFTER_ARM) as usize,
+                len: 8,
+            })
+            .collect();
+        let n = nix::sys::uio::process_vm_readv(
+            nix::unistd::Pid::from_raw(pid as i32),
+            &mut [std::io::IoSliceMut::new(&mut words)],
+            &remote,
+        )
+        .ok()?;
+        (n == words.len() && none_in_kernel(idle, &words)).then_some(Wake::User)
+    }
+}
+
+/// Whether every vCPU is halted (bit `v` of `idle`) or running user code (its user-mode word,
+/// the `v`th native-endian u64 of `user_words`, is 1).
+fn none_in_kernel(idle: u64, user_words: &[u8]) -> bool {
+    user_words.chunks_exact(8).enumerate().all(|(v, w)| {
+        idle.checked_shr(v as u32).is_some_and(|b| b & 1 == 1) || w == 1u64.to_ne_bytes()
+    })
 }
 
 /// Whether `pid` is a child of this process (QEMU is: vmsight spawned it).
@@ -135,13 +179,17 @@ impl SyncTransport for PluginSync {
         word: u64,
         args: [u64; 5],
         timeout: Duration,
-        wake: &dyn Fn(),
+        wake: &dyn Fn(Wake),
     ) -> Result<i64, String> {
         let req = request(at, word, args, timeout);
         let seq = post(&self.channel, &req).map_err(|e| e.to_string())?;
         self.arm();
         let t0 = Instant::now();
         let mut next_wake = t0 + WAKE_AFTER;
+        if let Some(why) = self.ring_at_once() {
+            wake(why);
+            next_wake = t0 + WAKE_AGAIN;
+        }
         loop {
             match lock(&self.channel).redirect_mailbox().progress(seq) {
                 Progress::Returned(o) => {
@@ -159,7 +207,7 @@ impl SyncTransport for PluginSync {
                 ));
             }
             if now >= next_wake {
-                wake();
+                wake(Wake::Waited);
                 next_wake = now + WAKE_AGAIN;
             }
             // Spin briefly (a guest busy in the kernel answers in microseconds), then sleep
@@ -178,6 +226,29 @@ impl SyncTransport for PluginSync {
 mod tests {
     use super::*;
     use vmsight_proto::sym::{nr, sync_word};
+
+    fn words(user: &[u64]) -> Vec<u8> {
+        user.iter().flat_map(|w| w.to_ne_bytes()).collect()
+    }
+
+    /// The guest is rung at once only when no vCPU runs kernel code: each is halted or in
+    /// user mode; a vCPU in the kernel (word 0, not halted) takes the call by itself.
+    #[test]
+    fn a_guest_is_rung_at_once_only_when_no_vcpu_runs_kernel_code() {
+        assert!(none_in_kernel(0, &words(&[1, 1])));
+        assert!(none_in_kernel(0b01, &words(&[0, 1])));
+        assert!(none_in_kernel(0b11, &words(&[0, 0])));
+        assert!(!none_in_kernel(0b01, &words(&[0, 0])));
+        assert!(!none_in_kernel(0, &words(&[1, 0])));
+        // Anything but 1 is not user mode (a scribbled word rings nobody).
+        assert!(!none_in_kernel(0, &words(&[2, 1])));
+        let many = words(&[1; 64]);
+        assert!(none_in_kernel(0, &many));
+        let mut last_in_kernel = [1; 64];
+        last_in_kernel[63] = 0;
+        assert!(!none_in_kernel(0, &words(&last_in_kernel)));
+        assert!(none_in_kernel(1 << 63, &words(&last_in_kernel)));
+    }
 
     /// The entry gets the tagged call number and the five arguments in the System V argument
     /// registers, on the module's stack, below which the frame goes; "not here" is the
