@@ -34,7 +34,8 @@ Vegas window over time, beside the guest's.
 
   bench/foxyvegas.py [--ccs cubic,reno,bic,bbr,vegas,westwood|all] [--secs 20 | --mb 400]
                      [--tcp-mem MIB] [--sender-sysctl KEY=VALUE,...] [--reps 1] [--rate 2000]
-                     [--queue 6000] [--delay-ms 10] [--verbose] [--out PATH]
+                     [--queue 6000] [--delay-ms 10] [--foxyvegas-params ALPHA,BETA,GAMMA]
+                     [--verbose] [--out PATH]
 
 Every run (throughput, retransmissions, RTT percentiles and every RTT sample, ACKs rewritten)
 goes to bench/results/foxyvegas.json (--out).
@@ -152,7 +153,8 @@ def sender_run(a, cc, foxy, tmp):
     args = [VMSIGHT, "run", "--name", "fvs", "--stats-json", stats]
     rwlog = os.path.join(tmp, f"rw-{cc}.jsonl")
     if foxy:
-        args += ["--foxyvegas", "--foxyvegas-log", rwlog]
+        args += [f"--foxyvegas={a.foxyvegas_params}" if a.foxyvegas_params else "--foxyvegas",
+                 "--foxyvegas-log", rwlog]
     amount = f"-n {a.mb}M" if a.mb else f"-t {a.secs}"
     args += ["--", "sh", "-c", SENDER.format(cc=cc, amount=amount, sample=SAMPLE_S,
                                              tcp_mem=tcp_mem(a) + sender_sysctls(a))]
@@ -250,6 +252,8 @@ def main():
     ap.add_argument("--rate", type=int, default=2000, help="bottleneck KB/s")
     ap.add_argument("--queue", type=int, default=6000, help="bottleneck queue KB")
     ap.add_argument("--delay-ms", type=int, default=10)
+    ap.add_argument("--foxyvegas-params", default="", metavar="ALPHA,BETA,GAMMA",
+                    help="FoxyVegas's thresholds in segments (vmsight's default 2,4,1)")
     ap.add_argument("--verbose", action="store_true")
     bench_results.add_out_option(ap, "foxyvegas")
     a = ap.parse_args()
@@ -294,7 +298,8 @@ def main():
     med = lambda rs, k: statistics.median(r[k] for r in rs)  # noqa: E731
     print(f"\nbench/foxyvegas.py --ccs {a.ccs} --secs {a.secs} --mb {a.mb} --tcp-mem {a.tcp_mem} "
           f"--sender-sysctl '{a.sender_sysctl}' "
-          f"--reps {a.reps} --rate {a.rate} --queue {a.queue} --delay-ms {a.delay_ms}; "
+          f"--reps {a.reps} --rate {a.rate} --queue {a.queue} --delay-ms {a.delay_ms} "
+          f"--foxyvegas-params '{a.foxyvegas_params}'; "
           f"load {os.getloadavg()[0]:.2f}\n")
     print("| cc | KB/s off | KB/s on | on/off | retr off | retr on | RTT p50 off | RTT p50 on | RTT p99 off | RTT p99 on | p99 on after warm-up | min RTT on | p99/min on (after warm-up) | rewrites | in flight max KB off | on | device RTT p50 on | p99 on |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
