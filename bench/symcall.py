@@ -2,7 +2,8 @@
 """SymCall latency (issue 15; the paper's §7.1: cold 35 us, warm 9 us on 2011 hardware).
 
   bench/symcall.py [--reps N] [--calls N] [--transports doorbell@system,doorbell@trixie,sync@trixie]
-                   [--loads idle,syscalls,spin] [--skip overhead,burst] [--out PATH]
+                   [--loads idle,syscalls,spin] [--skip overhead,burst] [--base-vmsight PATH]
+                   [--out PATH]
 
 Per transport (doorbell on QEMU 10, doorbell and sync on QEMU 11.1) and guest load (idle; a
 getppid loop, i.e. a guest busy in the kernel; a user-mode spin that enters the kernel only on
@@ -23,6 +24,10 @@ reply), so the control socket's cost is not in it. The same run measures a guest
 QEMU 11 (the synchronous transport instruments every kernel block), and 10 000 echo calls in a
 row without a loss (`--repeat`, each answer checked). Host CPU seconds of QEMU + vmsight per VM
 come from getrusage of the children.
+
+With --base-vmsight PATH (another build's `vmsight`, its plugin next to it), every latency row
+runs with that build too, as config `TRANSPORT base`, interleaved with this build's: a change to
+the transport is measured against the code before it in the same run.
 
 Every VM's numbers (latencies, each isolated call, the burst, the getppid runs) go to
 bench/results/symcall.json (--out).
@@ -48,17 +53,17 @@ LOADS = {
 GETPPID_N = 2_000_000
 
 
-def sh(*args, check=True):
-    r = subprocess.run([VMSIGHT, *args], capture_output=True, text=True, timeout=900)
+def sh(*args, check=True, vmsight=None):
+    r = subprocess.run([vmsight or VMSIGHT, *args], capture_output=True, text=True, timeout=900)
     if check and r.returncode not in (0, 1):
         raise RuntimeError(f"vmsight {' '.join(args)}: {r.stderr.strip()}")
     return r
 
 
-def wait_active(name, secs=180):
+def wait_active(name, secs=180, vmsight=None):
     t0 = time.monotonic()
     while time.monotonic() - t0 < secs:
-        r = sh("sym", name, "spy", "--json", check=False)
+        r = sh("sym", name, "spy", "--json", check=False, vmsight=vmsight)
         if r.returncode == 0:
             s = json.loads(r.stdout)
             if s["guest_state"] == "active" and s["vmm_state"] == "accepted":
@@ -67,14 +72,14 @@ def wait_active(name, secs=180):
     raise RuntimeError(f"{name}: the symbiotic interface never became active")
 
 
-def call(name, transport, fn, *args):
-    r = sh("sym", name, "call", fn, *map(str, args), "--transport", transport, "--json")
+def call(name, transport, fn, *args, vmsight=None):
+    r = sh("sym", name, "call", fn, *map(str, args), "--transport", transport, "--json", vmsight=vmsight)
     j = json.loads(r.stdout)
     return j["reply"]["latency_ns"] / 1000.0
 
 
-def start_vm(name, qemu, script):
-    argv = [VMSIGHT, "run", "--name", name, "--qemu", qemu, "--symbiotic", "--vcpus", "2", "--mem", "1024M",
+def start_vm(name, qemu, script, vmsight=None):
+    argv = [vmsight or VMSIGHT, "run", "--name", name, "--qemu", qemu, "--symbiotic", "--vcpus", "2", "--mem", "1024M",
             "--", "sh", "-c", script]
     return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -93,39 +98,40 @@ def stop_vm(p):
         p.wait()
 
 
-def repeat(name, transport, fn, n):
+def repeat(name, transport, fn, n, vmsight=None):
     """n calls back to back (one control request each); vmsight's median latency, us."""
-    r = sh("sym", name, "call", fn, "1", "--transport", transport, "--repeat", str(n), "--json")
+    r = sh("sym", name, "call", fn, "1", "--transport", transport, "--repeat", str(n), "--json", vmsight=vmsight)
     b = json.loads(r.stdout)
     if b["ok"] != n:
         raise RuntimeError(f"{name}: {fn} x{n} over {transport}: {b}")
     return b
 
 
-def latency_run(transport_at, load, calls, burst):
+def latency_run(transport_at, load, calls, burst, vmsight=None):
     transport, qemu = transport_at.split("@")
+    v = vmsight
     name = f"bsym{os.getpid()}{int(time.monotonic() * 1000) % 100000}"
     script = f"{LOADS[load]} echo up; read x"
     c0 = peers.children_cpu_s()
-    p = start_vm(name, qemu, script)
+    p = start_vm(name, qemu, script, vmsight=v)
     try:
-        wait_active(name)
+        wait_active(name, vmsight=v)
         time.sleep(1)  # the load is running
-        cold = call(name, transport, "echo", 1, 2, 3, 4, 5)
-        warm = repeat(name, transport, "echo", calls)
-        floor = repeat(name, transport, "ping", calls)
+        cold = call(name, transport, "echo", 1, 2, 3, 4, 5, vmsight=v)
+        warm = repeat(name, transport, "echo", calls, vmsight=v)
+        floor = repeat(name, transport, "ping", calls, vmsight=v)
         isolated = []
         for i in range(20):
             time.sleep(0.05)
-            isolated.append(call(name, transport, "echo", i))
+            isolated.append(call(name, transport, "echo", i, vmsight=v))
         out = {"cold_us": cold, "warm_us": warm["latency_us"]["median"], "warm_p99_us": warm["latency_us"]["p99"],
                "floor_us": floor["latency_us"]["median"], "isolated_us": statistics.median(isolated),
                "isolated_calls_us": isolated}
         if burst:
-            b = repeat(name, transport, "echo", 10000)
+            b = repeat(name, transport, "echo", 10000, vmsight=v)
             out["burst"] = {k: b[k] for k in ("calls", "ok", "failed", "wrong", "wall_s")}
             out["burst"]["median_us"] = b["latency_us"]["median"]
-        s = json.loads(sh("sym", name, "spy", "--json").stdout)
+        s = json.loads(sh("sym", name, "spy", "--json", vmsight=v).stdout)
         out["counters"] = s["counters"]
     finally:
         stop_vm(p)
@@ -154,23 +160,28 @@ def main():
     ap.add_argument("--transports", default="doorbell@system,doorbell@trixie,sync@trixie")
     ap.add_argument("--loads", default="idle,syscalls,spin")
     ap.add_argument("--skip", default="")
+    ap.add_argument("--base-vmsight", default=None,
+                    help="another build's vmsight: every latency row also runs with it (config 'T base')")
     bench_results.add_out_option(ap, "symcall")
     a = ap.parse_args()
     # Rows: latency per transport (config) and guest load; getppid per QEMU (config "trixie",
     # "trixie+symbiotic", "system"), against QEMU 11 without --symbiotic.
     rec = bench_results.Recorder("symcall", a, out=a.out, keys=["part", "config", "load"], baseline="trixie")
     skip = set(filter(None, a.skip.split(",")))
-    transports = a.transports.split(",")
+    transports = [(t, t, None) for t in a.transports.split(",")]
+    if a.base_vmsight:
+        base = os.path.abspath(a.base_vmsight)
+        transports = [x for t, _, _ in transports for x in ((t, t, None), (f"{t} base", t, base))]
     loads = a.loads.split(",")
     res = {}
     overhead = {}
     with open("/proc/loadavg") as f:
         print(f"# load before: {f.read().strip()}", flush=True)
     for rep in range(a.reps):
-        for t in transports:
+        for t, transport_at, vmsight in transports:
             for load in loads:
                 burst = "burst" not in skip and rep == 0 and load == "syscalls"
-                r = latency_run(t, load, a.calls, burst)
+                r = latency_run(transport_at, load, a.calls, burst, vmsight=vmsight)
                 res.setdefault((t, load), []).append(r)
                 print(f"rep {rep} {t} {load}: "
                       f"{json.dumps({k: v for k, v in r.items() if k not in ('counters', 'isolated_calls_us')})}",
@@ -188,14 +199,18 @@ def main():
     with open("/proc/loadavg") as f:
         print(f"# load after: {f.read().strip()}")
     med = statistics.median
-    print("\n| transport | guest load | cold us | warm us (median of back-to-back calls) | warm p99 us | floor: ping us | warm/floor | isolated call us (median, 50 ms apart) | warm vs paper's 9 us | host CPU s per VM |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("\n| transport | guest load | cold us | warm us (median of back-to-back calls) | warm p99 us | floor: ping us | warm/floor | isolated call us (median, 50 ms apart) | warm vs paper's 9 us | guest rung at once: all idle / none in the kernel / after waiting (sync, median per VM) | host CPU s per VM |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for (t, load), rs in res.items():
         warm = med(r["warm_us"] for r in rs)
         floor = med(r["floor_us"] for r in rs)
+        # Counters of builds before they existed read as 0.
+        woke = " / ".join(f"{med(r['counters'].get(k, 0) for r in rs):.0f}"
+                          for k in ("sync_wakes_idle", "sync_wakes_user", "sync_wakes_waited"))
         print(f"| {t} | {load} | {med(r['cold_us'] for r in rs):.0f} | {warm:.1f} | "
               f"{med(r['warm_p99_us'] for r in rs):.0f} | {floor:.1f} | {warm / floor:.2f} | "
-              f"{med(r['isolated_us'] for r in rs):.0f} | {warm / 9.0:.2f}x | {med(r['cpu_s'] for r in rs):.1f} |")
+              f"{med(r['isolated_us'] for r in rs):.0f} | {warm / 9.0:.2f}x | {woke} | "
+              f"{med(r['cpu_s'] for r in rs):.1f} |")
     bursts = [(t, r["burst"]) for (t, _), rs in res.items() for r in rs if "burst" in r]
     if bursts:
         print("\n| transport | calls in a row | answered correctly | failed | wrong | median us | wall s |")
