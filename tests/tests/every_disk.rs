@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use vmsight_tests::oracle::{
-    fiemap_map, find_listing, insight_log, json_file, judge_file_blocks, line_diff, section,
-    sh_out, whole_seconds,
+    fiemap_map, find_listing, guest_sh_with_insights, json_file, judge_file_blocks, line_diff,
+    section, sh_out, whole_seconds, InsightRun,
 };
 use vmsight_tests::*;
 
@@ -177,25 +177,15 @@ fn journal_blocks(stdout: &str) -> BTreeSet<u64> {
 
 #[test]
 fn root_disk_writes_are_classified_as_data_per_block() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("ins.jsonl");
-    let st = dir.path().join("stats.json");
-    let r = guest_sh(
-        &[
-            "--insights",
-            log.to_str().unwrap(),
-            "--stats-json",
-            st.to_str().unwrap(),
-        ],
-        &classify_script(),
-    );
-    assert_eq!(r.code, Some(0), "{r:?}");
+    let InsightRun {
+        run: r,
+        records,
+        stats,
+    } = guest_sh_with_insights(&classify_script());
     // dash runs each `head > file` through vfork: the child writes before the parent's
     // return, so its fds come from the fork's entry (this test once failed when the return
     // was seen after the child's first write and the child had exited by then).
-    let adopted = json_file(&st)["insights"]["forks_adopted"]
-        .as_u64()
-        .unwrap();
+    let adopted = stats["insights"]["forks_adopted"].as_u64().unwrap();
     println!("root disk: {adopted} vfork children adopted their parent's fds");
     assert!(adopted >= FILES.len() as u64, "{adopted}");
     // The truth: /root is on /dev/vda itself (root=/dev/vda, no partition table).
@@ -212,7 +202,7 @@ fn root_disk_writes_are_classified_as_data_per_block() {
     );
     assert!(truth.values().all(|b| ours.contains(&b.file)));
 
-    let writes: Vec<Value> = insight_log(&log)
+    let writes: Vec<Value> = records
         .into_iter()
         .filter(|r| r["op"] == "write" && r["disk"] == 0)
         .collect();

@@ -277,13 +277,18 @@ fn finish_oracle(mut vm: LiveVm) -> BTreeMap<String, u64> {
     module
 }
 
-/// VM `name` with the symbiotic interface on QEMU 10 (`--qemu system`), `extra` options and
-/// `sh -c script`.
-fn start_on_qemu10(name: &str, extra: &[&str], script: &str) -> LiveVm {
-    let mut args = vec!["--name", name, "--qemu", "system", "--symbiotic"];
+/// VM `name` with the symbiotic interface on QEMU `qemu` (`system`: 10, `trixie`: 11.1),
+/// `extra` options and `sh -c script`.
+fn start_symbiotic(name: &str, qemu: &str, extra: &[&str], script: &str) -> LiveVm {
+    let mut args = vec!["--name", name, "--qemu", qemu, "--symbiotic"];
     args.extend_from_slice(extra);
     args.extend_from_slice(&["--", "sh", "-c", script]);
     LiveVm::start(&args)
+}
+
+/// [`start_symbiotic`] on QEMU 10.
+fn start_on_qemu10(name: &str, extra: &[&str], script: &str) -> LiveVm {
+    start_symbiotic(name, "system", extra, script)
 }
 
 #[test]
@@ -323,17 +328,7 @@ fn symcalls_and_symspy_over_the_doorbell_answer_what_the_guest_itself_sees() {
 fn symcalls_over_the_synchronous_transport_on_qemu11_answer_what_the_guest_itself_sees() {
     require_trixie_root();
     let name = vm_name("sym-sync");
-    let mut vm = LiveVm::start(&[
-        "--name",
-        &name,
-        "--qemu",
-        "trixie",
-        "--symbiotic",
-        "--",
-        "sh",
-        "-c",
-        ORACLE_SCRIPT,
-    ]);
+    let mut vm = start_symbiotic(&name, "trixie", &[], ORACLE_SCRIPT);
     check_against_the_guest(&name, &mut vm, "sync");
     let s = spy(&name);
     // The mechanism engaged: the calls went through the vCPU redirection, not the doorbell.
@@ -369,17 +364,7 @@ fn symcalls_over_the_synchronous_transport_on_qemu11_answer_what_the_guest_itsel
 fn synchronous_calls_to_an_idle_guest_ring_it_at_once_and_are_answered() {
     require_trixie_root();
     let name = vm_name("sym-idle");
-    let mut vm = LiveVm::start(&[
-        "--name",
-        &name,
-        "--qemu",
-        "trixie",
-        "--symbiotic",
-        "--",
-        "sh",
-        "-c",
-        "echo ===UP; read x",
-    ]);
+    let mut vm = start_symbiotic(&name, "trixie", &[], "echo ===UP; read x");
     vm.wait_line("===UP");
     wait_active(&name);
     let r = sym(&[
