@@ -26,8 +26,9 @@ row without a loss (`--repeat`, each answer checked). Host CPU seconds of QEMU +
 come from getrusage of the children.
 
 With --base-vmsight PATH (another build's `vmsight`, its plugin next to it), every latency row
-runs with that build too, as config `TRANSPORT base`, interleaved with this build's: a change to
-the transport is measured against the code before it in the same run.
+runs with that build too, as config `TRANSPORT base`, interleaved with this build's, and so does
+the getppid loop with `--symbiotic` on QEMU 11 (`trixie+symbiotic base`): a change to the
+transport is measured against the code before it in the same run, latency and cost.
 
 Every VM's numbers (latencies, each isolated call, the burst, the getppid runs) go to
 bench/results/symcall.json (--out).
@@ -139,12 +140,12 @@ def latency_run(transport_at, load, calls, burst, vmsight=None):
     return out
 
 
-def getppid_ns(qemu, symbiotic):
+def getppid_ns(qemu, symbiotic, vmsight=None):
     """ns per guest getppid (a timed loop in the guest: date +%s%N around it)."""
     script = f"a=$(date +%s%N); getppid_loop {GETPPID_N}; b=$(date +%s%N); echo ns=$(( (b - a) / {GETPPID_N} ))"
     extra = ["--qemu", qemu] + (["--symbiotic"] if symbiotic else [])
     c0 = peers.children_cpu_s()
-    r = subprocess.run([VMSIGHT, "run", "--vcpus", "2", "--mem", "1024M", *extra, "--", "sh", "-c", script],
+    r = subprocess.run([vmsight or VMSIGHT, "run", "--vcpus", "2", "--mem", "1024M", *extra, "--", "sh", "-c", script],
                        capture_output=True, text=True, timeout=900)
     cpu = peers.children_cpu_s() - c0
     for line in r.stdout.splitlines():
@@ -190,12 +191,16 @@ def main():
                 rec.rep(part="latency", config=t, load=load, rep=rep, host_cpu_s=r["cpu_s"],
                         **{k: v for k, v in r.items() if k not in ("burst", "cpu_s")}, **burst_fields)
         if "overhead" not in skip:
-            for qemu, symb in (("trixie", False), ("trixie", True), ("system", False)):
-                ns, cpu = getppid_ns(qemu, symb)
-                overhead.setdefault((qemu, symb), []).append((ns, cpu))
-                rec.rep(part="getppid", config=qemu + ("+symbiotic" if symb else ""), rep=rep, getppid_ns=ns,
-                        host_cpu_s=cpu)
-                print(f"rep {rep} getppid {qemu} symbiotic={symb}: {ns} ns/call, cpu {cpu:.1f} s", flush=True)
+            runs = [("trixie", False, None), ("trixie", True, None), ("system", False, None)]
+            if a.base_vmsight:
+                runs.append(("trixie", True, os.path.abspath(a.base_vmsight)))
+            for qemu, symb, vmsight in runs:
+                ns, cpu = getppid_ns(qemu, symb, vmsight=vmsight)
+                label = (qemu, symb if vmsight is None else "True (base)")
+                overhead.setdefault(label, []).append((ns, cpu))
+                config = qemu + ("+symbiotic" if symb else "") + (" base" if vmsight else "")
+                rec.rep(part="getppid", config=config, rep=rep, getppid_ns=ns, host_cpu_s=cpu)
+                print(f"rep {rep} getppid {config}: {ns} ns/call, cpu {cpu:.1f} s", flush=True)
     with open("/proc/loadavg") as f:
         print(f"# load after: {f.read().strip()}")
     med = statistics.median
