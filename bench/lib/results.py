@@ -369,13 +369,29 @@ def shown_path(path):
     return os.path.abspath(path) if rel.startswith("..") else rel
 
 
+def dumps(doc, level=0):
+    """doc as JSON text: objects and lists of objects one entry per line, indented by one space
+    per level, and every other list (samples, traces of pairs) on one line, so results files
+    with tens of thousands of samples stay small and their structure readable."""
+    pad, inner = " " * level, " " * (level + 1)
+    if isinstance(doc, dict):
+        if not doc:
+            return "{}"
+        items = [f"{inner}{json.dumps(str(k))}: {dumps(v, level + 1)}" for k, v in doc.items()]
+        return "{\n" + ",\n".join(items) + "\n" + pad + "}"
+    if isinstance(doc, list) and any(isinstance(x, dict) for x in doc):
+        items = [inner + dumps(x, level + 1) for x in doc]
+        return "[\n" + ",\n".join(items) + "\n" + pad + "]"
+    return json.dumps(doc, separators=(",", ":"))
+
+
 def write_json(path, doc):
     """Writes doc to path through a temporary file (a reader never sees half a file)."""
     d = os.path.dirname(os.path.abspath(path))
     os.makedirs(d, exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as f:
-        json.dump(jsonable(doc), f, indent=1)
+        f.write(dumps(jsonable(doc)))
         f.write("\n")
     os.replace(tmp, path)
 

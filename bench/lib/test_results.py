@@ -105,6 +105,16 @@ class Values(unittest.TestCase):
         self.assertEqual(v, {"a": None, "b": "inf", "c": [1, 2], "('k', 1)": [3], "d": {"x": 1}})
         json.dumps(v, allow_nan=False)
 
+    def test_dumps_keeps_samples_on_one_line_and_reads_back_equal(self):
+        doc = {"reps": [{"cc": "bic", "trace": [[0.0, 14600], [0.5, 28960]], "samples": [1.5, 2.0],
+                         "empty": {}, "nested": {"x": [1, {"y": 2}]}}], "n": 3, "s": "a\"b"}
+        text = results.dumps(doc)
+        self.assertEqual(json.loads(text), doc)
+        self.assertIn('"trace": [[0.0,14600],[0.5,28960]]', text)
+        self.assertIn('"samples": [1.5,2.0]', text)
+        # One line per rep and per key: a reader can still diff the structure.
+        self.assertIn('\n  {\n   "cc": "bic",\n', text)
+
     def test_loadavg_and_host(self):
         load = results.loadavg()
         self.assertEqual(len(load), 3)
