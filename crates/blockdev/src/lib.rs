@@ -32,6 +32,7 @@ mod device;
 mod error;
 pub mod file;
 pub mod fuzzing;
+pub mod histogram;
 pub mod insight;
 pub mod metrics;
 pub mod pipeline;

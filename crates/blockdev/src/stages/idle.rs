@@ -106,6 +106,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
+use crate::histogram::{DurationHistogram, HistogramSnapshot};
 use crate::pipeline::{Io, Stage};
 use crate::request::{Request, RequestKind};
 use crate::timer::Timer;
@@ -264,6 +265,10 @@ pub struct IdleMetrics {
     pub bg_in_flight: AtomicU64,
     /// Gauge: foreground requests in flight below the stage now.
     pub fg_in_flight: AtomicU64,
+    /// Timer error (FoxyTechnique Fig. 9): for each timer callback that started held reads at
+    /// the end of a preemption interval, how long after the calculated end (the last
+    /// foreground completion plus `interval`) it did so.
+    pub timer_error: DurationHistogram,
 }
 
 impl IdleMetrics {
@@ -299,6 +304,7 @@ impl IdleMetrics {
             held_now: g(&self.held_now),
             bg_in_flight: g(&self.bg_in_flight),
             fg_in_flight: g(&self.fg_in_flight),
+            timer_error: self.timer_error.snapshot(),
         }
     }
 
@@ -371,6 +377,9 @@ pub struct IdleSnapshot {
     pub bg_in_flight: u64,
     /// Gauge: foreground requests in flight now.
     pub fg_in_flight: u64,
+    /// Timer error of interval-end releases (see [`IdleMetrics::timer_error`]).
+    #[serde(default)]
+    pub timer_error: HistogramSnapshot,
 }
 
 /// A background read the stage keeps.
@@ -655,7 +664,13 @@ impl Inner {
             if st.armed == Some(at) {
                 st.armed = None;
             }
-            self.settle(&mut st, Instant::now())
+            let due = st.idle_at(&self.cfg);
+            let now = Instant::now();
+            let ready = self.settle(&mut st, now);
+            if let Some(due) = due.filter(|d| *d <= now && !ready.is_empty()) {
+                self.metrics.timer_error.record(now - due);
+            }
+            ready
         };
         self.start_held(ready);
     }
@@ -1036,6 +1051,7 @@ mod tests {
         assert_eq!((s.foreground, s.nobody, s.unknown), (6, 4, 4));
         assert_eq!((s.background, s.background_writes), (0, 0));
         assert_eq!((s.held, s.held_now, s.preemption_intervals), (0, 0, 0));
+        assert_eq!(s.timer_error.count, 0, "no timer release without a held read");
         assert_eq!((s.fg_in_flight, s.bg_in_flight), (0, 0));
         assert_eq!(r.attr.held_for(51), Duration::ZERO);
     }
@@ -1075,6 +1091,10 @@ mod tests {
         assert!(s.held >= 1 && s.preemption_intervals >= 1, "{s:?}");
         assert!(s.hold_ns_max >= interval.as_nanos() as u64, "{s:?}");
         assert_eq!((s.held_now, s.bg_in_flight, s.fg_in_flight), (0, 0, 0));
+        // Both held reads went down from the timer at the end of an interval: two timer
+        // errors, each shorter than its read's wait (both arrived before the interval ended).
+        assert_eq!(s.timer_error.count, 2, "{s:?}");
+        assert!(s.timer_error.max_ns <= s.hold_ns_max, "{s:?}");
     }
 
     #[test]
