@@ -15,7 +15,7 @@ use std::sync::Arc;
 use serde::Serialize;
 use vmsight_introspect::kernel::{KernelView, TaskInfo};
 use vmsight_introspect::memory::GuestRam;
-use vmsight_introspect::syscall::event::{COMM_ARG, CWD_ARG, EXE_ARG, PPID_ARG};
+use vmsight_introspect::syscall::event::{COMM_ARG, CWD_ARG, EXE_ARG};
 use vmsight_introspect::syscall::{
     nr, Completed, Drained, EntryEvent, JsonSink, Outcome, SyscallObserver,
 };
@@ -213,11 +213,7 @@ impl PluginDetails {
             exe: text(EXE_ARG),
             cwd: text(CWD_ARG),
             comm: text(COMM_ARG),
-            // Exactly 4 bytes, a PID the kernel could give (guest data: checked, not trusted).
-            ppid: whole(PPID_ARG)
-                .and_then(|d| <[u8; 4]>::try_from(d.bytes.as_slice()).ok())
-                .map(i32::from_le_bytes)
-                .filter(|p| (0..=PID_MAX_LIMIT).contains(p)),
+            ppid: e.parent_tgid(),
         }
     }
 
@@ -244,8 +240,6 @@ impl PluginDetails {
 /// Most early reads kept at once.
 const MAX_EARLY: usize = 4096;
 
-/// The kernel's largest PID (`PID_MAX_LIMIT` on 64-bit).
-const PID_MAX_LIMIT: i32 = 4 * 1024 * 1024;
 
 /// Calls after which a task's exe or cwd may differ.
 fn changes_details(nr: u64) -> bool {
@@ -307,7 +301,7 @@ impl SyscallObserver for ProcessObserver {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vmsight_introspect::syscall::event::ArgData;
+    use vmsight_introspect::syscall::event::{ArgData, PPID_ARG};
 
     fn entry_with(pieces: &[(u8, &[u8])]) -> EntryEvent {
         EntryEvent {

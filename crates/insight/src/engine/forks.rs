@@ -16,7 +16,6 @@
 //! (no parent TGID from the plugin: no kernel profile with paths) gets the snapshot then.
 
 use super::*;
-use vmsight_introspect::syscall::event::PPID_ARG;
 
 /// Most fork snapshots waiting for their child or their return (the set is cleared when full:
 /// a child then falls back to its parent's return).
@@ -37,12 +36,11 @@ pub(super) fn starts_process(e: &EntryEvent) -> bool {
     FORK_CALLS.contains(&e.nr) && !(e.nr == 56 && e.args[0] & CLONE_THREAD != 0)
 }
 
-/// The parent TGID the plugin attached to a task's first entry (guest data: exactly 4 bytes,
-/// a positive PID).
+/// The parent TGID the plugin attached to a task's first entry, if it is a process (positive).
 pub(super) fn parent_tgid(e: &EntryEvent) -> Option<u32> {
-    let d = e.arg_data(PPID_ARG).filter(|d| !d.fault && !d.truncated)?;
-    let p = i32::from_le_bytes(<[u8; 4]>::try_from(d.bytes.as_slice()).ok()?);
-    u32::try_from(p).ok().filter(|&p| p > 0)
+    e.parent_tgid()
+        .and_then(|p| u32::try_from(p).ok())
+        .filter(|&p| p > 0)
 }
 
 impl Engine {

@@ -101,10 +101,24 @@ impl IoSums {
     }
 }
 
+/// The kernel's largest PID (`PID_MAX_LIMIT` on 64-bit).
+pub const PID_MAX_LIMIT: i32 = 4 * 1024 * 1024;
+
 impl EntryEvent {
     /// The captured bytes of argument `i`, if any.
     pub fn arg_data(&self, i: u8) -> Option<&ArgData> {
         self.data.iter().find(|d| d.arg == i)
+    }
+
+    /// The parent's TGID the plugin attached to a task's first entry (the `PPID_ARG` piece).
+    /// Guest data, checked rather than trusted: exactly 4 bytes, whole, and a PID the kernel
+    /// could give (0 to `PID_MAX_LIMIT`; 0 is the parent of init and kernel threads).
+    pub fn parent_tgid(&self) -> Option<i32> {
+        let d = self
+            .arg_data(PPID_ARG)
+            .filter(|d| !d.fault && !d.truncated)?;
+        let p = i32::from_le_bytes(<[u8; 4]>::try_from(d.bytes.as_slice()).ok()?);
+        (0..=PID_MAX_LIMIT).contains(&p).then_some(p)
     }
 }
 
@@ -336,6 +350,36 @@ mod tests {
             truncated: false,
             fault,
         }
+    }
+
+    fn with_ppid(bytes: &[u8], truncated: bool, fault: bool) -> EntryEvent {
+        EntryEvent {
+            data: vec![ArgData {
+                arg: PPID_ARG,
+                bytes: bytes.to_vec(),
+                truncated,
+                fault,
+            }],
+            ..EntryEvent::default()
+        }
+    }
+
+    #[test]
+    fn a_parent_tgid_is_four_whole_bytes_of_a_possible_pid() {
+        assert_eq!(with_ppid(&412i32.to_le_bytes(), false, false).parent_tgid(), Some(412));
+        assert_eq!(with_ppid(&0i32.to_le_bytes(), false, false).parent_tgid(), Some(0));
+        let max = PID_MAX_LIMIT.to_le_bytes();
+        assert_eq!(with_ppid(&max, false, false).parent_tgid(), Some(PID_MAX_LIMIT));
+        // Malformed guest data is no parent: wrong length, out of range, faulted, truncated.
+        for bytes in [&[1u8, 0, 0][..], &[1, 0, 0, 0, 0], &[]] {
+            assert_eq!(with_ppid(bytes, false, false).parent_tgid(), None, "{bytes:?}");
+        }
+        for p in [-1i32, PID_MAX_LIMIT + 1, i32::MAX, i32::MIN] {
+            assert_eq!(with_ppid(&p.to_le_bytes(), false, false).parent_tgid(), None, "{p}");
+        }
+        assert_eq!(with_ppid(&412i32.to_le_bytes(), true, false).parent_tgid(), None);
+        assert_eq!(with_ppid(&412i32.to_le_bytes(), false, true).parent_tgid(), None);
+        assert_eq!(EntryEvent::default().parent_tgid(), None);
     }
 
     #[test]

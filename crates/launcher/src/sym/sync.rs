@@ -55,6 +55,10 @@ pub fn offer(sym: &Symbiotic, prep: &Prepared, channel: Option<&Arc<Mutex<Channe
     }
 }
 
+/// QEMU's pid and the addresses of the vCPUs' arm words in its memory (each vCPU's user-mode
+/// word is `USER_WORD_AFTER_ARM` bytes after its arm word).
+type Targets = (u32, Vec<u64>);
+
 /// The transport over the plugin's redirect mailbox.
 struct PluginSync {
     channel: Arc<Mutex<ChannelHost>>,
@@ -68,8 +72,8 @@ impl PluginSync {
     /// thread to schedule first (on a host whose cores run the vCPUs, waking one costs
     /// milliseconds). False if that is not possible; the plugin's own arming thread then does
     /// it.
-    fn arm(&self) -> bool {
-        let Some((pid, addrs)) = self.targets() else {
+    fn arm(&self, targets: Option<&Targets>) -> bool {
+        let Some((pid, addrs)) = targets else {
             return false;
         };
         let ones: Vec<u8> = addrs.iter().flat_map(|_| 1u64.to_ne_bytes()).collect();
@@ -81,7 +85,7 @@ impl PluginSync {
             })
             .collect();
         nix::sys::uio::process_vm_writev(
-            nix::unistd::Pid::from_raw(pid as i32),
+            nix::unistd::Pid::from_raw(*pid as i32),
             &[std::io::IoSlice::new(&ones)],
             &remote,
         )
@@ -90,7 +94,7 @@ impl PluginSync {
 
     /// QEMU's pid and the addresses of the vCPUs' arm words, if the plugin published them and
     /// that pid is our child (vmsight writes and reads there).
-    fn targets(&self) -> Option<(u32, Vec<u64>)> {
+    fn targets(&self) -> Option<Targets> {
         let (pid, addrs) = lock(&self.channel).redirect_mailbox().arm_targets()?;
         let ours = *self.qemu.get_or_init(|| is_our_child(pid).then_some(pid));
         (ours == Some(pid)).then_some((pid, addrs))
@@ -99,7 +103,7 @@ impl PluginSync {
     /// Why the guest must be rung at once, if it must: every vCPU is halted ([`Wake::Idle`]),
     /// or each is halted or running user code ([`Wake::User`]), so none reaches a kernel
     /// block soon. `None` when a vCPU is in the kernel, or when the words cannot be read.
-    fn ring_at_once(&self) -> Option<Wake> {
+    fn ring_at_once(&self, targets: Option<&Targets>) -> Option<Wake> {
         let idle = {
             let ch = lock(&self.channel);
             let mb = ch.redirect_mailbox();
@@ -108,17 +112,17 @@ impl PluginSync {
             }
             mb.idle_mask()
         };
-        let (pid, addrs) = self.targets()?;
+        let (pid, addrs) = targets?;
         let mut words = vec![0u8; addrs.len() * 8];
         let remote: Vec<nix::sys::uio::RemoteIoVec> = addrs
             .iter()
             .map(|&a| nix::sys::uio::RemoteIoVec {
-                base: (a + USER_WORD_AFTER_ARM) as usize,
+                base: a.wrapping_add(USER_WORD_AFTER_ARM) as usize,
                 len: 8,
             })
             .collect();
         let n = nix::sys::uio::process_vm_readv(
-            nix::unistd::Pid::from_raw(pid as i32),
+            nix::unistd::Pid::from_raw(*pid as i32),
             &mut [std::io::IoSliceMut::new(&mut words)],
             &remote,
         )
@@ -183,10 +187,12 @@ impl SyncTransport for PluginSync {
     ) -> Result<i64, String> {
         let req = request(at, word, args, timeout);
         let seq = post(&self.channel, &req).map_err(|e| e.to_string())?;
-        self.arm();
+        // Read once: the plugin publishes the addresses at start and they never move.
+        let targets = self.targets();
+        self.arm(targets.as_ref());
         let t0 = Instant::now();
         let mut next_wake = t0 + WAKE_AFTER;
-        if let Some(why) = self.ring_at_once() {
+        if let Some(why) = self.ring_at_once(targets.as_ref()) {
             wake(why);
             next_wake = t0 + WAKE_AGAIN;
         }
