@@ -180,7 +180,11 @@ mod tests {
         assert_eq!(s.count, 4);
         assert_eq!(s.max_ns, 1_000_000_000);
         assert_eq!(s.total_ns, 5_000 + 7_000 + 1_234_000 + 1_000_000_000);
-        let ranges: Vec<_> = s.buckets.iter().map(|b| (b.low_us, b.high_us, b.count)).collect();
+        let ranges: Vec<_> = s
+            .buckets
+            .iter()
+            .map(|b| (b.low_us, b.high_us, b.count))
+            .collect();
         assert_eq!(
             ranges,
             vec![(0, 10, 2), (1_200, 1_300, 1), (100_000, u64::MAX, 1)]

@@ -240,7 +240,6 @@ impl PluginDetails {
 /// Most early reads kept at once.
 const MAX_EARLY: usize = 4096;
 
-
 /// Calls after which a task's exe or cwd may differ.
 fn changes_details(nr: u64) -> bool {
     matches!(nr, nr::EXECVE | nr::EXECVEAT | nr::CHDIR | nr::FCHDIR)

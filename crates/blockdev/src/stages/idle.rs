@@ -1051,7 +1051,10 @@ mod tests {
         assert_eq!((s.foreground, s.nobody, s.unknown), (6, 4, 4));
         assert_eq!((s.background, s.background_writes), (0, 0));
         assert_eq!((s.held, s.held_now, s.preemption_intervals), (0, 0, 0));
-        assert_eq!(s.timer_error.count, 0, "no timer release without a held read");
+        assert_eq!(
+            s.timer_error.count, 0,
+            "no timer release without a held read"
+        );
         assert_eq!((s.fg_in_flight, s.bg_in_flight), (0, 0));
         assert_eq!(r.attr.held_for(51), Duration::ZERO);
     }

@@ -366,19 +366,42 @@ mod tests {
 
     #[test]
     fn a_parent_tgid_is_four_whole_bytes_of_a_possible_pid() {
-        assert_eq!(with_ppid(&412i32.to_le_bytes(), false, false).parent_tgid(), Some(412));
-        assert_eq!(with_ppid(&0i32.to_le_bytes(), false, false).parent_tgid(), Some(0));
+        assert_eq!(
+            with_ppid(&412i32.to_le_bytes(), false, false).parent_tgid(),
+            Some(412)
+        );
+        assert_eq!(
+            with_ppid(&0i32.to_le_bytes(), false, false).parent_tgid(),
+            Some(0)
+        );
         let max = PID_MAX_LIMIT.to_le_bytes();
-        assert_eq!(with_ppid(&max, false, false).parent_tgid(), Some(PID_MAX_LIMIT));
+        assert_eq!(
+            with_ppid(&max, false, false).parent_tgid(),
+            Some(PID_MAX_LIMIT)
+        );
         // Malformed guest data is no parent: wrong length, out of range, faulted, truncated.
         for bytes in [&[1u8, 0, 0][..], &[1, 0, 0, 0, 0], &[]] {
-            assert_eq!(with_ppid(bytes, false, false).parent_tgid(), None, "{bytes:?}");
+            assert_eq!(
+                with_ppid(bytes, false, false).parent_tgid(),
+                None,
+                "{bytes:?}"
+            );
         }
         for p in [-1i32, PID_MAX_LIMIT + 1, i32::MAX, i32::MIN] {
-            assert_eq!(with_ppid(&p.to_le_bytes(), false, false).parent_tgid(), None, "{p}");
+            assert_eq!(
+                with_ppid(&p.to_le_bytes(), false, false).parent_tgid(),
+                None,
+                "{p}"
+            );
         }
-        assert_eq!(with_ppid(&412i32.to_le_bytes(), true, false).parent_tgid(), None);
-        assert_eq!(with_ppid(&412i32.to_le_bytes(), false, true).parent_tgid(), None);
+        assert_eq!(
+            with_ppid(&412i32.to_le_bytes(), true, false).parent_tgid(),
+            None
+        );
+        assert_eq!(
+            with_ppid(&412i32.to_le_bytes(), false, true).parent_tgid(),
+            None
+        );
         assert_eq!(EntryEvent::default().parent_tgid(), None);
     }
 
