@@ -312,15 +312,13 @@ fn repeat_calls(
         }
     }
     lat.sort_unstable();
-    let pct = |p: f64| {
-        lat.get(((lat.len() as f64 - 1.0) * p).round() as usize)
-            .copied()
-            .unwrap_or(0)
-    };
+    let pct = |p: f64| quantile(&lat, p);
     let summary = serde_json::json!({
         "calls": times, "ok": ok, "failed": failed, "wrong": wrong,
         "latency_us": {"min": pct(0.0) as f64 / 1e3, "median": pct(0.5) as f64 / 1e3,
                         "p99": pct(0.99) as f64 / 1e3, "max": pct(1.0) as f64 / 1e3},
+        // The distribution (SymCall's Fig. 8): p0, p1, ..., p100 of the answered calls.
+        "percentiles_us": (0..=100).map(|p| pct(f64::from(p) / 100.0) as f64 / 1e3).collect::<Vec<_>>(),
         "wall_s": t0.elapsed().as_secs_f64(),
         "first_error": first_error,
         "first_wrong": first_wrong,
@@ -342,6 +340,14 @@ fn repeat_calls(
         };
     print_stdout(&text)?;
     Ok(if failed + wrong == 0 { 0 } else { 1 })
+}
+
+/// The `p` quantile (0.0 to 1.0) of sorted values, by rounding the rank; 0 when there are none.
+fn quantile(sorted: &[u64], p: f64) -> u64 {
+    sorted
+        .get(((sorted.len() as f64 - 1.0) * p).round() as usize)
+        .copied()
+        .unwrap_or(0)
 }
 
 /// What a wrong echo answer was: the call, what it sent, and what came back.
@@ -368,6 +374,17 @@ fn echo_of(args: &[u64]) -> [u64; 5] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn quantiles_round_the_rank_and_cover_both_ends() {
+        let v: Vec<u64> = (1..=101).collect();
+        assert_eq!(quantile(&v, 0.0), 1);
+        assert_eq!(quantile(&v, 0.5), 51);
+        assert_eq!(quantile(&v, 0.99), 100);
+        assert_eq!(quantile(&v, 1.0), 101);
+        assert_eq!(quantile(&[7], 0.3), 7);
+        assert_eq!(quantile(&[], 0.5), 0);
+    }
 
     #[test]
     fn a_wrong_echo_answer_is_described_with_what_was_sent_and_what_came_back() {
