@@ -30,8 +30,10 @@ runs with that build too, as config `TRANSPORT base`, interleaved with this buil
 the getppid loop with `--symbiotic` on QEMU 11 (`trixie+symbiotic base`): a change to the
 transport is measured against the code before it in the same run, latency and cost.
 
-Every VM's numbers (latencies, each isolated call, the burst, the getppid runs) go to
-bench/results/symcall.json (--out).
+Every VM's numbers (latencies, each isolated call, the distribution of the back-to-back calls
+as p0..p100, the burst, the getppid runs) go to bench/results/symcall.json (--out); a second
+table prints the warm distribution's percentiles, and bench/report.py draws it as a CDF per
+row (the paper's Fig. 8).
 """
 import argparse
 import json
@@ -52,6 +54,8 @@ LOADS = {
     "spin": "sh -c 'while :; do :; done' & sh -c 'while :; do :; done' &",
 }
 GETPPID_N = 2_000_000
+# Per-VM fields too long for the progress line (they are in the results file).
+QUIET = ("counters", "isolated_calls_us", "warm_percentiles_us", "floor_percentiles_us")
 
 
 def sh(*args, check=True, vmsight=None):
@@ -127,7 +131,11 @@ def latency_run(transport_at, load, calls, burst, vmsight=None):
             isolated.append(call(name, transport, "echo", i, vmsight=v))
         out = {"cold_us": cold, "warm_us": warm["latency_us"]["median"], "warm_p99_us": warm["latency_us"]["p99"],
                "floor_us": floor["latency_us"]["median"], "isolated_us": statistics.median(isolated),
-               "isolated_calls_us": isolated}
+               "isolated_calls_us": isolated,
+               # The distributions (Fig. 8): p0, p1, ..., p100 of the back-to-back calls (builds
+               # before the CLI reported them give none).
+               "warm_percentiles_us": warm.get("percentiles_us") or [],
+               "floor_percentiles_us": floor.get("percentiles_us") or []}
         if burst:
             b = repeat(name, transport, "echo", 10000, vmsight=v)
             out["burst"] = {k: b[k] for k in ("calls", "ok", "failed", "wrong", "wall_s")}
@@ -185,7 +193,7 @@ def main():
                 r = latency_run(transport_at, load, a.calls, burst, vmsight=vmsight)
                 res.setdefault((t, load), []).append(r)
                 print(f"rep {rep} {t} {load}: "
-                      f"{json.dumps({k: v for k, v in r.items() if k not in ('counters', 'isolated_calls_us')})}",
+                      f"{json.dumps({k: v for k, v in r.items() if k not in QUIET})}",
                       flush=True)
                 burst_fields = {f"burst_{k}": v for k, v in r.get("burst", {}).items()}
                 rec.rep(part="latency", config=t, load=load, rep=rep, host_cpu_s=r["cpu_s"],
@@ -216,6 +224,14 @@ def main():
               f"{med(r['warm_p99_us'] for r in rs):.0f} | {floor:.1f} | {warm / floor:.2f} | "
               f"{med(r['isolated_us'] for r in rs):.0f} | {warm / 9.0:.2f}x | {woke} | "
               f"{med(r['cpu_s'] for r in rs):.1f} |")
+    if any(r["warm_percentiles_us"] for rs in res.values() for r in rs):
+        print("\n| transport | guest load | warm p1 us | p10 | p25 | p50 | p75 | p90 | p99 | max (medians over VMs) |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for (t, load), rs in res.items():
+            ps = [r["warm_percentiles_us"] for r in rs if r["warm_percentiles_us"]]
+            if ps:
+                cells = " | ".join(f"{med(p[i] for p in ps):.1f}" for i in (1, 10, 25, 50, 75, 90, 99, 100))
+                print(f"| {t} | {load} | {cells} |")
     bursts = [(t, r["burst"]) for (t, _), rs in res.items() for r in rs if "burst" in r]
     if bursts:
         print("\n| transport | calls in a row | answered correctly | failed | wrong | median us | wall s |")
