@@ -141,6 +141,18 @@ if [ -n "${VMSIGHT_DEB_CACHE:-}" ]; then
     DEBS=$(realpath -- "$VMSIGHT_DEB_CACHE")
 fi
 
+# pick_kbuild NAME KERNEL_VER MIN_VER: KERNEL_VER when apt has NAME at it, else the newest
+# version apt has that is >= MIN_VER and of KERNEL_VER's upstream release; fails without one.
+pick_kbuild() {
+    local name=$1 kver=$2 min=$3 v best=
+    for v in $(apt-cache madison "$name" 2>/dev/null | awk '{print $3}'); do
+        if [ "$v" = "$kver" ]; then echo "$v"; return 0; fi
+        [ "${v%-*}" = "${kver%-*}" ] && dpkg --compare-versions "$v" ge "$min" || continue
+        if [ -z "$best" ] || dpkg --compare-versions "$v" gt "$best"; then best=$v; fi
+    done
+    [ -n "$best" ] && echo "$best"
+}
+
 # apt-get download as root warns that the _apt sandbox user cannot write here; run unsandboxed.
 apt_download() {
     (cd "$DEBS" && apt-get -q -o APT::Sandbox::User=root download "$@") >>"$BUILD_LOG" 2>&1 ||
@@ -255,7 +267,15 @@ HCOMMON_VER=$(printf '%s\n' "$HDEP" | sed -n "s/.*$HCOMMON (= \([^)]*\)).*/\1/p"
 HKBUILD=$(printf '%s\n' "$HDEP" | grep -oE 'linux-kbuild-[0-9.]+' | head -n1 || true)
 [ -n "$HCOMMON" ] && [ -n "$HCOMMON_VER" ] && [ -n "$HKBUILD" ] ||
     die "cannot find the -common headers and linux-kbuild dependencies of $HPKG in '$HDEP'"
-for spec in "$HCOMMON=$HCOMMON_VER:all" "$HKBUILD=$KPKG_VER:amd64"; do
+# The headers need linux-kbuild (>= their version): the same version when apt has it, else the
+# newest of the same upstream release (Debian's security archive can carry a newer revision of
+# linux-kbuild, e.g. 6.1.192-3, before the kernel image of that revision; its modpost and
+# fixdep build modules of the -2 kernel alike).
+HKBUILD_MIN=$(printf '%s\n' "$HDEP" | sed -n "s/.*$HKBUILD (>= \([^)]*\)).*/\1/p")
+HKBUILD_VER=$(pick_kbuild "$HKBUILD" "$KPKG_VER" "${HKBUILD_MIN:-$KPKG_VER}") ||
+    die "no $HKBUILD of kernel $KPKG_VER's upstream release (>= ${HKBUILD_MIN:-$KPKG_VER}) is available from apt (it has: $(apt-cache madison "$HKBUILD" | awk '{print $3}' | tr '\n' ' ')); the vmsight_sym module cannot be built; run 'apt-get update'"
+[ "$HKBUILD_VER" = "$KPKG_VER" ] || log "using $HKBUILD $HKBUILD_VER (apt has no $KPKG_VER)"
+for spec in "$HCOMMON=$HCOMMON_VER:all" "$HKBUILD=$HKBUILD_VER:amd64"; do
     pv=${spec%:*} arch=${spec##*:}
     name=${pv%%=*} ver=${pv#*=}
     if [ -f "$DEBS/${name}_${ver//:/%3a}_${arch}.deb" ]; then continue; fi
@@ -264,7 +284,7 @@ for spec in "$HCOMMON=$HCOMMON_VER:all" "$HKBUILD=$KPKG_VER:amd64"; do
     apt_download "$name=$ver"
 done
 for deb in "$HDEB" "$DEBS/${HCOMMON}_${HCOMMON_VER//:/%3a}_all.deb" \
-    "$DEBS/${HKBUILD}_${KPKG_VER//:/%3a}_amd64.deb"; do
+    "$DEBS/${HKBUILD}_${HKBUILD_VER//:/%3a}_amd64.deb"; do
     [ -f "$deb" ] || die "downloaded package $deb not found"
     dpkg-deb -x "$deb" "$TMP/headers" || die "cannot unpack $deb"
 done
