@@ -37,6 +37,9 @@
 #include <linux/slab.h>
 #include <linux/wait_bit.h>
 #include <linux/workqueue.h>
+#include <asm/msr.h>
+#include <asm/page.h>
+#include <asm/tsc.h>
 
 #define VSWAP_NAME "vmswap0"
 /* Tries, 1 us apart, an operation makes for the region lock (vmsight may be descheduled). */
@@ -75,6 +78,38 @@ static_assert(offsetof(struct vsym_swaphdr, g_lower_reads) ==
 	      offsetof(struct vsym_swaphdr, g_stores) + VSWAP_LOWER_READS * sizeof(u64));
 
 static atomic_long_t vswap_ctr[VSWAP_NR_CTR];
+
+/*
+ * Where the bypass spends its time in the guest, beside the kernel's own swap path: TSC
+ * cycles in the module's stores and loads (from the lock to the unlock, the copy included)
+ * and in the 4 KiB copies alone, shown in ns by swap_stats (bench/swapbypass.py subtracts
+ * them from the guest's system time). Module-local: not in the region's ABI. Both ends of a
+ * measurement are read on one CPU (nothing between them sleeps); a negative difference
+ * (TCG's vCPU TSCs are not synchronised, should one ever be migrated) is dropped.
+ */
+enum vswap_time { VSWAP_T_STORE, VSWAP_T_LOAD, VSWAP_T_COPY, VSWAP_NR_T };
+static atomic64_t vswap_cycles[VSWAP_NR_T];
+static const char *const vswap_time_names[VSWAP_NR_T] = {
+	[VSWAP_T_STORE] = "store_ns", [VSWAP_T_LOAD] = "load_ns", [VSWAP_T_COPY] = "copy_ns",
+};
+
+static inline void vswap_time_since(enum vswap_time clock, u64 t0)
+{
+	s64 d = (s64)(rdtsc_ordered() - t0);
+
+	if (d > 0)
+		atomic64_add(d, &vswap_cycles[clock]);
+}
+
+/*
+ * How a page is copied to or from a slot: memcpy (the default) or copy_page, the kernel's
+ * page copier (rep movsq, or an unrolled loop of 8-byte moves; memcpy is rep movsb on a CPU
+ * with FSRM, which a TCG vCPU of -cpu max has). Both copy the same 4 KiB between page-aligned
+ * addresses; the switch is for measuring the copy's share (docs/swapbypass.md).
+ */
+static bool vswap_copy_page;
+module_param_named(swap_copy_page, vswap_copy_page, bool, 0644);
+MODULE_PARM_DESC(swap_copy_page, "SwapBypass: copy pages with copy_page instead of memcpy");
 
 static const char *const vswap_ctr_names[VSWAP_NR_CTR] = {
 	[VSWAP_STORES] = "stores",		[VSWAP_STORE_FULL] = "store_full",
@@ -243,11 +278,23 @@ static void vswap_check(int err, const char *op, u64 off)
 				    op, off);
 }
 
+/* One page from SRC to DST, timed (both page-aligned, PAGE_SIZE bytes). */
+static void vswap_copy(void *dst, const void *src)
+{
+	u64 t0 = rdtsc_ordered();
+
+	if (READ_ONCE(vswap_copy_page))
+		copy_page(dst, (void *)src);
+	else
+		memcpy(dst, src, PAGE_SIZE);
+	vswap_time_since(VSWAP_T_COPY, t0);
+}
+
 static void vswap_copy_in(struct vswap_region *r, u32 slot, struct page *page)
 {
 	void *src = kmap_local_page(page);
 
-	memcpy(r->data + (size_t)slot * PAGE_SIZE, src, PAGE_SIZE);
+	vswap_copy(r->data + (size_t)slot * PAGE_SIZE, src);
 	kunmap_local(src);
 }
 
@@ -255,7 +302,7 @@ static void vswap_copy_out(struct vswap_region *r, u32 slot, struct page *page)
 {
 	void *dst = kmap_local_page(page);
 
-	memcpy(dst, r->data + (size_t)slot * PAGE_SIZE, PAGE_SIZE);
+	vswap_copy(dst, r->data + (size_t)slot * PAGE_SIZE);
 	kunmap_local(dst);
 	flush_dcache_page(page);
 }
@@ -369,8 +416,9 @@ typedef int (*vswap_locked_op)(struct vswap_region *r, u64 off, struct page *pag
  * region is gone or its lock stayed busy (the caller uses the lower disk).
  */
 static int vswap_run(u64 off, struct page *page, vswap_locked_op op, int done, int failed,
-		     const char *what)
+		     enum vswap_time clock, const char *what)
 {
+	u64 t0 = rdtsc_ordered();
 	struct vswap_region *r;
 	unsigned long flags;
 	int err;
@@ -390,6 +438,7 @@ static int vswap_run(u64 off, struct page *page, vswap_locked_op op, int done, i
 		vswap_count(failed);
 	vswap_unlock(r, flags);
 	rcu_read_unlock();
+	vswap_time_since(clock, t0);
 	vswap_check(err, what, off);
 	return err;
 }
@@ -417,14 +466,14 @@ static int vswap_store(u64 off, struct page *page, bool count_full)
 {
 	vswap_undefer(off);
 	return vswap_run(off, page, vswap_store_locked, VSWAP_STORES,
-			 count_full ? VSWAP_STORE_FULL : -1, "store");
+			 count_full ? VSWAP_STORE_FULL : -1, VSWAP_T_STORE, "store");
 }
 
 /* Loads swap page OFF into PAGE. 0 on a hit; otherwise the caller reads the lower disk. */
 static int vswap_load(u64 off, struct page *page, bool count_miss)
 {
 	return vswap_run(off, page, vswap_load_locked, VSWAP_LOADS,
-			 count_miss ? VSWAP_LOAD_MISSES : -1, "load");
+			 count_miss ? VSWAP_LOAD_MISSES : -1, VSWAP_T_LOAD, "load");
 }
 
 /* Invalidates swap page OFF, counted. Locked. */
@@ -903,6 +952,10 @@ static int vswap_stats_get(char *buf, const struct kernel_param *kp)
 	for (i = 0; i < VSWAP_NR_CTR; i++)
 		len += sysfs_emit_at(buf, len, "%s %ld\n", vswap_ctr_names[i],
 				     atomic_long_read(&vswap_ctr[i]));
+	for (i = 0; i < VSWAP_NR_T; i++)
+		len += sysfs_emit_at(buf, len, "%s %llu\n", vswap_time_names[i],
+				     tsc_khz ? mul_u64_u32_div(atomic64_read(&vswap_cycles[i]),
+							       USEC_PER_SEC, tsc_khz) : 0);
 	return len;
 }
 

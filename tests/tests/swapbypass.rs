@@ -170,12 +170,27 @@ fn without_the_module_every_swap_in_is_a_block_read_and_every_page_survives() {
     assert_eq!(n(&s, "corrupt"), 0, "{s}");
 }
 
+/// The module's own time (`swap_stats`: store_ns, load_ns, copy_ns) as `symtime` fields.
+const SYMTIME: &str = "echo \"symtime $(awk '/^(store|load|copy)_ns / {print $1 \"=\" $2}' \
+    /sys/module/vmsight_sym/parameters/swap_stats | tr '\\n' ' ')\"";
+
+/// The second round copies pages with `copy_page` instead of `memcpy` (the module's
+/// `swap_copy_page`): swap-check finds a page either copy got wrong.
 #[test]
 fn the_bypass_swaps_through_shared_memory_without_block_io_and_the_cache_empties_after() {
     let st = tempfile::NamedTempFile::new().unwrap();
-    let r = bypass_guest(&st, "256M", &script("swap-check 160 --rounds 2", SWAPUSED));
+    let workload = "swap-check 160 --rounds 1\n\
+         echo 1 > /sys/module/vmsight_sym/parameters/swap_copy_page\n\
+         swap-check 160 --rounds 1";
+    let after = format!("{SWAPUSED}\n{SYMTIME}");
+    let r = bypass_guest(&st, "256M", &script(workload, &after));
     assert_eq!(r.code, Some(0), "{r:?}");
-    assert!(r.stdout.contains("swap-check OK"), "{r:?}");
+    assert_eq!(r.stdout.matches("swap-check OK").count(), 2, "{r:?}");
+    // The module timed its work: every copy happens inside a store or a load.
+    let t = line_fields(&r.stdout, "symtime");
+    let (store, load, copy) = (t["store_ns"], t["load_ns"], t["copy_ns"]);
+    assert!(store > 0 && load > 0 && copy > 0, "{t:?}");
+    assert!(copy <= store + load, "{t:?}");
     assert_eq!(swap_device(&r.stdout), "/dev/vmswap0", "{r:?}");
     let v = line_fields(&r.stdout, "vmstat");
     let (pin, pout) = (v["pswpin"], v["pswpout"]);
