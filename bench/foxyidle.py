@@ -53,6 +53,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
 from peers import children_cpu_s, run_vmsight  # noqa: E402
+import figures  # noqa: E402
 import results as bench_results  # noqa: E402
 
 CACHE = os.path.join(os.environ.get("VMSIGHT_CACHE", os.path.expanduser("~/.cache/vmsight")), "bench")
@@ -270,8 +271,7 @@ def ints(text):
     return [int(x) for x in text.split(",") if x]
 
 
-# Paper figures live apart from docs/plots, which bench/report.py owns (one plot per results file).
-FIGURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "figures")
+FIGURES = figures.FIGURES
 
 
 def sweep_points(reps, group):
@@ -304,20 +304,11 @@ def plot(res_paths):
     """Figs. 7/8 (relative times against the interval, per guest scheduler) and Fig. 9 (the
     timer error per interval) from results files (their repetitions pooled; each row's ratios
     against the standalone row of its own file), as SVG under docs/figures."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        if sys.executable != "/usr/bin/python3" and os.path.exists("/usr/bin/python3"):
-            subprocess.run(["/usr/bin/python3", __file__, "--plot-only", ",".join(res_paths)], check=False)
-        else:
-            print("plots skipped: matplotlib is missing (Debian python3-matplotlib)", file=sys.stderr)
+    plt = figures.pyplot(__file__, ",".join(res_paths))
+    if plt is None:
         return
     docs = [json.load(open(p)) for p in res_paths]
     commits = ",".join(sorted({d["commit"] for d in docs}))
-    plt.rcParams["svg.hashsalt"] = "vmsight-bench"  # the same SVG for the same data
-    os.makedirs(FIGURES, exist_ok=True)
     for group, fig, what in (("fig7-seq", "foxyidle-fig7", "Fig 7: sequential fg, sequential bg"),
                              ("fig8-rand", "foxyidle-fig8", "Fig 8: random fg, sequential bg"),
                              ("table3", "foxyidle-table3", "Table 3: grep fg, updatedb bg")):

@@ -35,12 +35,13 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
+import figures  # noqa: E402
 import results as bench_results  # noqa: E402
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 VMSIGHT = os.environ.get("VMSIGHT", os.path.join(REPO, "target", "release", "vmsight"))
 # Paper figures live apart from docs/plots, which bench/report.py owns (one plot per results file).
-PLOTS = os.path.join(REPO, "docs", "figures")
+PLOTS = figures.FIGURES
 MARK = "dd if=/dev/zero of=/dev/vdc bs=4096 count=1 oflag=direct status=none"
 VARMAIL = "varmail -d /mnt/v/vm -n 300 -o 20000 -s 11 -j"
 # Sky Table 5 (Linux rows): misclassification error in percent.
@@ -137,20 +138,10 @@ def fig5_once(w, tmp):
 
 def plot(res_path):
     """Figures 4 and 5 from the results file (SVG under docs/figures)."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        if sys.executable != "/usr/bin/python3" and os.path.exists("/usr/bin/python3"):
-            subprocess.run(["/usr/bin/python3", __file__, "--plot-only", res_path], check=False)
-        else:
-            print("plots skipped: matplotlib is missing (Debian python3-matplotlib)",
-                  file=sys.stderr)
+    plt = figures.pyplot(__file__, res_path)
+    if plt is None:
         return
     doc = json.load(open(res_path))
-    plt.rcParams["svg.hashsalt"] = "vmsight-bench"  # the same SVG for the same data
-    os.makedirs(PLOTS, exist_ok=True)
     for fig, part in (("sky-fig4", "fig4"), ("sky-fig5", "fig5")):
         reps = [r for r in doc["reps"] if r.get("part") == part]
         if not reps:

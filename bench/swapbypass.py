@@ -80,6 +80,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
+import figures  # noqa: E402
 import peers  # noqa: E402
 import results as bench_results  # noqa: E402
 
@@ -606,23 +607,12 @@ def report_again(res_path):
 
 # --- figures -------------------------------------------------------------------------------
 
-# Paper figures live apart from docs/plots, which bench/report.py owns (one plot per results file).
-FIGURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "figures")
-
-
 def plot(res_path):
     """Fig. 9's shape (each workload's in-guest time against the bypass's cache size, the RAM
     disk, the ideal and the growth as lines) and where the vCPU seconds went, from a results
     file (its `reps`, or a --json file's `runs`), as SVG under docs/figures."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        if sys.executable != "/usr/bin/python3" and os.path.exists("/usr/bin/python3"):
-            subprocess.run(["/usr/bin/python3", __file__, "--plot-only", res_path], check=False)
-        else:
-            print("plots skipped: matplotlib is missing (Debian python3-matplotlib)", file=sys.stderr)
+    plt = figures.pyplot(__file__, res_path)
+    if plt is None:
         return
     with open(res_path) as f:
         doc = json.load(f)
@@ -630,8 +620,6 @@ def plot(res_path):
     progs = [p for p in ("stream", "gups", "memperf") if any(r["workload"] == p for r in runs)]
     if not progs:
         return
-    plt.rcParams["svg.hashsalt"] = "vmsight-bench"  # the same SVG for the same data
-    os.makedirs(FIGURES, exist_ok=True)
     tag = f"commit {doc.get('commit', '?')}, {doc.get('date', '')[:10]}"
 
     f, axes = plt.subplots(1, len(progs), figsize=(4.2 * len(progs), 3.6), squeeze=False)
@@ -660,7 +648,7 @@ def plot(res_path):
         ax.legend(fontsize=6)
     f.suptitle(f"SwapBypass, Fig. 9 shape ({tag})", fontsize=9)
     f.tight_layout()
-    out = os.path.join(FIGURES, "swapbypass-fig9.svg")
+    out = os.path.join(figures.FIGURES, "swapbypass-fig9.svg")
     f.savefig(out)
     plt.close(f)
     print(f"figure: {out}")
@@ -693,7 +681,7 @@ def plot(res_path):
     ax.set_title(f"SwapBypass: where the guest's time goes ({tag})", fontsize=9)
     ax.legend(fontsize=7, loc="lower right")
     f.tight_layout()
-    out = os.path.join(FIGURES, "swapbypass-breakdown.svg")
+    out = os.path.join(figures.FIGURES, "swapbypass-breakdown.svg")
     f.savefig(out)
     plt.close(f)
     print(f"figure: {out}")
