@@ -187,6 +187,27 @@ impl Region {
         Ok(())
     }
 
+    /// Which of the `n` pages from `off` hold host memory now (`mincore` on the mapping: a
+    /// punched or never-written page is not resident). Empty if the range is not inside the
+    /// region or the call fails.
+    pub fn resident_pages(&self, off: u64, n: usize) -> Vec<bool> {
+        let bytes = n.saturating_mul(PAGE as usize);
+        let (Some(p), Some(end)) = (self.page_ptr(off), (off as usize).checked_add(bytes)) else {
+            return Vec::new();
+        };
+        if n == 0 || end > self.len {
+            return Vec::new();
+        }
+        let mut vec = vec![0u8; n];
+        // SAFETY: [p, p + bytes) lies inside our mapping (checked above) and `vec` has one
+        // byte per page of it, as mincore requires.
+        let r = unsafe { libc::mincore(p.cast(), bytes, vec.as_mut_ptr()) };
+        if r < 0 {
+            return Vec::new();
+        }
+        vec.into_iter().map(|b| b & 1 == 1).collect()
+    }
+
     /// Bytes of host memory the region holds now (its resident pages in the memfd).
     pub fn resident_bytes(&self) -> u64 {
         // SAFETY: fstat on our own fd into a zeroed struct.
@@ -230,6 +251,20 @@ mod tests {
         assert!(r.u32_at(l.region_size - 4).is_some());
         assert!(r.u32_at(l.region_size).is_none());
         assert!(r.u64_at(3).is_none());
+    }
+
+    #[test]
+    fn residency_follows_writes_and_punches() {
+        let r = region();
+        let l = *r.layout();
+        assert_eq!(r.resident_pages(l.slot_data(0), 4), vec![false; 4]);
+        assert!(r.write_page(l.slot_data(1), &[7u8; 4096]));
+        assert!(r.write_page(l.slot_data(3), &[7u8; 4096]));
+        assert_eq!(r.resident_pages(l.slot_data(0), 4), [false, true, false, true]);
+        r.punch(l.slot_data(1)).expect("punch");
+        assert_eq!(r.resident_pages(l.slot_data(0), 4), [false, false, false, true]);
+        assert!(r.resident_pages(l.region_size - PAGE, 2).is_empty(), "past the end");
+        assert!(r.resident_pages(l.slot_data(0) + 8, 1).is_empty(), "unaligned");
     }
 
     #[test]

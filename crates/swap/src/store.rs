@@ -30,6 +30,8 @@ const LOCK_WAIT: Duration = Duration::from_secs(2);
 pub const EVICT_BATCH: usize = 256;
 /// Free slots punched per lock hold when giving memory back.
 const TRIM_BATCH: usize = 32;
+/// Slots whose residency one `mincore` call reads when trimming.
+const TRIM_WINDOW: u64 = 4096;
 
 /// vmsight's counters (the guest's own are in the region's header).
 #[derive(Debug, Default)]
@@ -375,22 +377,49 @@ impl SwapStore {
         used.saturating_sub(target)
     }
 
-    /// Gives back the memory of up to `max` free slots (their stale pages), a batch per lock
-    /// hold. Returns how many were punched.
+    /// Gives back the memory of up to `max` free slots that still hold a stale page, a batch
+    /// per lock hold; at most one pass over the slots. Returns how many were punched.
+    ///
+    /// Residency is read (`mincore`) outside the lock so the guest never waits on it; a slot
+    /// is punched only if it is still free under the lock. Counting only resident slots makes
+    /// one call give back what it was asked for, however scattered the stale pages are.
     pub fn trim(&self, max: usize) -> usize {
         let mut hand = self.hand.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut n = 0;
-        while n < max {
-            let Some(l) = self.lock() else { break };
-            let k = l.punch_free(&mut hand.trim, TRIM_BATCH.min(max - n));
-            drop(l);
-            if k == 0 {
-                break;
+        let slots = self.layout.slots;
+        let (mut n, mut scanned) = (0, 0u64);
+        while n < max && scanned < slots {
+            let start = hand.trim % slots;
+            let len = TRIM_WINDOW.min(slots - start).min(slots - scanned);
+            let resident = self
+                .region
+                .resident_pages(self.layout.slot_data(start), len as usize);
+            hand.trim = (start + len) % slots;
+            scanned += len;
+            let mut stale = resident
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| **r)
+                .map(|(i, _)| start + i as u64)
+                .filter(|&s| self.looks_free(s))
+                .peekable();
+            while n < max && stale.peek().is_some() {
+                let batch: Vec<u64> = stale.by_ref().take(TRIM_BATCH.min(max - n)).collect();
+                let Some(l) = self.lock() else { break };
+                n += l.punch_free(&batch);
             }
-            n += k;
         }
         self.counters.punched.fetch_add(n as u64, Ordering::Relaxed);
         n
+    }
+
+    /// Whether slot `s` is free, read without the lock: only a hint for picking candidates,
+    /// which are checked again under it.
+    fn looks_free(&self, s: u64) -> bool {
+        let l = &self.layout;
+        (s < l.slots)
+            .then(|| self.region.u64_at(l.meta_off + s * 8))
+            .flatten()
+            .is_some_and(|m| decode(m.load(Ordering::Relaxed)).state == swapr::SLOT_FREE)
     }
 
     /// Free slots and used slots now (clamped to the layout: the guest writes them too).
@@ -717,23 +746,16 @@ impl Locked<'_> {
         out
     }
 
-    /// Punches up to `n` free slots' pages (they stay free; the next store refaults a page).
-    fn punch_free(&self, cursor: &mut u64, n: usize) -> usize {
-        let slots = self.s.layout.slots;
-        let mut done = 0;
-        for _ in 0..slots.min(4096) {
-            if done >= n {
-                break;
-            }
-            let s = *cursor % slots;
-            *cursor = (s + 1) % slots;
-            if self.get_meta(s).map(|m| m.state) == Some(swapr::SLOT_FREE)
-                && self.s.region.punch(self.s.layout.slot_data(s)).is_ok()
-            {
-                done += 1;
-            }
-        }
-        done
+    /// Punches the pages of those of `slots` that are free (they stay free; the next store
+    /// refaults a page). Returns how many were punched.
+    fn punch_free(&self, slots: &[u64]) -> usize {
+        slots
+            .iter()
+            .filter(|&&s| {
+                self.get_meta(s).map(|m| m.state) == Some(swapr::SLOT_FREE)
+                    && self.s.region.punch(self.s.layout.slot_data(s)).is_ok()
+            })
+            .count()
     }
 }
 

@@ -173,6 +173,33 @@ fn trimming_gives_back_free_slots_memory() {
 }
 
 #[test]
+fn one_trim_gives_back_scattered_stale_pages_past_already_punched_ones() {
+    let (_dir, s) = store(256, 200);
+    for p in 0..200 {
+        s.write(p, &page(p)).expect("write");
+    }
+    for p in 0..100 {
+        s.discard(p).expect("discard");
+    }
+    assert_eq!(s.trim(1000), 100, "every freed slot's page, in one call");
+    assert_eq!(s.trim(1000), 0, "already punched slots are not counted again");
+    for p in (100..200).step_by(4) {
+        s.discard(p).expect("discard");
+    }
+    let before = s.region().resident_bytes();
+    assert_eq!(s.trim(16), 16, "asked for 16 stale pages, 16 given back");
+    assert_eq!(s.trim(1000), 9, "the rest in one more call");
+    assert!(s.region().resident_bytes() + 25 * PAGE <= before);
+    for p in 100..200 {
+        if p % 4 != 0 {
+            let mut b = vec![0; PAGE as usize];
+            s.read(p, &mut b).expect("read");
+            assert_eq!(b, page(p), "a used slot keeps its page");
+        }
+    }
+}
+
+#[test]
 fn partial_and_out_of_range_requests_are_refused_cleanly() {
     let (_dir, s) = store(16, 4);
     assert!(matches!(s.write(16, &page(0)), Err(OpError::Range(16))));
