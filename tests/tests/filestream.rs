@@ -2236,7 +2236,11 @@ fn guest_record_rule_catches_spurious_missing_and_mixed_up_events() {
 /// `MODIFY bin.dpkg-new/hello`, vmsight `write bin/hello`), and what they must still refuse.
 #[test]
 fn a_write_under_a_stale_watch_path_matches_the_same_name_under_the_renamed_directory() {
-    let set = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<String>>();
+    let set = |v: &[&str]| {
+        v.iter()
+            .map(|s| s.to_string())
+            .collect::<BTreeSet<String>>()
+    };
     let ino = set(&["create D /opt/stpkg"]);
     let vm = set(&["create D /opt/stpkg", "create D /opt/stpkg/bin"]);
     let modified = set(&["/opt/stpkg/bin/hello"]);

@@ -260,11 +260,23 @@ mod tests {
         assert_eq!(r.resident_pages(l.slot_data(0), 4), vec![false; 4]);
         assert!(r.write_page(l.slot_data(1), &[7u8; 4096]));
         assert!(r.write_page(l.slot_data(3), &[7u8; 4096]));
-        assert_eq!(r.resident_pages(l.slot_data(0), 4), [false, true, false, true]);
+        assert_eq!(
+            r.resident_pages(l.slot_data(0), 4),
+            [false, true, false, true]
+        );
         r.punch(l.slot_data(1)).expect("punch");
-        assert_eq!(r.resident_pages(l.slot_data(0), 4), [false, false, false, true]);
-        assert!(r.resident_pages(l.region_size - PAGE, 2).is_empty(), "past the end");
-        assert!(r.resident_pages(l.slot_data(0) + 8, 1).is_empty(), "unaligned");
+        assert_eq!(
+            r.resident_pages(l.slot_data(0), 4),
+            [false, false, false, true]
+        );
+        assert!(
+            r.resident_pages(l.region_size - PAGE, 2).is_empty(),
+            "past the end"
+        );
+        assert!(
+            r.resident_pages(l.slot_data(0) + 8, 1).is_empty(),
+            "unaligned"
+        );
     }
 
     #[test]

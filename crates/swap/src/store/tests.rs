@@ -182,7 +182,11 @@ fn one_trim_gives_back_scattered_stale_pages_past_already_punched_ones() {
         s.discard(p).expect("discard");
     }
     assert_eq!(s.trim(1000), 100, "every freed slot's page, in one call");
-    assert_eq!(s.trim(1000), 0, "already punched slots are not counted again");
+    assert_eq!(
+        s.trim(1000),
+        0,
+        "already punched slots are not counted again"
+    );
     for p in (100..200).step_by(4) {
         s.discard(p).expect("discard");
     }
