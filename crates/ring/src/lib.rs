@@ -370,7 +370,7 @@ impl Channel {
         // Publish: a plugin that sees the magic (Acquire) sees every field above.
         h.magic.store(MAGIC, Ordering::Release);
         Ok(ChannelHost {
-            map,
+            map: Arc::new(map),
             tails: vec![0; max_vcpus as usize],
             path: path.to_owned(),
             corrupt_events: 0,
@@ -507,7 +507,7 @@ fn validate_header(path: &Path, h: &layout::Header, file_size: u64) -> Result<Ge
 
 /// vmsight's end of a channel: reads counters and drains the rings.
 pub struct ChannelHost {
-    map: Mapping,
+    map: Arc<Mapping>,
     /// Consumer indices kept locally: the copy in the file is only published for the producer,
     /// never read back, so a scribbled tail cannot confuse the consumer.
     tails: Vec<u64>,
@@ -571,6 +571,12 @@ impl ChannelHost {
     /// The vCPU redirection mailbox (see [`redirect`]).
     pub fn redirect_mailbox(&self) -> &redirect::Mailbox {
         self.map.mailbox()
+    }
+
+    /// A handle on the redirect mailbox that keeps the mapping alive on its own, for a caller
+    /// that sleeps on it without holding whatever guards this `ChannelHost`.
+    pub fn redirect_handle(&self) -> MailboxHandle {
+        MailboxHandle(self.map.clone())
     }
 
     /// Sets what the plugin monitors (replacing the previous filters) and returns the new
@@ -962,6 +968,17 @@ impl Producer {
     #[inline]
     pub fn counters(&self) -> &CounterSink {
         &self.counters
+    }
+}
+
+/// The redirect mailbox of a channel, usable apart from its [`ChannelHost`] (see
+/// [`ChannelHost::redirect_handle`]).
+#[derive(Clone)]
+pub struct MailboxHandle(Arc<Mapping>);
+
+impl MailboxHandle {
+    pub fn mailbox(&self) -> &redirect::Mailbox {
+        self.0.mailbox()
     }
 }
 

@@ -14,15 +14,19 @@
 //! cancelled active one (the vCPU then stays wherever the guest function took it).
 //!
 //! ```text
-//! CONTROL_OFFSET + 2048   Mailbox (198 u64 atomics, 1584 bytes)
+//! CONTROL_OFFSET + 2048   Mailbox (201 u64 atomics, 1608 bytes)
 //!   req_seq cancel_seq done_seq verified_seq
 //!   trigger tgid entry has_frame return_to reserve set_mask set[20]
 //!   mem_addr mem_len mem[32]
 //!   status vcpu return_vcpu pc elapsed_ns saved[20] at_return[20] mismatch_mask
 //!   at_check[20]
 //!   arm_pid arm_n arm_addr[64]
-//!   idle
+//!   idle host_waiting taken_ns resume_ns
 //! ```
+//!
+//! vmsight waits for an answer asleep on `done_seq`'s futex once a short spin is over
+//! ([`Mailbox::wait_answer`]); `host_waiting` tells the plugin to wake it when it answers, so
+//! a sleeping caller sees the answer at once instead of at its next poll.
 //!
 //! Every field is an atomic; a scribbled mailbox yields a request the plugin validates like
 //! any other (and the plugin's writes are bounded by the request's own limits).
@@ -80,6 +84,12 @@ pub struct Mailbox {
     /// Bit `v` set while vCPU `v` is halted (between QEMU's idle and resume callbacks): a
     /// kernel-triggered request nobody will take until the guest is interrupted.
     idle: AtomicU64,
+    /// Non-zero while vmsight sleeps on `done_seq`'s futex: the plugin wakes it when it answers.
+    host_waiting: AtomicU64,
+    /// CLOCK_MONOTONIC when the last answered request was taken by a vCPU.
+    taken_ns: AtomicU64,
+    /// CLOCK_MONOTONIC of the last time a halted vCPU resumed.
+    resume_ns: AtomicU64,
 }
 
 /// Most vCPUs whose arm words the mailbox publishes.
@@ -92,7 +102,7 @@ pub const MAX_ARM_VCPUS: usize = 64;
 /// reach a kernel block soon.
 pub const USER_WORD_AFTER_ARM: u64 = 16;
 
-const _: () = assert!(std::mem::size_of::<Mailbox>() == (111 + NREGS + 2 + MAX_ARM_VCPUS + 1) * 8);
+const _: () = assert!(std::mem::size_of::<Mailbox>() == (111 + NREGS + 2 + MAX_ARM_VCPUS + 4) * 8);
 const _: () = assert!(MAX_ARM_VCPUS <= 64, "one idle bit per vCPU in a u64");
 const _: () = assert!(MAILBOX_OFFSET as usize + std::mem::size_of::<Mailbox>() <= 4096);
 const _: () = assert!(MAILBOX_OFFSET as usize >= std::mem::size_of::<crate::control::FilterArea>());
@@ -144,8 +154,18 @@ impl Mailbox {
     // -----------------------------------------------------------------------------------------
     // vmsight's side
 
-    /// Posts `req`; returns its sequence.
+    /// Posts `req`; returns its sequence. Wakes the plugin's arming thread.
     pub fn post(&self, req: &RedirectRequest) -> Result<u64, MailboxError> {
+        let seq = self.post_quiet(req)?;
+        self.wake_armers();
+        Ok(seq)
+    }
+
+    /// Posts `req` without waking the plugin's arming thread, for a caller that arms the
+    /// vCPUs itself (a woken thread in QEMU competes for the host's cores with the vCPU the
+    /// caller waits for); it calls [`Mailbox::wake_armers`] if it cannot. The thread also
+    /// looks on its own every 100 ms.
+    pub fn post_quiet(&self, req: &RedirectRequest) -> Result<u64, MailboxError> {
         req.validate()?;
         if let Some(seq) = self.outstanding() {
             return Err(MailboxError::Busy(seq));
@@ -190,8 +210,12 @@ impl Mailbox {
         }
         let seq = self.req_seq.load(Ordering::Relaxed).wrapping_add(1).max(1);
         self.req_seq.store(seq, Ordering::Release);
-        futex_wake(&self.req_seq);
         Ok(seq)
+    }
+
+    /// Wakes the plugin's arming thread (asleep in [`Mailbox::wait_post`]).
+    pub fn wake_armers(&self) {
+        futex_wake(&self.req_seq);
     }
 
     /// Where request `seq` stands.
@@ -223,6 +247,26 @@ impl Mailbox {
                 BTreeMap::new()
             },
         })
+    }
+
+    /// Sleeps until request `seq` is answered or `timeout` passes (spurious wakeups happen:
+    /// callers check [`Mailbox::progress`]). The plugin wakes the sleeper when it answers.
+    pub fn wait_answer(&self, seq: u64, timeout: std::time::Duration) {
+        // With `answer`: either the plugin sees `host_waiting` after its store of `done_seq`
+        // and wakes us, or we see its `done_seq` here (SeqCst on both sides), or the futex
+        // compares a changed `done_seq` and returns at once.
+        self.host_waiting.store(1, Ordering::SeqCst);
+        let done = self.done_seq.load(Ordering::SeqCst);
+        if done != seq {
+            futex_wait(&self.done_seq, done, timeout);
+        }
+        self.host_waiting.store(0, Ordering::SeqCst);
+    }
+
+    /// When the answered request was taken by a vCPU, and when a halted vCPU last resumed
+    /// (CLOCK_MONOTONIC ns, 0 if never): where the time of a synchronous call went.
+    pub fn timing(&self) -> (u64, u64) {
+        (load(&self.taken_ns), load(&self.resume_ns))
     }
 
     /// Gives up on request `seq`.
@@ -300,6 +344,12 @@ impl Mailbox {
         } else {
             self.idle.fetch_and(!bit, Ordering::AcqRel);
         }
+    }
+
+    /// Records that a halted vCPU resumed at `now_ns` (CLOCK_MONOTONIC), for
+    /// [`Mailbox::timing`].
+    pub fn set_resumed_at(&self, now_ns: u64) {
+        store(&self.resume_ns, now_ns);
     }
 
     /// True when every vCPU whose arm word is published is halted: a kernel-triggered request
@@ -393,7 +443,10 @@ impl Mailbox {
     /// Marks `seq` answered. `done_seq` never goes back, so a late answer cannot make a newer,
     /// answered request look outstanding again.
     fn answer(&self, seq: u64) {
-        self.done_seq.fetch_max(seq, Ordering::AcqRel);
+        self.done_seq.fetch_max(seq, Ordering::SeqCst);
+        if self.host_waiting.load(Ordering::SeqCst) != 0 {
+            futex_wake(&self.done_seq);
+        }
     }
 
     /// Answers `seq` with a failure (ignored unless `seq` is the unanswered request).
@@ -415,6 +468,7 @@ impl Mailbox {
         store(&self.return_vcpu, u64::from(o.return_vcpu));
         store(&self.pc, o.pc);
         store(&self.elapsed_ns, o.elapsed_ns);
+        store(&self.taken_ns, o.taken_ns);
         for i in 0..NREGS {
             store(&self.saved[i], o.saved[i]);
             store(&self.at_return[i], o.at_return[i]);
@@ -482,6 +536,8 @@ pub struct ReturnReport {
     pub return_vcpu: u32,
     pub pc: u64,
     pub elapsed_ns: u64,
+    /// CLOCK_MONOTONIC when the vCPU took the request.
+    pub taken_ns: u64,
     pub saved: [u64; NREGS],
     pub at_return: [u64; NREGS],
 }
@@ -609,6 +665,7 @@ mod tests {
             return_vcpu: 0,
             pc: 0x40_0100,
             elapsed_ns: 1,
+            taken_ns: 7,
             saved: [0; NREGS],
             at_return: [7; NREGS],
         };
@@ -634,6 +691,39 @@ mod tests {
         assert_eq!(m.post(&req()), Err(MailboxError::Busy(e)));
     }
 
+    /// A caller asleep in `wait_answer` is woken by the answer (it does not sleep out its
+    /// timeout), and the answer's timing is readable after.
+    #[test]
+    fn the_answer_wakes_a_caller_asleep_on_the_mailbox() {
+        let m: &'static Mailbox = Box::leak(mailbox());
+        let seq = m.post(&req()).expect("posted");
+        let timeout = std::time::Duration::from_secs(30);
+        let waiter = std::thread::spawn(move || {
+            let t0 = std::time::Instant::now();
+            while m.progress(seq) == Progress::Waiting {
+                m.wait_answer(seq, timeout);
+            }
+            t0.elapsed()
+        });
+        // Answer once the waiter sleeps (it has set host_waiting, and had time to enter the
+        // futex: answered before that, the futex returns at once and nothing is tested).
+        while m.host_waiting.load(Ordering::SeqCst) == 0 {
+            std::thread::yield_now();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        m.set_resumed_at(5);
+        m.returned(seq, &report(3));
+        let slept = waiter.join().expect("waiter");
+        assert!(
+            slept < timeout / 2,
+            "woken by the answer, not the timeout: {slept:?}"
+        );
+        assert_eq!(m.timing(), (7, 5));
+        // Answered already: returns at once.
+        m.wait_answer(seq, timeout);
+        assert_eq!(m.host_waiting.load(Ordering::SeqCst), 0);
+    }
+
     fn report(rax: u64) -> ReturnReport {
         let mut at_return = [0u64; NREGS];
         at_return[Reg::Rax.index()] = rax;
@@ -642,6 +732,7 @@ mod tests {
             return_vcpu: 0,
             pc: 0x40_0100,
             elapsed_ns: 1,
+            taken_ns: 7,
             saved: [0; NREGS],
             at_return,
         }
@@ -773,6 +864,7 @@ mod tests {
                 return_vcpu: 0,
                 pc: 0x40_0100,
                 elapsed_ns: 5000,
+                taken_ns: 7,
                 saved,
                 at_return,
             },
