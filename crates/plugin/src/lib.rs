@@ -912,7 +912,9 @@ fn on_vcpu_idle(vcpu: c_uint) {
 fn on_vcpu_resume(vcpu: c_uint) {
     guard(Some(vcpu), || {
         if let Some(st) = STATE.get() {
-            st.channel.redirect_mailbox().set_idle(vcpu, false);
+            let mb = st.channel.redirect_mailbox();
+            mb.set_idle(vcpu, false);
+            mb.set_resumed_at(vmsight_ring::monotonic_ns());
         }
     });
 }

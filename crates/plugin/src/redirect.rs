@@ -273,6 +273,7 @@ impl Ctx<'_> {
                         return_vcpu: self.vcpu,
                         pc: active.pc,
                         elapsed_ns,
+                        taken_ns: active.t0,
                         saved: active.saved,
                         at_return,
                     },
