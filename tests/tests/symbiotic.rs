@@ -384,6 +384,42 @@ fn synchronous_calls_to_an_idle_guest_ring_it_at_once_and_are_answered() {
     println!("idle guest: {c}");
     assert!(c["calls_sync"].as_u64().unwrap() >= 300, "{s}");
     assert!(c["sync_wakes_idle"].as_u64().unwrap() > 0, "{s}");
+    // Where the time went: the doorbell woke a halted vCPU (QEMU's own resume callback,
+    // recorded by the plugin, fell between the ring and the take), and every reply's clock
+    // readings are in the order the call passed them.
+    let r = sym(&[
+        name.as_str(),
+        "call",
+        "echo",
+        "1",
+        "--repeat",
+        "100",
+        "--transport",
+        "sync",
+        "--json",
+    ]);
+    assert_eq!(r.code, Some(0), "{r:?}");
+    let st: Value = serde_json::from_str(&r.stdout).unwrap();
+    let parts = &st["stages_us"];
+    for k in ["post_to_ring", "ring_to_resume", "post_to_take", "handler"] {
+        assert!(parts[k]["calls"].as_u64().unwrap_or(0) > 0, "{k}: {st}");
+    }
+    for _ in 0..20 {
+        let a = call(&name, "sync", "echo", &["7".into()]);
+        let g = &a["reply"]["stages"];
+        let n = |k: &str| g[k].as_u64();
+        let order = [
+            n("rung_ns").unwrap_or(0),
+            n("taken_ns").unwrap(),
+            n("returned_ns").unwrap(),
+            n("seen_ns").unwrap(),
+            a["reply"]["latency_ns"].as_u64().unwrap(),
+        ];
+        assert!(order.windows(2).all(|w| w[0] <= w[1]), "{a}");
+        if let Some(resumed) = n("resumed_ns") {
+            assert!(resumed <= order[1], "resumed before the take: {a}");
+        }
+    }
     vm.send("go");
     let (code, out, err) = vm.finish();
     assert_eq!(code, Some(0), "{out:?} {err}");

@@ -1,11 +1,12 @@
 //! `vmsight sym NAME spy|call`: the symbiotic interface of a running VM (`vmsight run
 //! --symbiotic`, docs/symbiotic.md): the guest module's SymSpy page, and symcalls into it.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use clap::{Args, Subcommand, ValueEnum};
 use vmsight_proto::control::{ControlReply, ControlRequest};
-use vmsight_proto::sym::{nr, CallReply, CallRequest, Decoded, SpyReport, Transport};
+use vmsight_proto::sym::{nr, CallReply, CallRequest, Decoded, SpyReport, SyncStages, Transport};
 
 use crate::cli::{control_socket, print_stdout, CliError};
 use crate::cpu::parse_u64;
@@ -282,6 +283,7 @@ fn repeat_calls(
     let t0 = Instant::now();
     let (mut ok, mut failed, mut wrong) = (0u64, 0u64, 0u64);
     let mut lat: Vec<u64> = Vec::with_capacity(times as usize);
+    let mut stages = StageSamples::default();
     let mut first_error = None;
     let mut first_wrong = None;
     for i in 0..times {
@@ -304,6 +306,9 @@ fn repeat_calls(
             Ok(a) => {
                 ok += 1;
                 lat.push(a.latency_ns);
+                if let Some(s) = &a.stages {
+                    stages.add(s);
+                }
             }
             Err(e) => {
                 failed += 1;
@@ -319,6 +324,8 @@ fn repeat_calls(
                         "p99": pct(0.99) as f64 / 1e3, "max": pct(1.0) as f64 / 1e3},
         // The distribution (SymCall's Fig. 8): p0, p1, ..., p100 of the answered calls.
         "percentiles_us": (0..=100).map(|p| pct(f64::from(p) / 100.0) as f64 / 1e3).collect::<Vec<_>>(),
+        // Where the synchronous calls' time went (absent on the doorbell transport).
+        "stages_us": stages.summary(),
         "wall_s": t0.elapsed().as_secs_f64(),
         "first_error": first_error,
         "first_wrong": first_wrong,
@@ -334,12 +341,93 @@ fn repeat_calls(
             pct(0.5) as f64 / 1e3,
             pct(0.99) as f64 / 1e3,
             first_error.map(|e| format!("; first error: {e}")).unwrap_or_default()
-        ) + &first_wrong
-                .map(|w| format!("; first wrong answer: {w}"))
-                .unwrap_or_default()
+        ) + &stages.line()
+                + &first_wrong
+                    .map(|w| format!("; first wrong answer: {w}"))
+                    .unwrap_or_default()
         };
     print_stdout(&text)?;
     Ok(if failed + wrong == 0 { 0 } else { 1 })
+}
+
+/// The parts of synchronous calls' latencies, one sample per call that has the part.
+#[derive(Default)]
+struct StageSamples {
+    parts: BTreeMap<&'static str, Vec<u64>>,
+}
+
+impl StageSamples {
+    /// The parts, in the order a call passes them: posting to the doorbell (when rung), the
+    /// doorbell to a halted vCPU resuming, that resume to the take (the guest's way to a safe
+    /// point), posting to the take (all calls), the module's handler, the answer to vmsight
+    /// seeing it.
+    const PARTS: [&'static str; 6] = [
+        "post_to_ring",
+        "ring_to_resume",
+        "resume_to_take",
+        "post_to_take",
+        "handler",
+        "return_to_seen",
+    ];
+
+    fn add(&mut self, s: &SyncStages) {
+        let mut put = |k: &'static str, v: Option<u64>| {
+            if let Some(v) = v {
+                self.parts.entry(k).or_default().push(v);
+            }
+        };
+        put("post_to_ring", s.rung_ns);
+        put(
+            "ring_to_resume",
+            s.rung_ns
+                .zip(s.resumed_ns)
+                .and_then(|(r, m)| m.checked_sub(r)),
+        );
+        put(
+            "resume_to_take",
+            s.resumed_ns.and_then(|m| s.taken_ns.checked_sub(m)),
+        );
+        put("post_to_take", Some(s.taken_ns));
+        put("handler", s.returned_ns.checked_sub(s.taken_ns));
+        put("return_to_seen", s.seen_ns.checked_sub(s.returned_ns));
+    }
+
+    /// Per part: how many calls had it and its p10/p50/p90/p99 in microseconds.
+    fn summary(&mut self) -> serde_json::Value {
+        let mut out = serde_json::Map::new();
+        for k in Self::PARTS {
+            let Some(v) = self.parts.get_mut(k) else {
+                continue;
+            };
+            v.sort_unstable();
+            let q = |p: f64| quantile(v, p) as f64 / 1e3;
+            out.insert(
+                k.to_owned(),
+                serde_json::json!({"calls": v.len(), "p10": q(0.1), "p50": q(0.5), "p90": q(0.9), "p99": q(0.99)}),
+            );
+        }
+        serde_json::Value::Object(out)
+    }
+
+    /// `; stages (median us): post_to_take 12.0 (1000 calls), ...`, or nothing.
+    fn line(&mut self) -> String {
+        let parts: Vec<String> = Self::PARTS
+            .iter()
+            .filter_map(|k| {
+                let v = self.parts.get_mut(k)?;
+                v.sort_unstable();
+                Some(format!(
+                    "{k} {:.1} ({} calls)",
+                    quantile(v, 0.5) as f64 / 1e3,
+                    v.len()
+                ))
+            })
+            .collect();
+        if parts.is_empty() {
+            return String::new();
+        }
+        format!("; stages (median us): {}", parts.join(", "))
+    }
 }
 
 /// The `p` quantile (0.0 to 1.0) of sorted values, by rounding the rank; 0 when there are none.
@@ -386,6 +474,41 @@ mod tests {
         assert_eq!(quantile(&[], 0.5), 0);
     }
 
+    /// Each part is taken from the calls that have it: the doorbell parts only from rung
+    /// calls, the resume parts only from calls a halted vCPU took.
+    #[test]
+    fn stage_parts_come_from_the_calls_that_have_them() {
+        let mut s = StageSamples::default();
+        s.add(&SyncStages {
+            rung_ns: None,
+            resumed_ns: None,
+            taken_ns: 5_000,
+            returned_ns: 8_000,
+            seen_ns: 9_000,
+        });
+        s.add(&SyncStages {
+            rung_ns: Some(1_000),
+            resumed_ns: Some(101_000),
+            taken_ns: 151_000,
+            returned_ns: 154_000,
+            seen_ns: 160_000,
+        });
+        let v = s.summary();
+        let calls = |k: &str| v[k]["calls"].as_u64();
+        assert_eq!(calls("post_to_take"), Some(2));
+        assert_eq!(calls("post_to_ring"), Some(1));
+        assert_eq!(calls("ring_to_resume"), Some(1));
+        assert_eq!(v["ring_to_resume"]["p50"].as_f64(), Some(100.0));
+        assert_eq!(v["resume_to_take"]["p50"].as_f64(), Some(50.0));
+        assert_eq!(v["handler"]["p99"].as_f64(), Some(3.0));
+        assert!(
+            s.line().contains("ring_to_resume 100.0 (1 calls)"),
+            "{}",
+            s.line()
+        );
+        assert!(StageSamples::default().line().is_empty());
+    }
+
     #[test]
     fn a_wrong_echo_answer_is_described_with_what_was_sent_and_what_came_back() {
         let a = CallReply {
@@ -397,6 +520,7 @@ mod tests {
             rets: [0; 4],
             data: Vec::new(),
             latency_ns: 1,
+            stages: None,
         };
         let w = wrong_answer(1973, &[1973, 2, 3], &a);
         assert_eq!(

@@ -90,6 +90,23 @@ pub fn post(
     channel: &Arc<Mutex<ChannelHost>>,
     req: &RedirectRequest,
 ) -> Result<u64, RedirectCallError> {
+    post_with(channel, req, true)
+}
+
+/// [`post`] for a caller that arms the vCPUs itself: the plugin's arming thread is not woken
+/// (the caller wakes it with `Mailbox::wake_armers` if it cannot arm).
+pub fn post_self_armed(
+    channel: &Arc<Mutex<ChannelHost>>,
+    req: &RedirectRequest,
+) -> Result<u64, RedirectCallError> {
+    post_with(channel, req, false)
+}
+
+fn post_with(
+    channel: &Arc<Mutex<ChannelHost>>,
+    req: &RedirectRequest,
+    wake_armers: bool,
+) -> Result<u64, RedirectCallError> {
     let host = lock(channel);
     if !host.plugin_attached() {
         return Err(RedirectCallError::NotAttached);
@@ -98,7 +115,12 @@ pub fn post(
     if api != REDIRECT_API {
         return Err(RedirectCallError::Api(api));
     }
-    Ok(host.redirect_mailbox().post(req)?)
+    let mb = host.redirect_mailbox();
+    Ok(if wake_armers {
+        mb.post(req)?
+    } else {
+        mb.post_quiet(req)?
+    })
 }
 
 pub(crate) fn lock(c: &Arc<Mutex<ChannelHost>>) -> std::sync::MutexGuard<'_, ChannelHost> {

@@ -810,6 +810,26 @@ pub struct CallReply {
     pub data: Vec<u8>,
     /// Host time from posting to the answer, nanoseconds.
     pub latency_ns: u64,
+    /// Where a synchronous call's time went (absent on the doorbell transport).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stages: Option<SyncStages>,
+}
+
+/// Where a synchronous call's time went: nanoseconds after vmsight posted the redirection, on
+/// the host's CLOCK_MONOTONIC (read by vmsight and by the plugin inside QEMU).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SyncStages {
+    /// vmsight first rang the guest's state doorbell (none: a running vCPU took the call).
+    pub rung_ns: Option<u64>,
+    /// A halted vCPU last resumed before the call was taken (none: no vCPU resumed since
+    /// posting).
+    pub resumed_ns: Option<u64>,
+    /// A vCPU took the request (the plugin's claim).
+    pub taken_ns: u64,
+    /// The module's entry reached the return marker.
+    pub returned_ns: u64,
+    /// vmsight saw the answer.
+    pub seen_ns: u64,
 }
 
 /// The answer of `task_info`.
@@ -1228,6 +1248,7 @@ mod tests {
             rets,
             data: data.to_vec(),
             latency_ns: 0,
+            stages: None,
         }
     }
 

@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 
 use vmsight_proto::sym::{
     call_state, feature, guest_state, nr, refuse, sync_word, transport, vmm_state, CallReply,
-    CallRequest, SpyReport, SymCounters, Transport, ABI_VERSION, CALL, CALL_DATA, GUEST, VECTORS,
-    VEC_CALL, VEC_STATE, VMM, VMM_MAGIC,
+    CallRequest, SpyReport, SymCounters, SyncStages, Transport, ABI_VERSION, CALL, CALL_DATA,
+    GUEST, VECTORS, VEC_CALL, VEC_STATE, VMM, VMM_MAGIC,
 };
 
 use ivshmem::Doorbells;
@@ -108,7 +108,15 @@ pub trait SyncTransport: Send + Sync {
         args: [u64; 5],
         timeout: Duration,
         wake: &dyn Fn(Wake),
-    ) -> Result<i64, String>;
+    ) -> Result<SyncReturn, String>;
+}
+
+/// What a synchronous call's entry returned, and where its time went.
+#[derive(Debug, Clone, Copy)]
+pub struct SyncReturn {
+    /// The entry's `rax`.
+    pub rax: i64,
+    pub stages: Option<SyncStages>,
 }
 
 /// Live counters (atomics: the serving thread and callers update them).
@@ -515,21 +523,24 @@ impl Symbiotic {
         seq: u64,
         n: u32,
         name: String,
-        outcome: Result<Option<i64>, SymError>,
+        outcome: Result<Option<SyncReturn>, SymError>,
         timeout: Duration,
         t0: Instant,
     ) -> Result<CallReply, SymError> {
+        let stages = outcome.as_ref().ok().and_then(|o| o.and_then(|r| r.stages));
         if self.answer_of(seq) {
             bump(&self.counters.calls_sync);
-            return Ok(self.reply(seq, n, true, t0.elapsed()));
+            let mut r = self.reply(seq, n, true, t0.elapsed());
+            r.stages = stages;
+            return Ok(r);
         }
         self.region
             .cas32(CALL.at("state"), call_state::POSTED, call_state::IDLE);
         match outcome {
-            Ok(Some(rax)) => {
+            Ok(Some(ret)) => {
                 bump(&self.counters.calls_sync);
                 let mut r = self.reply(seq, n, true, t0.elapsed());
-                (r.ret, r.rets, r.data) = (rax, [0; 4], Vec::new());
+                (r.ret, r.rets, r.data, r.stages) = (ret.rax, [0; 4], Vec::new(), stages);
                 Ok(r)
             }
             Ok(None) => {
@@ -656,7 +667,7 @@ impl Symbiotic {
         word: u64,
         args: [u64; 5],
         timeout: Duration,
-    ) -> Result<Option<i64>, SymError> {
+    ) -> Result<Option<SyncReturn>, SymError> {
         let Some(t) = self.sync.get() else {
             return Err(SymError::SyncUnavailable {
                 vm: self.vm.clone(),
@@ -672,7 +683,7 @@ impl Symbiotic {
             let _ = self.bells.ring_guest(VEC_STATE);
         };
         match t.call(at, word, args, timeout, &wake) {
-            Ok(rax) => Ok(Some(rax)),
+            Ok(r) => Ok(Some(r)),
             Err(reason) if reason.contains("timed out") => Ok(None),
             Err(reason) => Err(SymError::Sync {
                 vm: self.vm.clone(),
@@ -697,6 +708,7 @@ impl Symbiotic {
             rets: std::array::from_fn(|i| r.load64(CALL.at("rets") + 8 * i)),
             data: r.read(CALL.at("data"), len),
             latency_ns: latency.as_nanos() as u64,
+            stages: None,
         }
     }
 }
@@ -755,8 +767,10 @@ mod tests {
             _: [u64; 5],
             _: Duration,
             _: &dyn Fn(Wake),
-        ) -> Result<i64, String> {
-            self.0.ok_or_else(|| "timed out".to_owned())
+        ) -> Result<SyncReturn, String> {
+            self.0
+                .map(|rax| SyncReturn { rax, stages: None })
+                .ok_or_else(|| "timed out".to_owned())
         }
     }
 

@@ -6,6 +6,11 @@
 //! block) will not reach such a block soon: vmsight rings the guest's state doorbell at once;
 //! otherwise after [`WAKE_AFTER`] without a taker (again every [`WAKE_AGAIN`]). The doorbell
 //! interrupts a vCPU, whose handler in the module is a safe point where it takes the call.
+//!
+//! vmsight arms the vCPUs itself, after ringing (the plugin's arming thread is woken only if it
+//! cannot), polls for the answer briefly, then sleeps on the mailbox until the plugin's answer
+//! wakes it. Each reply carries where its time went ([`SyncStages`]: posting, ring, a halted
+//! vCPU resuming, the take, the return, vmsight seeing it).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -16,8 +21,11 @@ use vmsight_proto::sym::RET_NOT_HERE;
 use vmsight_ring::redirect::{Progress, USER_WORD_AFTER_ARM};
 use vmsight_ring::ChannelHost;
 
-use super::{Symbiotic, SyncEntry, SyncTransport, Wake};
-use crate::redirect::{lock, post, REDIRECT_API};
+use vmsight_proto::sym::SyncStages;
+use vmsight_ring::monotonic_ns;
+
+use super::{Symbiotic, SyncEntry, SyncReturn, SyncTransport, Wake};
+use crate::redirect::{lock, post_self_armed, REDIRECT_API};
 use crate::vm::prepare::Prepared;
 
 /// How long a request may wait for a running vCPU before vmsight wakes one (a running guest
@@ -26,8 +34,13 @@ pub const WAKE_AFTER: Duration = Duration::from_micros(50);
 /// How often vmsight rings again while nobody took the request (the woken vCPU may have been
 /// at a point that answered "not here" and gone back to sleep).
 pub const WAKE_AGAIN: Duration = Duration::from_millis(1);
-/// How long the caller spins before it starts sleeping between polls.
+/// How long the caller spins before it sleeps until the plugin's answer wakes it.
 const SPIN: Duration = Duration::from_micros(100);
+/// How long the caller keeps polling (spinning, then yielding) when every vCPU was halted at
+/// posting: nothing else needs the host's cores until the doorbell wakes one.
+const POLL_IDLE: Duration = Duration::from_micros(500);
+/// The shortest sleep on the mailbox (a ring due now is rung at the next turn).
+const MIN_SLEEP: Duration = Duration::from_micros(5);
 
 /// Whether the VM's plugin is loaded with the synchronous transport (`symsync=on`).
 pub fn wanted(cfg: &crate::config::VmConfig, prep: &Prepared) -> bool {
@@ -51,6 +64,7 @@ pub fn offer(sym: &Symbiotic, prep: &Prepared, channel: Option<&Arc<Mutex<Channe
         Some(c) => sym.set_sync(Box::new(PluginSync {
             channel: c.clone(),
             qemu: std::sync::OnceLock::new(),
+            targets: std::sync::OnceLock::new(),
         })),
     }
 }
@@ -64,6 +78,8 @@ struct PluginSync {
     channel: Arc<Mutex<ChannelHost>>,
     /// QEMU's pid once checked to be our child (the plugin publishes it with the arm words).
     qemu: std::sync::OnceLock<Option<u32>>,
+    /// The arm words, once the plugin published them.
+    targets: std::sync::OnceLock<Targets>,
 }
 
 impl PluginSync {
@@ -94,25 +110,23 @@ impl PluginSync {
 
     /// QEMU's pid and the addresses of the vCPUs' arm words, if the plugin published them and
     /// that pid is our child (vmsight writes and reads there).
-    fn targets(&self) -> Option<Targets> {
+    /// Read once published: the plugin publishes them at start and they never move.
+    fn targets(&self) -> Option<&Targets> {
+        if let Some(t) = self.targets.get() {
+            return Some(t);
+        }
         let (pid, addrs) = lock(&self.channel).redirect_mailbox().arm_targets()?;
         let ours = *self.qemu.get_or_init(|| is_our_child(pid).then_some(pid));
-        (ours == Some(pid)).then_some((pid, addrs))
+        (ours == Some(pid)).then(|| self.targets.get_or_init(|| (pid, addrs)))
     }
 
-    /// Why the guest must be rung at once, if it must: every vCPU is halted ([`Wake::Idle`]),
-    /// or each is halted or running user code ([`Wake::User`]), so none reaches a kernel
-    /// block soon. `None` when a vCPU is in the kernel, or when the words cannot be read.
-    fn ring_at_once(&self, targets: Option<&Targets>) -> Option<Wake> {
-        let idle = {
-            let ch = lock(&self.channel);
-            let mb = ch.redirect_mailbox();
-            if mb.all_vcpus_idle() {
-                return Some(Wake::Idle);
-            }
-            mb.idle_mask()
+    /// Whether every vCPU is halted or running user code now, so none reaches a kernel block
+    /// soon ([`Wake::User`]). False when a vCPU is in the kernel, or when the words cannot be
+    /// read.
+    fn none_in_kernel_now(&self, targets: Option<&Targets>, idle: u64) -> bool {
+        let Some((pid, addrs)) = targets else {
+            return false;
         };
-        let (pid, addrs) = targets?;
         let mut words = vec![0u8; addrs.len() * 8];
         let remote: Vec<nix::sys::uio::RemoteIoVec> = addrs
             .iter()
@@ -126,8 +140,8 @@ impl PluginSync {
             &mut [std::io::IoSliceMut::new(&mut words)],
             &remote,
         )
-        .ok()?;
-        (n == words.len() && none_in_kernel(idle, &words)).then_some(Wake::User)
+        .is_ok_and(|n| n == words.len());
+        n && none_in_kernel(idle, &words)
     }
 }
 
@@ -184,48 +198,107 @@ impl SyncTransport for PluginSync {
         args: [u64; 5],
         timeout: Duration,
         wake: &dyn Fn(Wake),
-    ) -> Result<i64, String> {
+    ) -> Result<SyncReturn, String> {
         let req = request(at, word, args, timeout);
-        let seq = post(&self.channel, &req).map_err(|e| e.to_string())?;
-        // Read once: the plugin publishes the addresses at start and they never move.
+        let posted_ns = monotonic_ns();
+        let seq = post_self_armed(&self.channel, &req).map_err(|e| e.to_string())?;
+        // Polled and slept on without the channel's lock (the record reader needs it).
+        let mailbox = lock(&self.channel).redirect_handle();
         let targets = self.targets();
-        self.arm(targets.as_ref());
         let t0 = Instant::now();
-        let mut next_wake = t0 + WAKE_AFTER;
-        if let Some(why) = self.ring_at_once(targets.as_ref()) {
+        let mut rung_ns = None;
+        let ring = |why: Wake, rung: &mut Option<u64>| {
+            rung.get_or_insert_with(monotonic_ns);
             wake(why);
+        };
+        let mut next_wake = t0 + WAKE_AFTER;
+        // Every vCPU halted: ring first, arm after (the doorbell's way to a vCPU is the long
+        // one, and the module's handler is a safe point armed or not). Else arm first (a vCPU
+        // in the kernel takes the call within microseconds) and ring if none is.
+        let mb = mailbox.mailbox();
+        let all_idle = mb.all_vcpus_idle();
+        if all_idle {
+            ring(Wake::Idle, &mut rung_ns);
+        }
+        if !self.arm(targets) {
+            mb.wake_armers();
+        }
+        if !all_idle && self.none_in_kernel_now(targets, mb.idle_mask()) {
+            ring(Wake::User, &mut rung_ns);
+        }
+        if rung_ns.is_some() {
             next_wake = t0 + WAKE_AGAIN;
         }
+        // With every vCPU halted the host's cores are free: keep polling through the
+        // doorbell's way, yielding the core to QEMU's threads that carry it (a sleeping caller
+        // pays a wakeup, ~20-30 us here, on top of it; spinning without yielding delayed
+        // those threads: see docs/benchmarks.md).
+        let poll = if all_idle { POLL_IDLE } else { SPIN };
         loop {
-            match lock(&self.channel).redirect_mailbox().progress(seq) {
+            match mailbox.mailbox().progress(seq) {
                 Progress::Returned(o) => {
-                    return Ok(o.at_return.get(&Reg::Rax).copied().unwrap_or(0) as i64)
+                    let seen_ns = monotonic_ns();
+                    let (taken, resumed) = mailbox.mailbox().timing();
+                    return Ok(SyncReturn {
+                        rax: o.at_return.get(&Reg::Rax).copied().unwrap_or(0) as i64,
+                        stages: stages(posted_ns, rung_ns, resumed, taken, o.elapsed_ns, seen_ns),
+                    });
                 }
                 Progress::Failed(why) => return Err(why.to_string()),
                 Progress::Waiting => {}
             }
             let now = Instant::now();
             if now - t0 > timeout {
-                lock(&self.channel).redirect_mailbox().cancel(seq);
+                mailbox.mailbox().cancel(seq);
                 return Err(format!(
                     "timed out: {}",
                     crate::redirect::why_no_return(&req)
                 ));
             }
             if now >= next_wake {
-                wake(Wake::Waited);
+                ring(Wake::Waited, &mut rung_ns);
                 next_wake = now + WAKE_AGAIN;
             }
-            // Spin briefly (a guest busy in the kernel answers in microseconds), then sleep
-            // between polls: QEMU's threads need the CPU on a host with few cores (yielding
-            // instead measured 4 ms per call with both vCPUs busy in user mode).
+            // Spin briefly (a guest busy in the kernel answers in microseconds), then sleep on
+            // the mailbox until the plugin's answer wakes us (or the next ring is due): QEMU's
+            // threads need the CPU on a host with few cores (yielding instead measured 4 ms
+            // per call with both vCPUs busy in user mode), and a sleep between polls adds up
+            // to a timer slack to every answer.
             if now - t0 < SPIN {
                 std::hint::spin_loop();
+            } else if now - t0 < poll {
+                std::thread::yield_now();
             } else {
-                std::thread::sleep(Duration::from_micros(20));
+                let until = next_wake.min(t0 + timeout).max(now + MIN_SLEEP);
+                mailbox.mailbox().wait_answer(seq, until - now);
             }
         }
     }
+}
+
+/// The stages of a returned call relative to posting (`None` if the plugin's clock readings
+/// do not fit between posting and seeing the answer: a stale or scribbled mailbox).
+fn stages(
+    posted: u64,
+    rung: Option<u64>,
+    resumed: u64,
+    taken: u64,
+    elapsed: u64,
+    seen: u64,
+) -> Option<SyncStages> {
+    let returned = taken.checked_add(elapsed)?;
+    if taken < posted || returned > seen {
+        return None;
+    }
+    Some(SyncStages {
+        rung_ns: rung.map(|r| r.saturating_sub(posted)),
+        resumed_ns: (posted..=taken)
+            .contains(&resumed)
+            .then(|| resumed - posted),
+        taken_ns: taken - posted,
+        returned_ns: returned - posted,
+        seen_ns: seen - posted,
+    })
 }
 
 #[cfg(test)]
@@ -254,6 +327,38 @@ mod tests {
         last_in_kernel[63] = 0;
         assert!(!none_in_kernel(0, &words(&last_in_kernel)));
         assert!(none_in_kernel(1 << 63, &words(&last_in_kernel)));
+    }
+
+    /// The stages are the plugin's and vmsight's clock readings relative to posting; a resume
+    /// outside [posting, taken] is not this call's, and readings that do not fit (a stale or
+    /// scribbled mailbox) give no stages at all.
+    #[test]
+    fn stages_are_relative_to_posting_and_only_this_calls() {
+        let s = stages(1_000, Some(1_010), 1_200, 1_300, 50, 1_400).expect("fits");
+        assert_eq!(
+            s,
+            SyncStages {
+                rung_ns: Some(10),
+                resumed_ns: Some(200),
+                taken_ns: 300,
+                returned_ns: 350,
+                seen_ns: 400,
+            }
+        );
+        let old_resume = stages(1_000, None, 900, 1_300, 50, 1_400).expect("fits");
+        assert_eq!((old_resume.rung_ns, old_resume.resumed_ns), (None, None));
+        assert!(
+            stages(1_000, None, 0, 999, 1, 1_400).is_none(),
+            "taken before posting"
+        );
+        assert!(
+            stages(1_000, None, 0, 1_300, 200, 1_400).is_none(),
+            "returned after seen"
+        );
+        assert!(
+            stages(1_000, None, 0, u64::MAX, 2, u64::MAX).is_none(),
+            "overflow"
+        );
     }
 
     /// The entry gets the tagged call number and the five arguments in the System V argument
