@@ -55,7 +55,10 @@ LOADS = {
 }
 GETPPID_N = 2_000_000
 # Per-VM fields too long for the progress line (they are in the results file).
-QUIET = ("counters", "isolated_calls_us", "warm_percentiles_us", "floor_percentiles_us")
+QUIET = ("counters", "isolated_calls_us", "warm_percentiles_us", "floor_percentiles_us", "warm_stages_us",
+         "floor_stages_us")
+# The parts of a synchronous call's latency (`stages_us` of `--repeat --json`), in call order.
+STAGES = ("post_to_ring", "ring_to_resume", "resume_to_take", "post_to_take", "handler", "return_to_seen")
 
 
 def sh(*args, check=True, vmsight=None):
@@ -135,7 +138,11 @@ def latency_run(transport_at, load, calls, burst, vmsight=None):
                # The distributions (Fig. 8): p0, p1, ..., p100 of the back-to-back calls (builds
                # before the CLI reported them give none).
                "warm_percentiles_us": warm.get("percentiles_us") or [],
-               "floor_percentiles_us": floor.get("percentiles_us") or []}
+               "floor_percentiles_us": floor.get("percentiles_us") or [],
+               # Where the synchronous calls' time went, per part: calls, p10/p50/p90/p99 (builds
+               # before the CLI reported them, and the doorbell transport, give none).
+               "warm_stages_us": warm.get("stages_us") or {},
+               "floor_stages_us": floor.get("stages_us") or {}}
         if burst:
             b = repeat(name, transport, "echo", 10000, vmsight=v)
             out["burst"] = {k: b[k] for k in ("calls", "ok", "failed", "wrong", "wall_s")}
@@ -232,6 +239,19 @@ def main():
             if ps:
                 cells = " | ".join(f"{med(p[i] for p in ps):.1f}" for i in (1, 10, 25, 50, 75, 90, 99, 100))
                 print(f"| {t} | {load} | {cells} |")
+    if any(r["warm_stages_us"] for rs in res.values() for r in rs):
+        print("\n| transport | guest load | " + " | ".join(f"{k} us (p50; calls)" for k in STAGES)
+              + " | (warm calls, medians over VMs) |")
+        print("|---|---|" + "---|" * (len(STAGES) + 1))
+        for (t, load), rs in res.items():
+            st = [r["warm_stages_us"] for r in rs if r["warm_stages_us"]]
+            if not st:
+                continue
+            cells = []
+            for k in STAGES:
+                have = [x[k] for x in st if k in x]
+                cells.append(f"{med(h['p50'] for h in have):.1f}; {med(h['calls'] for h in have):.0f}" if have else "-")
+            print(f"| {t} | {load} | " + " | ".join(cells) + " | |")
     bursts = [(t, r["burst"]) for (t, _), rs in res.items() for r in rs if "burst" in r]
     if bursts:
         print("\n| transport | calls in a row | answered correctly | failed | wrong | median us | wall s |")
