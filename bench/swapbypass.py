@@ -155,8 +155,16 @@ def configs(a):
             for c in a.cache_sizes:
                 out.append((f"bypass-{size_text(c)}", "bypass", size_text(c),
                             ["--symbiotic", "--swap", f"{swap},cache={size_text(c)}"], a.mem, ""))
+        elif name == "bypass-bio":
+            # The bypass without rw_page: swap-ins through the swap cache with readahead, a clean
+            # page keeping its slot (the module's swap_rw_page=0; docs/swapbypass.md).
+            for c in a.cache_sizes:
+                out.append((f"bypass-bio-{size_text(c)}", "bypass-bio", size_text(c),
+                            ["--symbiotic", "--swap", f"{swap},cache={size_text(c)}",
+                             "--append", "vmsight_sym.swap_rw_page=0"], a.mem, ""))
         else:
-            sys.exit(f"swapbypass.py: unknown configuration {name!r} (hdd, ramdisk, zram, ideal, bypass, grow)")
+            sys.exit(f"swapbypass.py: unknown configuration {name!r} "
+                     "(hdd, ramdisk, zram, ideal, bypass, bypass-bio, grow)")
     return out
 
 
@@ -769,7 +777,7 @@ def main():
     if a.reps < 1 or a.timeout <= 0 or not a.workloads or a.vcpus < 1:
         sys.exit("swapbypass.py: --reps, --timeout and --vcpus must be positive, --workloads not empty")
     cfgs = configs(a)
-    check_vmsight(any(c[1] in ("hdd", "ramdisk", "bypass") for c in cfgs))
+    check_vmsight(any(c[1] in ("hdd", "ramdisk", "bypass", "bypass-bio") for c in cfgs))
     rec = bench_results.Recorder(
         "swapbypass", a, out=a.out, keys=["workload", "config"], baseline="ramdisk",
         metrics=["guest_s", "wall_s", "cpu_s", "pswpin", "pswpout", "swap.bypass_loads", "swap.bypass_stores",

@@ -64,3 +64,17 @@ class ParseOutput(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class Configs(unittest.TestCase):
+    def test_the_bio_variant_is_the_bypass_with_the_module_told_to_offer_no_rw_page(self):
+        import argparse
+        a = argparse.Namespace(configs=["bypass", "bypass-bio"], cache_sizes=[128], swap_size=512, mem=256,
+                               ideal_mem=1024, zram_comp="")
+        cfgs = swapbypass.configs(a)
+        self.assertEqual([c[0] for c in cfgs], ["bypass-128M", "bypass-bio-128M"])
+        plain, bio = cfgs[0][3], cfgs[1][3]
+        self.assertNotIn("--append", plain)
+        self.assertEqual(bio[:len(plain)], plain)
+        self.assertEqual(bio[len(plain):], ["--append", "vmsight_sym.swap_rw_page=0"])
+        self.assertEqual(cfgs[1][1], "bypass-bio")

@@ -111,6 +111,17 @@ static bool vswap_copy_page;
 module_param_named(swap_copy_page, vswap_copy_page, bool, 0644);
 MODULE_PARM_DESC(swap_copy_page, "SwapBypass: copy pages with copy_page instead of memcpy");
 
+/*
+ * Whether vmswap0 offers rw_page. With it, 6.1 gives the swap device SWP_SYNCHRONOUS_IO: a
+ * swap-in of a page mapped once skips the swap cache and frees the swap slot at once, so a
+ * page swapped in and never written is written out again at its next reclaim, and nothing is
+ * read ahead. Without it, swap-ins go through the swap cache with readahead (page-cluster) as
+ * for any disk, and a clean page keeps its slot. Read when vmswap0 is created (swap_disk).
+ */
+static bool vswap_rw_page_on = true;
+module_param_named(swap_rw_page, vswap_rw_page_on, bool, 0644);
+MODULE_PARM_DESC(swap_rw_page, "SwapBypass: offer rw_page (synchronous swap-in without the swap cache); read when swap_disk is set");
+
 static const char *const vswap_ctr_names[VSWAP_NR_CTR] = {
 	[VSWAP_STORES] = "stores",		[VSWAP_STORE_FULL] = "store_full",
 	[VSWAP_LOADS] = "loads",		[VSWAP_LOAD_MISSES] = "load_misses",
@@ -725,6 +736,14 @@ static const struct block_device_operations vswap_fops = {
 	.swap_slot_free_notify = vswap_slot_free_notify,
 };
 
+/* The same without rw_page (module parameter swap_rw_page=0). */
+static const struct block_device_operations vswap_fops_bio = {
+	.owner = THIS_MODULE,
+	.open = vswap_open,
+	.submit_bio = vswap_submit_bio,
+	.swap_slot_free_notify = vswap_slot_free_notify,
+};
+
 /* Tells vmsight whether vmswap0 uses the region. Caller holds vswap_mutex. */
 static void vswap_set_guest_state(void)
 {
@@ -766,7 +785,7 @@ static int vswap_create(void)
 		goto bioset;
 	}
 	/* major 0, minors 0: add_disk takes a number from the extended range. */
-	disk->fops = &vswap_fops;
+	disk->fops = READ_ONCE(vswap_rw_page_on) ? &vswap_fops : &vswap_fops_bio;
 	disk->flags |= GENHD_FL_NO_PART;
 	strscpy(disk->disk_name, VSWAP_NAME, DISK_NAME_LEN);
 	set_capacity(disk, sectors);
@@ -792,8 +811,9 @@ static int vswap_create(void)
 	}
 	vswap.disk = disk;
 	vswap_set_guest_state();
-	pr_info("%s: swap over %s through vmsight's swap region (%u slots for %llu pages)\n",
-		VSWAP_NAME, vswap.path, vswap.reg->slots, vswap.reg->pages);
+	pr_info("%s: swap over %s through vmsight's swap region (%u slots for %llu pages, rw_page %s)\n",
+		VSWAP_NAME, vswap.path, vswap.reg->slots, vswap.reg->pages,
+		disk->fops->rw_page ? "on" : "off");
 	return 0;
 
 bioset:

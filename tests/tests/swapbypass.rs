@@ -234,6 +234,50 @@ fn the_bypass_swaps_through_shared_memory_without_block_io_and_the_cache_empties
     assert_eq!(n(&s, "corrupt") + n(&s, "bypass_corrupt"), 0, "{s}");
 }
 
+/// The measurement variant without `rw_page` (`vmsight_sym.swap_rw_page=0`): the kernel then
+/// swaps in through its swap cache with readahead, in multi-page bios the module serves from
+/// the region. The module says which mode it built (its own dmesg line, read in the guest),
+/// every page survives (swap-check's own verification), and the swap-ins are region loads,
+/// not reads of the disk below (the guest's diskstats).
+#[test]
+fn without_rw_page_swap_ins_go_through_the_swap_cache_and_still_come_from_the_region() {
+    let st = tempfile::NamedTempFile::new().unwrap();
+    let stats = st.path().to_str().unwrap();
+    let workload = "dmesg | grep -o 'rw_page o[nf]*' | sed 's/^/mode /'\n\
+         swap-check 160 --rounds 2";
+    let r = guest_sh(
+        &[
+            "--mem",
+            "128M",
+            "--symbiotic",
+            "--swap",
+            "256M",
+            "--append",
+            "vmsight_sym.swap_rw_page=0",
+            "--stats-json",
+            stats,
+        ],
+        &script(workload, SWAPUSED),
+    );
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert!(r.stdout.contains("swap-check OK"), "{r:?}");
+    assert!(r.stdout.contains("mode rw_page off"), "{r:?}");
+    assert_eq!(swap_device(&r.stdout), "/dev/vmswap0", "{r:?}");
+    let v = line_fields(&r.stdout, "vmstat");
+    let (pin, pout) = (v["pswpin"], v["pswpout"]);
+    assert!(pin > 1000 && pout > 1000, "the guest swapped: {v:?}");
+    let s = stats_swap(st.path());
+    let (loads, lower_r) = (n(&s, "bypass_loads"), n(&s, "bypass_lower_reads"));
+    assert!(loads + lower_r >= pin, "loads vs pswpin {pin}: {s}");
+    assert!(lower_r <= PROBE_PAGES + pin / 100, "{s}");
+    let (before, after) = diskstats(&r.stdout);
+    assert!(
+        after.0 - before.0 <= pin / 100 + 16,
+        "the guest's disk reads for {pin} swap-ins: {before:?} -> {after:?}"
+    );
+    assert_eq!(n(&s, "corrupt") + n(&s, "bypass_corrupt"), 0, "{s}");
+}
+
 #[test]
 fn swap_pages_freed_while_the_region_lock_is_busy_leave_the_cache_once_it_is_free() {
     let st = tempfile::NamedTempFile::new().unwrap();
