@@ -22,7 +22,7 @@ use vmsight_ring::redirect::{Progress, USER_WORD_AFTER_ARM};
 use vmsight_ring::ChannelHost;
 
 use vmsight_proto::sym::SyncStages;
-use vmsight_ring::monotonic_ns;
+use vmsight_ring::{monotonic_ns, MailboxHandle};
 
 use super::{Symbiotic, SyncEntry, SyncReturn, SyncTransport, Wake};
 use crate::redirect::{lock, post_self_armed, REDIRECT_API};
@@ -202,76 +202,125 @@ impl SyncTransport for PluginSync {
         let req = request(at, word, args, timeout);
         let posted_ns = monotonic_ns();
         let seq = post_self_armed(&self.channel, &req).map_err(|e| e.to_string())?;
-        // Polled and slept on without the channel's lock (the record reader needs it).
-        let mailbox = lock(&self.channel).redirect_handle();
-        let targets = self.targets();
-        let t0 = Instant::now();
-        let mut rung_ns = None;
-        let ring = |why: Wake, rung: &mut Option<u64>| {
-            rung.get_or_insert_with(monotonic_ns);
-            wake(why);
+        let mut c = Call {
+            seq,
+            // Polled and slept on without the channel's lock (the record reader needs it).
+            mailbox: lock(&self.channel).redirect_handle(),
+            posted_ns,
+            t0: Instant::now(),
+            timeout,
+            rung_ns: None,
+            next_wake: Instant::now() + WAKE_AFTER,
+            wake,
         };
-        let mut next_wake = t0 + WAKE_AFTER;
-        // Every vCPU halted: ring first, arm after (the doorbell's way to a vCPU is the long
-        // one, and the module's handler is a safe point armed or not). Else arm first (a vCPU
-        // in the kernel takes the call within microseconds) and ring if none is.
-        let mb = mailbox.mailbox();
-        let all_idle = mb.all_vcpus_idle();
-        if all_idle {
-            ring(Wake::Idle, &mut rung_ns);
-        }
-        if !self.arm(targets) {
-            mb.wake_armers();
-        }
-        if !all_idle && self.none_in_kernel_now(targets, mb.idle_mask()) {
-            ring(Wake::User, &mut rung_ns);
-        }
-        if rung_ns.is_some() {
-            next_wake = t0 + WAKE_AGAIN;
-        }
-        // With every vCPU halted the host's cores are free: keep polling through the
-        // doorbell's way, yielding the core to QEMU's threads that carry it (a sleeping caller
-        // pays a wakeup, ~20-30 us here, on top of it; spinning without yielding delayed
-        // those threads: see docs/benchmarks.md).
-        let poll = if all_idle { POLL_IDLE } else { SPIN };
+        let poll = c.start(self);
         loop {
-            match mailbox.mailbox().progress(seq) {
-                Progress::Returned(o) => {
-                    let seen_ns = monotonic_ns();
-                    let (taken, resumed) = mailbox.mailbox().timing();
-                    return Ok(SyncReturn {
-                        rax: o.at_return.get(&Reg::Rax).copied().unwrap_or(0) as i64,
-                        stages: stages(posted_ns, rung_ns, resumed, taken, o.elapsed_ns, seen_ns),
-                    });
-                }
+            match c.mailbox.mailbox().progress(seq) {
+                Progress::Returned(o) => return Ok(c.returned(&o)),
                 Progress::Failed(why) => return Err(why.to_string()),
                 Progress::Waiting => {}
             }
             let now = Instant::now();
-            if now - t0 > timeout {
-                mailbox.mailbox().cancel(seq);
+            if now - c.t0 > timeout {
+                c.mailbox.mailbox().cancel(seq);
                 return Err(format!(
                     "timed out: {}",
                     crate::redirect::why_no_return(&req)
                 ));
             }
-            if now >= next_wake {
-                ring(Wake::Waited, &mut rung_ns);
-                next_wake = now + WAKE_AGAIN;
+            if now >= c.next_wake {
+                c.ring(Wake::Waited);
             }
-            // Spin briefly (a guest busy in the kernel answers in microseconds), then sleep on
-            // the mailbox until the plugin's answer wakes us (or the next ring is due): QEMU's
-            // threads need the CPU on a host with few cores (yielding instead measured 4 ms
-            // per call with both vCPUs busy in user mode), and a sleep between polls adds up
-            // to a timer slack to every answer.
-            if now - t0 < SPIN {
-                std::hint::spin_loop();
-            } else if now - t0 < poll {
-                std::thread::yield_now();
-            } else {
-                let until = next_wake.min(t0 + timeout).max(now + MIN_SLEEP);
-                mailbox.mailbox().wait_answer(seq, until - now);
-            }
+            c.pause(now, poll);
+        }
+    }
+}
+
+/// One synchronous call in flight.
+struct Call<'a> {
+    seq: u64,
+    mailbox: MailboxHandle,
+    posted_ns: u64,
+    t0: Instant,
+    timeout: Duration,
+    /// When vmsight first rang the guest (CLOCK_MONOTONIC ns).
+    rung_ns: Option<u64>,
+    /// When to ring (again) if nobody took the call.
+    next_wake: Instant,
+    wake: &'a dyn Fn(Wake),
+}
+
+impl Call<'_> {
+    /// Arms the vCPUs and rings the guest if no vCPU would take the call soon; returns how
+    /// long to keep polling before sleeping. Every vCPU halted: ring first, arm after (the
+    /// doorbell's way to a vCPU is the long one, and the module's handler is a safe point
+    /// armed or not). Else arm first (a vCPU in the kernel takes the call within
+    /// microseconds) and ring if none is.
+    fn start(&mut self, t: &PluginSync) -> Duration {
+        let targets = t.targets();
+        let mailbox = self.mailbox.clone();
+        let mb = mailbox.mailbox();
+        let all_idle = mb.all_vcpus_idle();
+        if all_idle {
+            self.ring(Wake::Idle);
+        }
+        if !t.arm(targets) {
+            mb.wake_armers();
+        }
+        if !all_idle && t.none_in_kernel_now(targets, mb.idle_mask()) {
+            self.ring(Wake::User);
+        }
+        // With every vCPU halted the host's cores are free: keep polling through the
+        // doorbell's way, yielding the core to QEMU's threads that carry it (a sleeping caller
+        // pays a wakeup, ~20-30 us here, on top of it; spinning without yielding delayed
+        // those threads: see docs/benchmarks.md).
+        if all_idle {
+            POLL_IDLE
+        } else {
+            SPIN
+        }
+    }
+
+    /// Rings the guest's state doorbell; the next ring is due [`WAKE_AGAIN`] later.
+    fn ring(&mut self, why: Wake) {
+        self.rung_ns.get_or_insert_with(monotonic_ns);
+        (self.wake)(why);
+        self.next_wake = Instant::now() + WAKE_AGAIN;
+    }
+
+    /// Waits a little for the answer: spins briefly (a guest busy in the kernel answers in
+    /// microseconds), yields until `poll`, then sleeps on the mailbox until the plugin's
+    /// answer wakes it or the next ring is due. QEMU's threads need the CPU on a host with
+    /// few cores (yielding all along measured 4 ms per call with both vCPUs busy in user
+    /// mode), and a sleep between polls added up to a timer slack to every answer.
+    fn pause(&self, now: Instant, poll: Duration) {
+        if now - self.t0 < SPIN {
+            std::hint::spin_loop();
+        } else if now - self.t0 < poll {
+            std::thread::yield_now();
+        } else {
+            let until = self
+                .next_wake
+                .min(self.t0 + self.timeout)
+                .max(now + MIN_SLEEP);
+            self.mailbox.mailbox().wait_answer(self.seq, until - now);
+        }
+    }
+
+    /// The entry's `rax` and where the call's time went.
+    fn returned(&self, o: &vmsight_proto::redirect::RedirectOutcome) -> SyncReturn {
+        let seen_ns = monotonic_ns();
+        let (taken, resumed) = self.mailbox.mailbox().timing();
+        SyncReturn {
+            rax: o.at_return.get(&Reg::Rax).copied().unwrap_or(0) as i64,
+            stages: stages(
+                self.posted_ns,
+                self.rung_ns,
+                resumed,
+                taken,
+                o.elapsed_ns,
+                seen_ns,
+            ),
         }
     }
 }
