@@ -353,19 +353,10 @@ fn under_stale_watch_path(x: &str, ino: &BTreeSet<String>, vm: &BTreeSet<String>
     let Some((kind, path)) = x.strip_prefix("create ").and_then(|r| r.split_once(' ')) else {
         return false;
     };
-    let Some((dir, name)) = path.rsplit_once('/') else {
-        return false;
-    };
-    let Some((grand, _)) = dir.rsplit_once('/') else {
-        return false;
-    };
-    if ino.contains(&format!("create D {dir}")) {
-        return false;
-    }
-    vm.iter()
-        .filter_map(|v| v.strip_prefix("create D "))
-        .filter(|d| d.rsplit_once('/').map(|(g, _)| g) == Some(grand) && *d != dir)
-        .any(|d| vm.contains(&format!("create {kind} {d}/{name}")))
+    stale_watch_dirs(path, ino, vm).is_some_and(|(name, dirs)| {
+        dirs.iter()
+            .any(|d| vm.contains(&format!("create {kind} {d}/{name}")))
+    })
 }
 
 /// Whether inotify's `MODIFY DIR/NAME` is a write reported under a stale path (see
@@ -379,20 +370,31 @@ fn modified_under_stale_watch_path(
     vm_names: &BTreeSet<String>,
     vm_modified: &BTreeSet<String>,
 ) -> bool {
-    let Some((dir, name)) = p.rsplit_once('/') else {
-        return false;
-    };
-    let Some((grand, _)) = dir.rsplit_once('/') else {
-        return false;
-    };
+    stale_watch_dirs(p, ino_names, vm_names).is_some_and(|(name, dirs)| {
+        dirs.iter()
+            .any(|d| vm_modified.contains(&format!("{d}/{name}")))
+    })
+}
+
+/// For inotify's `DIR/NAME` where inotify never saw DIR created in the step: NAME and the
+/// directories vmsight saw created in the step beside DIR (same parent), where the object may
+/// really be.
+fn stale_watch_dirs<'a>(
+    path: &'a str,
+    ino_names: &BTreeSet<String>,
+    vm_names: &'a BTreeSet<String>,
+) -> Option<(&'a str, Vec<&'a str>)> {
+    let (dir, name) = path.rsplit_once('/')?;
+    let (grand, _) = dir.rsplit_once('/')?;
     if ino_names.contains(&format!("create D {dir}")) {
-        return false;
+        return None;
     }
-    vm_names
+    let dirs = vm_names
         .iter()
         .filter_map(|v| v.strip_prefix("create D "))
         .filter(|d| d.rsplit_once('/').map(|(g, _)| g) == Some(grand) && *d != dir)
-        .any(|d| vm_modified.contains(&format!("{d}/{name}")))
+        .collect();
+    Some((name, dirs))
 }
 
 /// The comparison rule (also in docs/filestream.md, "Guarantees and what cannot be seen"),

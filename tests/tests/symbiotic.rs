@@ -360,6 +360,23 @@ fn symcalls_over_the_synchronous_transport_on_qemu11_answer_what_the_guest_itsel
 /// An idle guest has every vCPU halted: nobody would take a synchronous call until an
 /// interrupt, so vmsight rings the guest at once (the plugin's idle and resume callbacks say
 /// so) instead of waiting for a running vCPU first; every call is still answered right.
+/// `vmsight sym NAME call echo 1 --repeat N --transport sync` with `extra` options.
+fn repeat_sync_echo(name: &str, n: u32, extra: &[&str]) -> Run {
+    let n = n.to_string();
+    let mut a = vec![
+        name,
+        "call",
+        "echo",
+        "1",
+        "--repeat",
+        &n,
+        "--transport",
+        "sync",
+    ];
+    a.extend_from_slice(extra);
+    sym(&a)
+}
+
 #[test]
 fn synchronous_calls_to_an_idle_guest_ring_it_at_once_and_are_answered() {
     require_trixie_root();
@@ -367,16 +384,7 @@ fn synchronous_calls_to_an_idle_guest_ring_it_at_once_and_are_answered() {
     let mut vm = start_symbiotic(&name, "trixie", &[], "echo ===UP; read x");
     vm.wait_line("===UP");
     wait_active(&name);
-    let r = sym(&[
-        name.as_str(),
-        "call",
-        "echo",
-        "1",
-        "--repeat",
-        "300",
-        "--transport",
-        "sync",
-    ]);
+    let r = repeat_sync_echo(&name, 300, &[]);
     assert_eq!(r.code, Some(0), "{r:?}");
     assert!(r.stdout.contains("300 ok, 0 failed, 0 wrong"), "{r:?}");
     let s = spy(&name);
@@ -387,17 +395,7 @@ fn synchronous_calls_to_an_idle_guest_ring_it_at_once_and_are_answered() {
     // Where the time went: the doorbell woke a halted vCPU (QEMU's own resume callback,
     // recorded by the plugin, fell between the ring and the take), and every reply's clock
     // readings are in the order the call passed them.
-    let r = sym(&[
-        name.as_str(),
-        "call",
-        "echo",
-        "1",
-        "--repeat",
-        "100",
-        "--transport",
-        "sync",
-        "--json",
-    ]);
+    let r = repeat_sync_echo(&name, 100, &["--json"]);
     assert_eq!(r.code, Some(0), "{r:?}");
     let st: Value = serde_json::from_str(&r.stdout).unwrap();
     let parts = &st["stages_us"];
