@@ -34,8 +34,9 @@ import results as bench_results  # noqa: E402
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def backend_pid(config, launched_after):
-    """The backend process started after `launched_after` (qsd, or vmsight run)."""
+def backend_pid(config):
+    """The newest backend process (qemu-storage-daemon, or `vmsight run`): this script runs one
+    VM at a time."""
     pattern = "qemu-storage-daemon" if config == "qsd" else "vmsight run"
     out = subprocess.run(["pgrep", "-n", "-f", pattern], capture_output=True, text=True).stdout.split()
     return int(out[0]) if out else None
@@ -67,10 +68,10 @@ def threads(pid):
     return len(glob.glob(f"/proc/{pid}/task/*"))
 
 
-def measure(config, t_launch, a, out, perf_file):
+def measure(config, a, out, perf_file):
     """Runs in a thread beside the VM: waits --settle, then samples the backend for --window."""
     time.sleep(a.settle)
-    pid = backend_pid(config, t_launch)
+    pid = backend_pid(config)
     if pid is None:
         out["error"] = "no backend process found"
         return
@@ -99,8 +100,7 @@ def one_run(config, job, a, disk, work):
               f"--output-format=json")
     perf_file = os.path.join(work, f"perf-{config}-{job}.data")
     sample = {}
-    t_launch = time.monotonic()
-    th = threading.Thread(target=measure, args=(config, t_launch, a, sample, perf_file), daemon=True)
+    th = threading.Thread(target=measure, args=(config, a, sample, perf_file), daemon=True)
     th.start()
     r = foundation.run(config, ["sh", "-c", script], disks=[disk])
     th.join()
