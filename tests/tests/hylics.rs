@@ -937,6 +937,58 @@ fn the_controller_command_answers_while_the_vm_runs() {
     assert_eq!(vm.finish().0, Some(0));
 }
 
+/// The reports a script makes through `hylics-report` (one line each on its stdin) reach the
+/// controller, counted by its own status (the oracle: what the guest sent, as the tool echoes
+/// it); malformed lines are refused by the tool and never reach vmsight; and without a
+/// controller every valid report fails but the tool goes on to the end of its input.
+#[test]
+fn a_scripts_task_reports_reach_the_controller_and_bad_lines_do_not() {
+    const SCRIPT: &str = "echo up; read go; \
+        printf 'arrive\\narrive\\narrive\\n\\ndone 0.5\\ndone 1.25\\nbogus\\ndone -3\\ndone nan\\n' \
+        | hylics-report; echo \"rc=$?\"; read line";
+    let dir = tempfile::tempdir().unwrap();
+    let curve = write_curve(dir.path());
+    let slo = format!("{TAU},curve={}", curve.display());
+    for (controller, summary) in [
+        (true, "reports 5 failed 0 bad 3"),
+        (false, "reports 5 failed 5 bad 3"),
+    ] {
+        let name = vm_name(if controller { "hrep" } else { "hrep-none" });
+        let mut args = vec!["--name", &name, "--net", "none", "--shared-mem", "32M"];
+        if controller {
+            args.extend_from_slice(&["--hylics-slo", &slo]);
+        }
+        args.extend_from_slice(&["--", "sh", "-c", SCRIPT]);
+        let mut vm = LiveVm::start(&args);
+        vm.wait_line("up");
+        vm.send("go");
+        vm.wait_line("rc=1");
+        assert!(
+            vm.seen().iter().any(|l| l == summary),
+            "controller {controller}: {:?}",
+            vm.seen()
+        );
+        if controller {
+            wait_until("the controller counting 3 arrivals and 2 tasks", 60, || {
+                let r = run(&["hylics", &name, "controller", "--json"]);
+                let c: Value = serde_json::from_str(&r.stdout).unwrap_or_default();
+                c["arrivals"] == 3 && c["tasks"] == 2 && c["rejected_reports"] == 0
+            });
+        }
+        vm.send("done");
+        let (code, out, err) = vm.finish();
+        assert_eq!(code, Some(0), "{out:?} {err}");
+        if !controller {
+            let said = err.matches("hylics-report: a report failed").count()
+                + out
+                    .iter()
+                    .filter(|l| l.contains("hylics-report: a report failed"))
+                    .count();
+            assert_eq!(said, 1, "the first failure is said once: {out:?} {err}");
+        }
+    }
+}
+
 /// How much slower the guest's tasks really are than the controller's curve says.
 const WRONG_BY: f64 = 1.4;
 /// Arrival rate of the wrong-model workload, tasks per second.
