@@ -303,7 +303,8 @@ struct RunArgs {
     foxyvegas_log: Option<PathBuf>,
     /// A host in-memory file system of SIZE shared with the guest (Hylics, docs/hylics.md):
     /// a tmpfs served through virtio-fs by virtiofsd, mounted in the guest at /hylics;
-    /// options after commas: path=DIR (the guest's mount point), cache=auto|always|never|metadata.
+    /// options after commas: path=DIR (the guest's mount point), cache=auto|always|never|metadata,
+    /// writeback=on|off (the guest's FUSE writeback cache), threads=N (virtiofsd's workers).
     #[arg(long, value_name = "SIZE[,OPTS]")]
     shared_mem: Option<String>,
     /// Size the share to keep the mean task response time at TAU seconds (Hylics' controller,

@@ -46,7 +46,7 @@ fn start(env: &DeviceEnv<'_>) -> Result<Vec<Box<dyn Device>>, LaunchError> {
         &bin,
         &socket,
         share.dir(),
-        spec.cache,
+        spec,
         &env.prep.rt.join(vmsight_proto::layout::VIRTIOFSD_LOG),
     )
     .map_err(err)?;

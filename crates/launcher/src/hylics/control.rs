@@ -500,6 +500,8 @@ mod tests {
             size: 8 * MIB,
             guest_path: "/hylics".into(),
             cache: CacheMode::Auto,
+            writeback: false,
+            threads: 0,
         };
         let dir = tmp.path().join("hylics/share");
         let share =

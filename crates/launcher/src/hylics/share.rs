@@ -250,6 +250,8 @@ mod tests {
             size,
             guest_path: "/hylics".into(),
             cache: CacheMode::Auto,
+            writeback: false,
+            threads: 0,
         }
     }
 

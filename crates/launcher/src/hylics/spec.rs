@@ -1,4 +1,5 @@
-//! `--shared-mem SIZE[,path=DIR][,cache=MODE]`: what the user asked for the VM's share.
+//! `--shared-mem SIZE[,path=DIR][,cache=MODE][,writeback=on|off][,threads=N]`: what the user
+//! asked for the VM's share.
 
 use std::str::FromStr;
 
@@ -51,7 +52,16 @@ pub struct ShareSpec {
     /// The guest's mount point.
     pub guest_path: String,
     pub cache: CacheMode,
+    /// The guest's FUSE writeback cache (virtiofsd `--writeback`): writes are gathered in the
+    /// guest's page cache and reach the share in large requests.
+    pub writeback: bool,
+    /// virtiofsd's worker threads (`--thread-pool-size`; 0: requests are served on the queue's
+    /// own thread, virtiofsd's default).
+    pub threads: u16,
 }
+
+/// The most virtiofsd worker threads `threads=` accepts.
+pub const MAX_THREADS: u16 = 64;
 
 /// Why `--shared-mem` (or a resize) is not usable.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -68,7 +78,11 @@ pub enum ShareSpecError {
     Reserved(String),
     #[error("unknown cache mode {0:?} (auto, always, never, metadata)")]
     Cache(String),
-    #[error("unknown option {0:?} (path=DIR, cache=MODE)")]
+    #[error("writeback must be on or off, not {0:?}")]
+    Writeback(String),
+    #[error("threads must be a number from 0 to {MAX_THREADS}, not {0:?}")]
+    Threads(String),
+    #[error("unknown option {0:?} (path=DIR, cache=MODE, writeback=on|off, threads=N)")]
     Option(String),
 }
 
@@ -134,16 +148,37 @@ impl FromStr for ShareSpec {
             size,
             guest_path: DEFAULT_GUEST_PATH.to_owned(),
             cache: CacheMode::Auto,
+            writeback: false,
+            threads: 0,
         };
         for opt in parts {
             match opt.split_once('=') {
                 Some(("path", p)) => spec.guest_path = parse_guest_path(p)?,
                 Some(("cache", c)) => spec.cache = c.parse()?,
+                Some(("writeback", w)) => spec.writeback = parse_on_off(w)?,
+                Some(("threads", n)) => spec.threads = parse_threads(n)?,
                 _ => return Err(ShareSpecError::Option(opt.to_owned())),
             }
         }
         Ok(spec)
     }
+}
+
+/// `writeback=on|off`.
+fn parse_on_off(s: &str) -> Result<bool, ShareSpecError> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(ShareSpecError::Writeback(s.to_owned())),
+    }
+}
+
+/// `threads=N`, at most [`MAX_THREADS`].
+fn parse_threads(s: &str) -> Result<u16, ShareSpecError> {
+    s.parse::<u16>()
+        .ok()
+        .filter(|n| *n <= MAX_THREADS)
+        .ok_or_else(|| ShareSpecError::Threads(s.to_owned()))
 }
 
 impl ShareSpec {
@@ -163,7 +198,19 @@ mod tests {
         assert_eq!(s.size, 256 << 20);
         assert_eq!(s.guest_path, "/hylics");
         assert_eq!(s.cache, CacheMode::Auto);
+        assert!(!s.writeback);
+        assert_eq!(s.threads, 0);
         assert_eq!(s.guest_cmdline(), "vmsight.share=vmsight-hylics:/hylics");
+    }
+
+    #[test]
+    fn writeback_and_threads_are_virtiofsd_options() {
+        let s: ShareSpec = "64M,writeback=on,threads=4".parse().expect("parses");
+        assert!(s.writeback);
+        assert_eq!(s.threads, 4);
+        let s: ShareSpec = "64M,writeback=off,threads=0".parse().expect("parses");
+        assert!(!s.writeback);
+        assert_eq!(s.threads, 0);
     }
 
     #[test]
@@ -199,6 +246,10 @@ mod tests {
                 ShareSpecError::Cache("sometimes".into()),
             ),
             ("64M,size=3", ShareSpecError::Option("size=3".into())),
+            ("64M,writeback=yes", ShareSpecError::Writeback("yes".into())),
+            ("64M,threads=65", ShareSpecError::Threads("65".into())),
+            ("64M,threads=-1", ShareSpecError::Threads("-1".into())),
+            ("64M,writeback", ShareSpecError::Option("writeback".into())),
         ] {
             assert_eq!(bad.parse::<ShareSpec>(), Err(want), "{bad:?}");
         }

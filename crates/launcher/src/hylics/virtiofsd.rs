@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::spec::CacheMode;
+use super::spec::ShareSpec;
 use crate::daemon::{find_tool, Daemon, DaemonError};
 
 /// Environment variable naming the virtiofsd binary to use.
@@ -23,15 +23,23 @@ pub fn find() -> Result<PathBuf, DaemonError> {
     )
 }
 
-/// virtiofsd's arguments: the share only, in its namespace sandbox.
-fn args(socket: &Path, dir: &Path, cache: CacheMode) -> Vec<String> {
-    vec![
+/// virtiofsd's arguments: the share only, in its namespace sandbox, with the spec's cache
+/// policy, writeback cache and thread pool.
+fn args(socket: &Path, dir: &Path, spec: &ShareSpec) -> Vec<String> {
+    let mut a = vec![
         format!("--socket-path={}", socket.display()),
         format!("--shared-dir={}", dir.display()),
-        format!("--cache={}", cache.as_str()),
+        format!("--cache={}", spec.cache.as_str()),
         "--sandbox=namespace".into(),
         "--log-level=warn".into(),
-    ]
+    ];
+    if spec.writeback {
+        a.push("--writeback".into());
+    }
+    if spec.threads > 0 {
+        a.push(format!("--thread-pool-size={}", spec.threads));
+    }
+    a
 }
 
 /// Starts virtiofsd on `socket` for `dir` and waits until it listens.
@@ -39,10 +47,10 @@ pub fn start(
     bin: &Path,
     socket: &Path,
     dir: &Path,
-    cache: CacheMode,
+    spec: &ShareSpec,
     log: &Path,
 ) -> Result<Daemon, DaemonError> {
-    Daemon::start("virtiofsd", bin, &args(socket, dir, cache), socket, log)
+    Daemon::start("virtiofsd", bin, &args(socket, dir, spec), socket, log)
 }
 
 #[cfg(test)]
@@ -51,11 +59,8 @@ mod tests {
 
     #[test]
     fn virtiofsd_is_sandboxed_to_the_share() {
-        let a = args(
-            Path::new("/r/fs0.sock"),
-            Path::new("/r/share"),
-            CacheMode::Never,
-        );
+        let spec: ShareSpec = "8M,cache=never".parse().expect("parses");
+        let a = args(Path::new("/r/fs0.sock"), Path::new("/r/share"), &spec);
         assert_eq!(
             a,
             [
@@ -66,5 +71,8 @@ mod tests {
                 "--log-level=warn"
             ]
         );
+        let spec: ShareSpec = "8M,writeback=on,threads=4".parse().expect("parses");
+        let a = args(Path::new("/r/fs0.sock"), Path::new("/r/share"), &spec);
+        assert_eq!(a[5..], ["--writeback", "--thread-pool-size=4"]);
     }
 }
