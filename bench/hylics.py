@@ -6,7 +6,11 @@ Part "fs" (paper Fig. 12-14 shape): in one guest with `--shared-mem`, fio sequen
 reads and writes across block sizes on /hylics (host tmpfs over virtio-fs) and on the root
 virtual disk (ext4 on vmsight's vhost-user-blk). Writes end with fsync, the guest's page cache
 is dropped before every read job, so both paths reach the host (tmpfs pages vs the image file).
-Configurations interleaved per repetition; medians.
+`--share-configs 'default;writeback=on;...'` runs one VM per set of share options (virtiofsd's
+writeback cache, thread pool, cache policy: `--shared-mem SIZE,OPTS`), interleaved per
+repetition; medians. In the first VM of each repetition the host first runs the same fio jobs
+itself on the share's tmpfs and on a directory of its own disk (paper Fig. 15/16: the in-memory
+FS at the hypervisor level).
 
 Part "stream" (paper Fig. 17/19/20 shape): a CPU-bound job in the guest (`--compute gzip`:
 `gzip -6` of a generated text file; `ffmpeg`: Debian's ffmpeg transcoding its synthetic testsrc
@@ -21,6 +25,8 @@ file stream from the guest's share to a client in the VM's namespace, in seven c
   both-guest     computation + guest-sent stream (interference)
   both-hylics    computation + host-sent stream (Hylics, module)
   both-socket    computation + host-sent stream (Hylics, socket)
+`--vcpus` and `--threads` (ffmpeg's `-threads`, pigz's `-p`) vary the guest's vCPUs and the
+computation's threads (paper Fig. 18).
 Reported: computation time, streaming throughput at the client, and host CPU time (utime +
 stime of vmsight, QEMU and the device daemons) per configuration; ratios to the
 no-interference runs.
@@ -29,6 +35,7 @@ Part "control" (paper §6.4 / Table 3 shape, scaled to minutes): the share-size 
 each mode against a synthetic workload with known E[X|m]; see bench/lib/hylics_control.py.
 
   bench/hylics.py [--parts fs,stream,control] [--reps 3] [--size-mb 64] [--stream-mb 256]
+                  [--share-configs 'default;OPTS;...'] [--vcpus 2] [--threads 2]
                   [--control-secs 120] [--verbose] [--out PATH]
 
 Every run (each fio job's MiB/s, each stream configuration's times, throughput and host CPU,
@@ -42,6 +49,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -55,6 +63,7 @@ JOBS = [("seq-write", "write"), ("seq-read", "read"), ("rand-write", "randwrite"
 
 FS_GUEST = r"""
 mkdir -p /root/bench
+echo READY; read go
 for dir in {dirs}; do
   for bs in {sizes}; do
     for job in {jobs}; do
@@ -118,22 +127,66 @@ while True:
 """
 
 
-def run_fs(a, rep):
+def fio_terse_mib_s(out, rw):
+    """MiB/s of a fio --output-format=terse --terse-version=3 run (read or write side)."""
+    fields = out.strip().splitlines()[-1].split(";")
+    return float(fields[6] if rw.endswith("read") else fields[47]) / 1024.0
+
+
+def host_fio(directory, size_mb):
+    """The guest's fio jobs run by the host itself in `directory` (paper Fig. 15/16: the
+    in-memory FS at the hypervisor level)."""
+    res = {}
+    for bs in BLOCK_SIZES:
+        for name, rw in JOBS:
+            out = subprocess.run(["fio", "--name=b", f"--directory={directory}", "--filename=fio.dat",
+                                  f"--size={size_mb}m", f"--bs={bs}", f"--rw={rw}", "--ioengine=psync",
+                                  "--end_fsync=1", "--invalidate=1", "--output-format=terse",
+                                  "--terse-version=3"], capture_output=True, text=True, check=True).stdout
+            res[(bs, name)] = fio_terse_mib_s(out, rw)
+        os.unlink(os.path.join(directory, "fio.dat"))
+    return res
+
+
+def run_fs(a, rep, opts, host_job):
+    """One VM whose share has the options `opts` ("" for the defaults): the guest's fio jobs on
+    /hylics and on its root disk; with `host_job`, first the same jobs by the host on the share's
+    tmpfs and on a directory of the host disk the images live on."""
     dirs = ["/hylics", "/root/bench"] if rep % 2 == 0 else ["/root/bench", "/hylics"]
     script = FS_GUEST.format(dirs=" ".join(dirs), sizes=" ".join(BLOCK_SIZES), size=a.size_mb,
                              jobs=" ".join(f"{n}:{rw}" for n, rw in JOBS))
-    out = subprocess.run([VMSIGHT, "run", "--name", f"bhy-fs-{os.getpid()}", "--net", "none",
-                          "--shared-mem", f"{a.size_mb * 2 + 64}M", "--mem", "1G", "--", "sh", "-c", script],
-                         capture_output=True, text=True)
-    if out.returncode != 0:
-        sys.exit(f"fs run failed ({out.returncode}): {out.stdout[-1500:]} {out.stderr[-1500:]}")
-    res = {}
-    for line in out.stdout.splitlines():
+    name = f"bhy-fs-{os.getpid()}"
+    share = f"{a.size_mb * 2 + 64}M" + (f",{opts}" if opts else "")
+    proc = subprocess.Popen([VMSIGHT, "run", "--name", name, "--net", "none", "--shared-mem", share,
+                             "--mem", "1G", "--", "sh", "-c", script],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    res, lines = {}, []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.strip() == "READY":
+            break
+    if host_job:
+        share_dir = subprocess.run([VMSIGHT, "hylics", name, "path"], capture_output=True, text=True,
+                                   check=True).stdout.strip()
+        for (bs, job), v in host_fio(share_dir, a.size_mb).items():
+            res[("host-tmpfs", bs, job)] = v
+        disk_dir = os.path.join(os.path.expanduser(os.environ.get("VMSIGHT_CACHE", "~/.cache/vmsight")), "bench")
+        os.makedirs(disk_dir, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=disk_dir) as d:
+            for (bs, job), v in host_fio(d, a.size_mb).items():
+                res[("host-disk", bs, job)] = v
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+    rest, err = proc.communicate()
+    lines += rest.splitlines(keepends=True)
+    if proc.returncode != 0:
+        sys.exit(f"fs run failed ({proc.returncode}): {''.join(lines)[-1500:]} {err[-1500:]}")
+    for line in lines:
         if line.startswith("FS "):
-            _, d, bs, name, kb = line.split()
-            res[(d, bs, name)] = float(kb) / 1024.0
+            _, d, bs, job, kb = line.split()
+            res[(d, bs, job)] = float(kb) / 1024.0
             if a.verbose:
-                print(f"  rep {rep} {d} {bs} {name} {float(kb)/1024:.1f} MiB/s", file=sys.stderr)
+                print(f"  rep {rep} [{opts or 'default'}] {d} {bs} {job} {float(kb)/1024:.1f} MiB/s", file=sys.stderr)
     return res
 
 
@@ -176,10 +229,10 @@ def run_stream(a, rep):
     name = f"bhy-st-{os.getpid()}"
     media, job = COMPUTE[a.compute]
     script = STREAM_GUEST.format(seq=a.seq, mb=a.stream_mb, configs=" ".join(configs), ports=PORTS,
-                                 media=media, job=job.format(secs=a.ffmpeg_secs))
+                                 media=media, job=job.format(secs=a.ffmpeg_secs, threads=a.threads))
     disk = ["--disk", f"{a.media_disk},ro"] if a.compute != "gzip" else []
     proc = subprocess.Popen([VMSIGHT, "run", "--name", name, "--shared-mem", f"{a.stream_mb + 64}M",
-                             "--mem", "1G", *disk, "--", "sh", "-c", script],
+                             "--mem", "1G", "--vcpus", str(a.vcpus), *disk, "--", "sh", "-c", script],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_net(VMSIGHT, name)
     recv = {}
@@ -236,8 +289,8 @@ COMPUTE = {
     "gzip": ("", "gzip -6 -c /tmp/text > /dev/null"),
     "ffmpeg": (MEDIA, "chroot /media ffmpeg -hide_banner -loglevel error -f lavfi "
                "-i testsrc=duration={secs}:size=640x360:rate=25 -c:v libx264 -preset veryfast "
-               "-threads 2 -f null /dev/null"),
-    "pigz": (MEDIA, "chroot /media pigz -p 2 -6 -c /tmp/text > /dev/null"),
+               "-threads {threads} -f null /dev/null"),
+    "pigz": (MEDIA, "chroot /media pigz -p {threads} -6 -c /tmp/text > /dev/null"),
 }
 
 
@@ -256,6 +309,39 @@ def med(xs):
     return statistics.median(xs) if xs else float("nan")
 
 
+def report_fs(a, rec, load0):
+    """Part fs: every share configuration (interleaved) against the virtual disk, and the host's
+    own view of the tmpfs and of its disk."""
+    configs = a.share_configs.split(";")
+    runs = {c: [] for c in configs}
+    for rep in range(a.reps):
+        for i, c in enumerate(configs if rep % 2 == 0 else configs[::-1]):
+            runs[c].append(run_fs(a, rep, "" if c == "default" else c, host_job=i == 0))
+    label = {"/hylics": "hylics", "/root/bench": "disk", "host-tmpfs": "host-tmpfs", "host-disk": "host-disk"}
+    for c, rs in runs.items():
+        for rep, r in enumerate(rs):
+            for (d, bs, job), mib_s in r.items():
+                config = label[d] if d != "/hylics" or c == "default" else f"hylics[{c}]"
+                rec.rep(part="fs", workload=job, bs=bs, config=config, rep=rep, mib_s=mib_s)
+
+    def med_of(d, bs, job, only=None):
+        return med([r[(d, bs, job)] for c, rs in runs.items() if only in (None, c) for r in rs
+                    if (d, bs, job) in r])
+
+    print(f"\nbench/hylics.py --parts fs --reps {a.reps} --size-mb {a.size_mb} --share-configs "
+          f"'{a.share_configs}'; load {load0:.2f} -> {os.getloadavg()[0]:.2f}\n")
+    print("| job | bs | virtual disk MiB/s | " + " | ".join(f"/hylics [{c}] MiB/s (x disk)" for c in configs)
+          + " | host: tmpfs MiB/s | host: its disk MiB/s |")
+    print("|---|---|---|" + "---|" * len(configs) + "---|---|")
+    for job, _ in JOBS:
+        for bs in BLOCK_SIZES:
+            disk = med_of("/root/bench", bs, job)
+            cells = [f"{med_of('/hylics', bs, job, c):.1f} ({med_of('/hylics', bs, job, c) / disk:.2f}x)"
+                     for c in configs]
+            print(f"| {job} | {bs} | {disk:.1f} | " + " | ".join(cells)
+                  + f" | {med_of('host-tmpfs', bs, job):.0f} | {med_of('host-disk', bs, job):.0f} |")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--parts", default="fs,stream")
@@ -267,6 +353,11 @@ def main():
     ap.add_argument("--control-workloads", default="12", help="controller workloads: 1 constant, 2 alternating, 3 wrong model")
     ap.add_argument("--compute", choices=sorted(COMPUTE), default="gzip", help="the stream part's computation")
     ap.add_argument("--ffmpeg-secs", type=int, default=4, help="length of the video ffmpeg transcodes")
+    ap.add_argument("--vcpus", type=int, default=2, help="the stream part's guest vCPUs (paper Fig. 18)")
+    ap.add_argument("--threads", type=int, default=2, help="threads of ffmpeg or pigz (paper Fig. 18)")
+    ap.add_argument("--share-configs", default="default",
+                    help="part fs: the share's options to compare, ';'-separated (e.g. "
+                         "'default;writeback=on;threads=4'; see --shared-mem)")
     ap.add_argument("--verbose", action="store_true")
     bench_results.add_out_option(ap, "hylics", variant_note="[-PARTS[-COMPUTE]]")
     a = ap.parse_args()
@@ -275,6 +366,8 @@ def main():
         variant = "+".join(a.parts.split(","))
         if a.compute != "gzip" and "stream" in a.parts:
             variant += f"-{a.compute}"
+        if (a.vcpus, a.threads) != (2, 2) and "stream" in a.parts:
+            variant += f"-{a.vcpus}v{a.threads}t"
     rec = bench_results.Recorder("hylics", a, out=a.out, variant=variant,
                                  keys=["part", "workload", "bs", "config"], baseline="disk")
     summary = {}
@@ -284,19 +377,7 @@ def main():
     parts = a.parts.split(",")
     load0 = os.getloadavg()[0]
     if "fs" in parts:
-        runs = [run_fs(a, rep) for rep in range(a.reps)]
-        for rep, r in enumerate(runs):
-            for (d, bs, name), mib_s in r.items():
-                rec.rep(part="fs", workload=name, bs=bs, config="hylics" if d == "/hylics" else "disk", rep=rep,
-                        mib_s=mib_s)
-        print(f"\nbench/hylics.py --parts fs --reps {a.reps} --size-mb {a.size_mb}; load {load0:.2f} -> {os.getloadavg()[0]:.2f}\n")
-        print("| job | bs | /hylics MiB/s | virtual disk MiB/s | hylics / disk |")
-        print("|---|---|---|---|---|")
-        for name, _ in JOBS:
-            for bs in BLOCK_SIZES:
-                h = med([r.get(("/hylics", bs, name), float("nan")) for r in runs])
-                d = med([r.get(("/root/bench", bs, name), float("nan")) for r in runs])
-                print(f"| {name} | {bs} | {h:.1f} | {d:.1f} | {h / d:.2f}x |")
+        report_fs(a, rec, load0)
     if "stream" in parts:
         runs = [run_stream(a, rep) for rep in range(a.reps)]
         for rep, r in enumerate(runs):
@@ -306,7 +387,7 @@ def main():
                         stream_mb_s=v.get("mbps"), host_cpu_s=v.get("cpu"), wall_s=v.get("wall"),
                         stream_bytes=v.get("bytes"))
         print(f"\nbench/hylics.py --parts stream --reps {a.reps} --stream-mb {a.stream_mb} --seq {a.seq} "
-              f"--compute {a.compute} --ffmpeg-secs {a.ffmpeg_secs}; "
+              f"--compute {a.compute} --ffmpeg-secs {a.ffmpeg_secs} --vcpus {a.vcpus} --threads {a.threads}; "
               f"load {load0:.2f} -> {os.getloadavg()[0]:.2f}\n")
         print("| configuration | computation s | stream MB/s at the client | host CPU s | wall s |")
         print("|---|---|---|---|---|")
