@@ -96,11 +96,12 @@ def run_one(vmsight, mode, wl, secs, tmp, verbose):
     return summarize(tasks, records, replay, verbose, mode)
 
 
-def summarize(tasks, records, replay, verbose, mode):
+def summarize(tasks, records, replay, verbose, mode, tau=TAU, window=WINDOW):
+    """Errors from the workload's own (done, response) list, sizes from the decision log."""
     windows = {}
     for done, r in tasks:
-        windows.setdefault(int(done // WINDOW), []).append(r)
-    err = statistics.mean(abs(statistics.mean(v) - TAU) for v in windows.values())
+        windows.setdefault(int(done // window), []).append(r)
+    err = statistics.mean(abs(statistics.mean(v) - tau) for v in windows.values())
     busy = [r for r in records if r["decision"]["tasks"] > 0] or records
     span = sum(r["input"]["t_secs"] - r["input"]["start_secs"] for r in busy)
     mean_m = sum((r["input"]["t_secs"] - r["input"]["start_secs"]) * r["decision"]["m_before_bytes"]
