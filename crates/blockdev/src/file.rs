@@ -18,7 +18,7 @@ use crate::pipeline::{Io, Stage, StageError, Status, Terminal};
 use crate::request::{Request, RequestKind, SectorRange, SECTOR_SIZE};
 
 /// Largest number of iovecs passed to one `preadv`/`pwritev` (Linux `IOV_MAX`).
-const IOV_MAX: usize = 1024;
+pub(crate) const IOV_MAX: usize = 1024;
 /// Size of the zero buffer used when `fallocate` cannot zero a range.
 const ZERO_CHUNK: usize = 1 << 20;
 
@@ -138,11 +138,13 @@ impl RawFile {
         self.direct.is_some() && self.direct_ok.load(Ordering::Relaxed)
     }
 
-    /// Reads or writes the data of `req` at its offset, straight between the image and the
-    /// guest buffers.
-    fn transfer(&self, req: &Request, write: bool) -> Result<(), StageError> {
+    /// The guest buffers of `req` as iovecs, in order.
+    ///
+    /// The pointers stay valid while `req` lives: they point into the guest memory mapping the
+    /// request holds (`Request::memory`), which is unmapped only when the last holder drops
+    /// it. (`ptr_guard_mut` guards only matter for Xen grant mappings, a feature not enabled.)
+    pub(crate) fn guest_iovecs(req: &Request) -> Result<Vec<libc::iovec>, StageError> {
         let mem = req.memory();
-        let mut guards = Vec::with_capacity(req.segments.len());
         let mut iovs: Vec<libc::iovec> = Vec::with_capacity(req.segments.len());
         for seg in &req.segments {
             for slice in GuestMemoryBackend::get_slices(mem, seg.addr, seg.len as usize) {
@@ -150,45 +152,65 @@ impl RawFile {
                     addr: seg.addr.0,
                     len: u64::from(seg.len),
                 })?;
-                let guard = slice.ptr_guard_mut();
                 iovs.push(libc::iovec {
-                    iov_base: guard.as_ptr().cast(),
+                    iov_base: slice.ptr_guard_mut().as_ptr().cast(),
                     iov_len: slice.len(),
                 });
-                guards.push(guard);
             }
         }
+        Ok(iovs)
+    }
+
+    /// The `O_DIRECT` descriptor, if it is in use and `iovs` at `offset` meet its alignment.
+    pub(crate) fn direct_fd_for(&self, offset: u64, iovs: &[libc::iovec]) -> Option<RawFd> {
+        let direct = self.direct.as_ref().filter(|_| self.is_direct())?;
+        let a = self.direct_align.load(Ordering::Relaxed);
+        let aligned = offset.is_multiple_of(a)
+            && iovs.iter().all(|v| {
+                (v.iov_base as u64).is_multiple_of(a) && (v.iov_len as u64).is_multiple_of(a)
+            });
+        aligned.then(|| direct.as_raw_fd())
+    }
+
+    /// The file system refused an aligned `O_DIRECT` request with `EINVAL`: require 4 KiB
+    /// alignment from now on, or, if that was already required, stop using `O_DIRECT`.
+    pub(crate) fn direct_refused(&self) {
+        if self.direct_align.load(Ordering::Relaxed) < 4096 {
+            debug!(path = %self.path.display(), "O_DIRECT refused 512-byte alignment, requiring 4096");
+            self.direct_align.store(4096, Ordering::Relaxed);
+        } else {
+            warn!(path = %self.path.display(), "O_DIRECT refused an aligned request, using buffered I/O from now on");
+            self.direct_ok.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// The buffered (page-cache) descriptor.
+    pub(crate) fn buffered_fd(&self) -> RawFd {
+        self.file.as_raw_fd()
+    }
+
+    /// Whether the image was opened read-only.
+    pub(crate) fn is_read_only(&self) -> bool {
+        self.read_only
+    }
+
+    /// Reads or writes the data of `req` at its offset, straight between the image and the
+    /// guest buffers.
+    fn transfer(&self, req: &Request, write: bool) -> Result<(), StageError> {
+        let mut iovs = Self::guest_iovecs(req)?;
         let offset = req.offset();
         let op = if write { "pwritev" } else { "preadv" };
-
-        if let Some(direct) = self.direct.as_ref().filter(|_| self.is_direct()) {
-            let a = self.direct_align.load(Ordering::Relaxed);
-            let aligned = offset.is_multiple_of(a)
-                && iovs.iter().all(|v| {
-                    (v.iov_base as u64).is_multiple_of(a) && (v.iov_len as u64).is_multiple_of(a)
-                });
-            if aligned {
-                let mut tmp = iovs.clone();
-                match rw_all(direct.as_raw_fd(), &mut tmp, offset, write) {
-                    Ok(()) => return Ok(()),
-                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                        if a < 4096 {
-                            debug!(path = %self.path.display(), "O_DIRECT refused 512-byte alignment, requiring 4096");
-                            self.direct_align.store(4096, Ordering::Relaxed);
-                        } else {
-                            warn!(path = %self.path.display(), "O_DIRECT refused an aligned request, using buffered I/O from now on");
-                            self.direct_ok.store(false, Ordering::Relaxed);
-                        }
-                        // Fall through to buffered I/O from the start of the request.
-                    }
-                    Err(source) => return Err(StageError::Io { op, source }),
-                }
+        if let Some(fd) = self.direct_fd_for(offset, &iovs) {
+            let mut tmp = iovs.clone();
+            match rw_all(fd, &mut tmp, offset, write) {
+                Ok(()) => return Ok(()),
+                // Fall through to buffered I/O from the start of the request.
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => self.direct_refused(),
+                Err(source) => return Err(StageError::Io { op, source }),
             }
         }
         rw_all(self.file.as_raw_fd(), &mut iovs, offset, write)
-            .map_err(|source| StageError::Io { op, source })?;
-        drop(guards);
-        Ok(())
+            .map_err(|source| StageError::Io { op, source })
     }
 
     fn fallocate(&self, mode: libc::c_int, r: &SectorRange) -> io::Result<()> {
@@ -363,7 +385,12 @@ impl std::fmt::Debug for FileStage {
 impl FileStage {
     /// Serves `file` with `threads` I/O threads (clamped to 1..=[`MAX_IO_THREADS`]).
     pub fn new(file: RawFile, threads: usize) -> Result<Self, BlockError> {
-        let file = Arc::new(file);
+        Self::with_shared(Arc::new(file), threads)
+    }
+
+    /// Like [`FileStage::new`], for a file another stage serves too (the io_uring stage hands
+    /// its discards and write-zeroes to a pool of one).
+    pub(crate) fn with_shared(file: Arc<RawFile>, threads: usize) -> Result<Self, BlockError> {
         let (tx, rx) = crossbeam_channel::unbounded::<Io>();
         let n = threads.clamp(1, MAX_IO_THREADS);
         let mut handles = Vec::with_capacity(n);
@@ -468,23 +495,30 @@ fn rw_all(fd: RawFd, iovs: &mut [libc::iovec], mut offset: u64, write: bool) -> 
                 "the image ended early (was it truncated while in use?)",
             ));
         }
-        let mut n = n as usize;
         offset += n as u64;
-        while n > 0 {
-            let Some(v) = iovs.get_mut(idx) else {
-                return Ok(());
-            };
-            if n >= v.iov_len {
-                n -= v.iov_len;
-                v.iov_len = 0;
-                idx += 1;
-            } else {
-                v.iov_base = v.iov_base.cast::<u8>().wrapping_add(n).cast();
-                v.iov_len -= n;
-                n = 0;
-            }
+        idx += advance(&mut iovs[idx..], n as usize);
+    }
+}
+
+/// Marks the first `n` bytes of `iovs` as transferred: entries fully covered get length 0,
+/// a partly covered one is moved forward. Returns how many entries are now exhausted.
+pub(crate) fn advance(iovs: &mut [libc::iovec], mut n: usize) -> usize {
+    let mut done = 0;
+    for v in iovs.iter_mut() {
+        if n == 0 {
+            break;
+        }
+        if n >= v.iov_len {
+            n -= v.iov_len;
+            v.iov_len = 0;
+            done += 1;
+        } else {
+            v.iov_base = v.iov_base.cast::<u8>().wrapping_add(n).cast();
+            v.iov_len -= n;
+            n = 0;
         }
     }
+    done
 }
 
 /// Takes the image's flock, never waiting; on conflict, says who holds it.
