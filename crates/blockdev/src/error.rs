@@ -85,4 +85,12 @@ pub enum BlockError {
         /// The image.
         path: PathBuf,
     },
+    /// io_uring was asked for (`io=io_uring`) and this kernel or process cannot use it.
+    #[error("cannot serve disk image {path} through io_uring ({reason}); use io=threads")]
+    Uring {
+        /// The image.
+        path: PathBuf,
+        /// What failed, with the kernel's error.
+        reason: String,
+    },
 }
