@@ -24,6 +24,7 @@ use crate::pipeline::{IoResult, Pipeline, StageError, Status};
 use crate::request::{
     self, Limits, Parsed, Request, RequestError, RequestKind, ID_BYTES, SECTOR_SIZE,
 };
+use crate::uring::UringEvents;
 
 /// Guest memory as the vhost-user crates hand it to us.
 pub(crate) type GuestMem = GuestMemoryAtomic<GuestMemoryMmap>;
@@ -86,6 +87,8 @@ pub(crate) struct BlockDevice {
     mem: vmsight_vhostd::MemorySlot,
     event_idx: AtomicBool,
     next_id: AtomicU64,
+    /// The io_uring stage's completions and the worker event id they arrive under.
+    uring: Option<(UringEvents, u16)>,
 }
 
 /// Where a completed request goes: the used ring of its queue.
@@ -215,6 +218,30 @@ impl BlockDevice {
             mem: vmsight_vhostd::MemorySlot::default(),
             event_idx: AtomicBool::new(false),
             next_id: AtomicU64::new(0),
+            uring: None,
+        }
+    }
+
+    /// Handles the io_uring stage's completions when the worker sees `events` under its id.
+    pub(crate) fn with_uring(mut self, uring: Option<(UringEvents, u16)>) -> Self {
+        self.uring = uring;
+        self
+    }
+
+    /// Waits (bounded) until no request is in flight; with an io_uring stage this thread reaps
+    /// its completions meanwhile, the queue worker that did it having stopped. Returns what is
+    /// still in flight.
+    fn drain(&self) -> u64 {
+        let Some((events, _)) = &self.uring else {
+            return self.inflight.wait_idle(DRAIN_TIMEOUT);
+        };
+        let deadline = Instant::now() + DRAIN_TIMEOUT;
+        loop {
+            let left = self.inflight.wait_idle(Duration::ZERO);
+            if left == 0 || Instant::now() >= deadline {
+                return left;
+            }
+            events.wait(Duration::from_millis(10));
         }
     }
 
@@ -224,7 +251,7 @@ impl BlockDevice {
     /// left to tell.
     pub(crate) fn shutdown_pipeline(&self) {
         self.pipeline.release();
-        let left = self.inflight.wait_idle(DRAIN_TIMEOUT);
+        let left = self.drain();
         if left > 0 {
             warn!(
                 requests = left,
@@ -478,6 +505,12 @@ impl VhostUserBackend for BlockDevice {
         if evset != EventSet::IN {
             debug!(device_event, ?evset, "ignoring unexpected event set");
             return Ok(());
+        }
+        if let Some((events, id)) = &self.uring {
+            if device_event == *id {
+                events.handle();
+                return Ok(());
+            }
         }
         match vrings.get(usize::from(device_event)) {
             Some(vring) => self.process_vring(vring, device_event),

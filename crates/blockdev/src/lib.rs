@@ -40,12 +40,14 @@ pub mod request;
 pub mod stages;
 pub mod tap;
 pub mod timer;
+pub mod uring;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
+use vmm_sys_util::epoll::EventSet;
 
 pub use device::CONFIG_SPACE_LEN;
 pub use error::BlockError;
@@ -57,6 +59,7 @@ pub use pipeline::{
 pub use request::{
     Insights, Limits, Request, RequestError, RequestKind, SectorRange, Segment, SECTOR_SIZE,
 };
+pub use uring::{Reaping, UringEvents, UringStage};
 
 use device::{BlockDevice, DeviceSpec};
 
@@ -86,9 +89,50 @@ pub struct DiskConfig {
     /// is unaligned or the file system refuses `O_DIRECT`).
     pub direct_io: bool,
     /// I/O threads serving the image (requests in flight at once below the stages);
-    /// 1..=[`file::MAX_IO_THREADS`].
+    /// 1..=[`file::MAX_IO_THREADS`]. Only for [`IoEngine::Threads`].
     #[serde(default = "default_io_threads")]
     pub io_threads: usize,
+    /// How the image's reads, writes and flushes reach the kernel.
+    #[serde(default)]
+    pub io_engine: IoEngine,
+}
+
+/// How a disk's image is served ([`DiskConfig::io_engine`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IoEngine {
+    /// A pool of I/O threads running blocking `preadv`/`pwritev` ([`FileStage`]).
+    #[default]
+    Threads,
+    /// One io_uring per disk, submitted from and reaped on the virtqueue's worker thread
+    /// ([`uring::UringStage`]).
+    IoUring,
+}
+
+impl IoEngine {
+    /// The name users write (`io=threads`, `io=io_uring`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IoEngine::Threads => "threads",
+            IoEngine::IoUring => "io_uring",
+        }
+    }
+}
+
+/// A name that is not an [`IoEngine`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not an I/O engine (threads, io_uring)")]
+pub struct UnknownIoEngine(pub String);
+
+impl std::str::FromStr for IoEngine {
+    type Err = UnknownIoEngine;
+    fn from_str(s: &str) -> Result<Self, UnknownIoEngine> {
+        match s {
+            "threads" => Ok(IoEngine::Threads),
+            "io_uring" => Ok(IoEngine::IoUring),
+            other => Err(UnknownIoEngine(other.to_owned())),
+        }
+    }
 }
 
 fn default_io_threads() -> usize {
@@ -118,6 +162,7 @@ impl DiskConfig {
             queue_size: DEFAULT_QUEUE_SIZE,
             direct_io: false,
             io_threads: file::DEFAULT_IO_THREADS,
+            io_engine: IoEngine::default(),
         }
     }
 
@@ -297,11 +342,20 @@ pub fn spawn_backend_on(
     stages: Vec<Box<dyn Stage>>,
 ) -> Result<BackendHandle, BlockError> {
     cfg.validate()?;
+    let mut uring_events = None;
     let (terminal, capacity_sectors): (Box<dyn Stage>, u64) = match backing {
         Backing::Image => {
             let file = RawFile::open(&cfg.path, cfg.read_only, cfg.direct_io)?;
             let sectors = file.capacity_sectors();
-            (Box::new(FileStage::new(file, cfg.io_threads)?), sectors)
+            let stage: Box<dyn Stage> = match cfg.io_engine {
+                IoEngine::Threads => Box::new(FileStage::new(file, cfg.io_threads)?),
+                IoEngine::IoUring => {
+                    let (stage, events) = UringStage::new(file, Reaping::External)?;
+                    uring_events = Some(events);
+                    Box::new(stage)
+                }
+            };
+            (stage, sectors)
         }
         Backing::Stage {
             terminal,
@@ -331,7 +385,11 @@ pub fn spawn_backend_on(
     }
     let stage_names = pipeline.stage_names();
     let metrics = Arc::new(BlockMetrics::new());
-    let device = Arc::new(BlockDevice::new(spec, pipeline, metrics.clone()));
+    let uring_id = u64::from(cfg.num_queues) + 1;
+    let device = Arc::new(
+        BlockDevice::new(spec, pipeline, metrics.clone())
+            .with_uring(uring_events.clone().map(|ev| (ev, uring_id as u16))),
+    );
 
     let finisher = device.clone();
     let served = vmsight_vhostd::serve(
@@ -339,7 +397,16 @@ pub fn spawn_backend_on(
         device,
         socket,
         vmsight_vhostd::Connection::Direct,
-        |_| Ok(()),
+        // The io_uring's completions are handled by the queue worker's own epoll loop.
+        |daemon| match &uring_events {
+            None => Ok(()),
+            Some(ev) => daemon
+                .get_epoll_handlers()
+                .first()
+                .ok_or("the daemon has no worker")?
+                .register_listener(ev.fd(), EventSet::IN, uring_id)
+                .map_err(|e| format!("cannot watch the io_uring's eventfd: {e}")),
+        },
         // The queue workers are joined: let stages write out what they hold (write-back).
         move || finisher.shutdown_pipeline(),
     )
@@ -350,6 +417,7 @@ pub fn spawn_backend_on(
         capacity_sectors,
         read_only = cfg.read_only,
         queues = cfg.num_queues,
+        io = cfg.io_engine.as_str(),
         stages = ?stage_names,
         "vhost-user-blk backend listening"
     );

@@ -9,7 +9,7 @@ use crate::stages::StageRequest;
 /// A VM configuration value that is not acceptable, with the sentence the user sees.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
-    #[error("a disk needs a path: --disk PATH[,ro][,direct][,serial=ID][,queues=N][,io_threads=N][,mount=PATH][,dedup[,meta-cache=N%|SIZE][,flush-every=N][,hints=on|off]]")]
+    #[error("a disk needs a path: --disk PATH[,ro][,direct][,serial=ID][,queues=N][,io=threads|io_uring][,io_threads=N][,mount=PATH][,dedup[,meta-cache=N%|SIZE][,flush-every=N][,hints=on|off]]")]
     DiskPath,
     #[error("disk option {0}")]
     Dedup(String),
@@ -21,7 +21,11 @@ pub enum ConfigError {
     DiskMount(String),
     #[error("disk io_threads {0:?} must be a number from 1 to 64")]
     DiskIoThreads(String),
-    #[error("unknown disk option {0:?} (known: ro, rw, direct, serial=ID, queues=N, io_threads=N, mount=PATH, dedup, meta-cache=N%|SIZE, flush-every=N, hints=on|off)")]
+    #[error("disk io={0:?} must be threads or io_uring")]
+    DiskIoEngine(String),
+    #[error("disk io_threads=N applies to io=threads only, not io=io_uring")]
+    DiskIoThreadsWithUring,
+    #[error("unknown disk option {0:?} (known: ro, rw, direct, serial=ID, queues=N, io=threads|io_uring, io_threads=N, mount=PATH, dedup, meta-cache=N%|SIZE, flush-every=N, hints=on|off)")]
     DiskOption(String),
     #[error("VM name {0:?} must be 1-48 characters of letters, digits, '-' or '_', starting with a letter or digit")]
     Name(String),
@@ -57,6 +61,8 @@ pub struct DiskSpec {
     pub mount: Option<String>,
     /// I/O threads serving the image (`io_threads=N`, 1..=64; default 4).
     pub io_threads: Option<usize>,
+    /// How the image is served (`io=threads|io_uring`; default: the backend's default).
+    pub io_engine: Option<vmsight_blockdev::IoEngine>,
     /// The path is a dedup volume (`dedup`, see docs/dedup.md) opened with these settings.
     pub dedup: Option<DedupSpec>,
 }
@@ -100,6 +106,7 @@ impl FromStr for DiskSpec {
             direct: false,
             mount: None,
             io_threads: None,
+            io_engine: None,
             dedup: None,
         };
         let mut dedup_opts = Vec::new();
@@ -114,6 +121,10 @@ impl FromStr for DiskSpec {
             } else {
                 spec.apply(opt)?;
             }
+        }
+        if spec.io_threads.is_some() && spec.io_engine == Some(vmsight_blockdev::IoEngine::IoUring)
+        {
+            return Err(ConfigError::DiskIoThreadsWithUring);
         }
         match spec.dedup.as_mut() {
             Some(d) => dedup_opts.iter().try_for_each(|o| d.apply(o))?,
@@ -150,6 +161,9 @@ impl DiskSpec {
                 Ok(n @ 1..=64) => self.io_threads = Some(n),
                 _ => return Err(ConfigError::DiskIoThreads(v.into())),
             },
+            Some(("io", v)) => {
+                self.io_engine = Some(v.parse().map_err(|_| ConfigError::DiskIoEngine(v.into()))?)
+            }
             Some(("mount", v)) => {
                 if !v.starts_with('/') || v.contains("//") || v.contains('\0') {
                     return Err(ConfigError::DiskMount(v.into()));
@@ -407,6 +421,24 @@ mod tests {
         assert!("vol,dedup,meta-cache=0%".parse::<DiskSpec>().is_err());
         assert!("vol,dedup,hints=maybe".parse::<DiskSpec>().is_err());
         assert!("a.img,io_threads=65".parse::<DiskSpec>().is_err());
+        assert_eq!(
+            "a.img,io=io_uring".parse::<DiskSpec>().map(|d| d.io_engine),
+            Ok(Some(vmsight_blockdev::IoEngine::IoUring))
+        );
+        assert_eq!(
+            "a.img,io=threads,io_threads=2"
+                .parse::<DiskSpec>()
+                .map(|d| (d.io_engine, d.io_threads)),
+            Ok((Some(vmsight_blockdev::IoEngine::Threads), Some(2)))
+        );
+        assert_eq!(
+            "a.img,io=aio".parse::<DiskSpec>(),
+            Err(ConfigError::DiskIoEngine("aio".into()))
+        );
+        assert_eq!(
+            "a.img,io_threads=2,io=io_uring".parse::<DiskSpec>(),
+            Err(ConfigError::DiskIoThreadsWithUring)
+        );
     }
 
     #[test]

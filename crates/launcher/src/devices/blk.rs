@@ -93,6 +93,7 @@ fn start_disk(env: &DeviceEnv<'_>, d: &DiskPlan) -> Result<BlkDevice, LaunchErro
             queue_size: QUEUE_SIZE,
             direct_io: d.direct || built.direct_io,
             io_threads: d.io_threads,
+            io_engine: d.io_engine,
         },
         &socket,
         backing,

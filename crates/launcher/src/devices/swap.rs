@@ -87,6 +87,7 @@ fn start(env: &DeviceEnv<'_>) -> Result<Vec<Box<dyn Device>>, LaunchError> {
             queue_size: QUEUE_SIZE,
             direct_io: false,
             io_threads: 1,
+            io_engine: vmsight_blockdev::IoEngine::Threads,
         },
         &socket,
         Backing::Stage {

@@ -38,6 +38,8 @@ pub struct DiskPlan {
     pub direct: bool,
     /// I/O threads of the image file stage.
     pub io_threads: usize,
+    /// How the image is served.
+    pub io_engine: vmsight_blockdev::IoEngine,
     /// The path is a dedup volume served with these settings.
     pub dedup: Option<crate::config::DedupSpec>,
 }
@@ -319,6 +321,7 @@ fn disk_plans(cfg: &VmConfig, root: &Path) -> Vec<DiskPlan> {
         num_queues: 2,
         direct: false,
         io_threads: vmsight_blockdev::file::DEFAULT_IO_THREADS,
+        io_engine: vmsight_blockdev::IoEngine::default(),
         dedup: None,
     }];
     for (i, d) in cfg.disks.iter().enumerate() {
@@ -335,6 +338,7 @@ fn disk_plans(cfg: &VmConfig, root: &Path) -> Vec<DiskPlan> {
             io_threads: d
                 .io_threads
                 .unwrap_or(vmsight_blockdev::file::DEFAULT_IO_THREADS),
+            io_engine: d.io_engine.unwrap_or_default(),
             dedup: d.dedup,
         });
     }
