@@ -44,33 +44,57 @@ pub(crate) struct DeviceSpec {
 }
 
 /// Requests submitted to the pipeline and not yet completed, to drain at shutdown.
+///
+/// Entering and leaving are one atomic operation each: the mutex and condition variable are
+/// touched only while somebody drains (`waiters > 0`), so the per-request path takes no lock.
 #[derive(Default)]
 pub(crate) struct Inflight {
-    count: Mutex<u64>,
+    count: AtomicU64,
+    /// Threads in `wait_idle`.
+    waiters: AtomicU64,
+    lock: Mutex<()>,
     idle: Condvar,
 }
 
 impl Inflight {
     fn enter(&self) {
-        *self.count.lock().unwrap_or_else(PoisonError::into_inner) += 1;
+        self.count.fetch_add(1, Ordering::SeqCst);
     }
 
     fn leave(&self) {
-        let mut c = self.count.lock().unwrap_or_else(PoisonError::into_inner);
-        *c = c.saturating_sub(1);
-        if *c == 0 {
+        let before = self
+            .count
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |c| {
+                Some(c.saturating_sub(1))
+            })
+            .unwrap_or(0);
+        // SeqCst on both sides: either this sees the drainer's `waiters` or the drainer sees
+        // the count reach 0 before it sleeps (it checks under `lock`, which we take to notify).
+        if before <= 1 && self.waiters.load(Ordering::SeqCst) > 0 {
+            let _g = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
             self.idle.notify_all();
         }
     }
 
     /// Waits until nothing is in flight or `timeout` passed; returns what is still in flight.
     pub(crate) fn wait_idle(&self, timeout: Duration) -> u64 {
-        let c = self.count.lock().unwrap_or_else(PoisonError::into_inner);
-        let (c, _) = self
-            .idle
-            .wait_timeout_while(c, timeout, |c| *c > 0)
-            .unwrap_or_else(PoisonError::into_inner);
-        *c
+        let deadline = Instant::now() + timeout;
+        self.waiters.fetch_add(1, Ordering::SeqCst);
+        let mut g = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
+        loop {
+            let left = self.count.load(Ordering::SeqCst);
+            let now = Instant::now();
+            if left == 0 || now >= deadline {
+                drop(g);
+                self.waiters.fetch_sub(1, Ordering::SeqCst);
+                return left;
+            }
+            g = self
+                .idle
+                .wait_timeout(g, deadline - now)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
     }
 }
 
@@ -534,6 +558,45 @@ mod tests {
     use virtio_queue::desc::RawDescriptor;
     use virtio_queue::mock::MockSplitQueue;
     use vm_memory::GuestAddress;
+
+    #[test]
+    fn a_drain_returns_once_every_request_left_and_says_what_is_left_on_timeout() {
+        let f = Arc::new(Inflight::default());
+        assert_eq!(f.wait_idle(Duration::ZERO), 0);
+        f.enter();
+        // Timed out with one in flight: says so, after at least the timeout.
+        let t = Instant::now();
+        assert_eq!(f.wait_idle(Duration::from_millis(20)), 1);
+        assert!(t.elapsed() >= Duration::from_millis(20));
+        for _ in 0..4000 {
+            f.enter();
+        }
+        let workers: Vec<_> = (0..4)
+            .map(|_| {
+                let f = f.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..1000 {
+                        f.leave();
+                        std::thread::yield_now();
+                    }
+                })
+            })
+            .collect();
+        let last = {
+            let f = f.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(50));
+                f.leave();
+            })
+        };
+        // Woken by the last leave, long before the 30 s.
+        assert_eq!(f.wait_idle(Duration::from_secs(30)), 0);
+        for w in workers {
+            w.join().expect("worker");
+        }
+        last.join().expect("last");
+        assert_eq!(f.waiters.load(Ordering::SeqCst), 0);
+    }
 
     /// A 512 KiB image (1024 sectors) whose sector N is filled with byte N % 251.
     fn image() -> tempfile::NamedTempFile {
