@@ -5,7 +5,8 @@ qemu-storage-daemon (issue 34, step 1).
   bench/blk_profile.py [--reps N] [--jobs randread,randwrite] [--runtime S] [--window S]
                        [--perf] [--out PATH]
 
-Per configuration (qsd, vmsight; interleaved in each repetition), a guest runs fio with one
+Per configuration (--configs, any of bench/foundation.py's: qsd, qsd-uring, vmsight,
+vmsight-uring, ...; interleaved in each repetition), a guest runs fio with one
 4 KiB job at queue depth 1 on an extra disk (a 1 GiB file of random data; O_DIRECT, libaio) for --runtime seconds. After the
 boot and fio's ramp (--settle seconds after launch) the backend process (qemu-storage-daemon, or
 vmsight with its threads) is measured for --window seconds from /proc: its CPU time and the
@@ -37,7 +38,7 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 def backend_pid(config):
     """The newest backend process (qemu-storage-daemon, or `vmsight run`): this script runs one
     VM at a time."""
-    pattern = "qemu-storage-daemon" if config == "qsd" else "vmsight run"
+    pattern = "qemu-storage-daemon" if config.startswith("qsd") else "vmsight run"
     out = subprocess.run(["pgrep", "-n", "-f", pattern], capture_output=True, text=True).stdout.split()
     return int(out[0]) if out else None
 

@@ -8,8 +8,10 @@ several repetitions; results are printed as a Markdown table with ratios to plai
                       [--qemu system,trixie] [--fio-jobs randread-4k-qd1,...] [--out PATH]
 
 Configurations: qemu-virtio (QEMU's virtio-blk, aio=threads, cache=none), qsd
-(qemu-storage-daemon vhost-user-blk), vmsight, vmsight-noplugin, vmsight-io1 (vmsight
-with one I/O thread on the fio disk: the file stage's pool against serial file I/O),
+(qemu-storage-daemon vhost-user-blk, aio=threads), qemu-virtio-uring and qsd-uring (the same
+with aio=io_uring), vmsight, vmsight-uring (the fio disk with io=io_uring), vmsight-noplugin,
+vmsight-io1 (vmsight with one I/O thread on the fio disk: the file stage's pool against serial
+file I/O),
 vmsight-traced (the workload's syscalls intercepted: --trace @cmd to /dev/null) and
 vmsight-traced-ro (the same with VMSIGHT_PLUGIN_REDIRECT=off: on QEMU 11 the syscall callbacks
 are then registered read-only instead of with register/PC write access).
@@ -35,7 +37,11 @@ import peers  # noqa: E402
 import results as bench_results  # noqa: E402
 
 CONFIGS = ["qemu-virtio", "qsd", "vmsight", "vmsight-noplugin"]
-ALL_CONFIGS = CONFIGS + ["vmsight-io1", "vmsight-traced", "vmsight-traced-ro"]
+PEERS = ["qemu-virtio", "qsd", "qemu-virtio-uring", "qsd-uring"]
+ALL_CONFIGS = CONFIGS + ["qemu-virtio-uring", "qsd-uring", "vmsight-uring", "vmsight-io1",
+                         "vmsight-traced", "vmsight-traced-ro"]
+# vmsight's --disk options for the fio disk, per configuration.
+DISK_OPTS = {"vmsight-io1": ",direct,io_threads=1", "vmsight-uring": ",direct,io=io_uring"}
 QEMUS = ["system", "trixie"]
 
 
@@ -49,7 +55,7 @@ def run(config, argv, disks=()):
     """One run; adds `cpu_s`: host CPU seconds of QEMU + vmsight (or + qsd), from getrusage."""
     c0 = peers.children_cpu_s()
     base, qemu = split(config)
-    if base in ("qemu-virtio", "qsd"):
+    if base in PEERS:
         r = peers.run_peer(base, argv, extra_disks=disks)
     else:
         extra = ["--qemu", qemu]
@@ -57,7 +63,7 @@ def run(config, argv, disks=()):
             extra.append("--no-plugin")
         if base.startswith("vmsight-traced"):
             extra += ["--trace", "@cmd", "--trace-out", "/dev/null"]
-        opts = ",direct,io_threads=1" if base == "vmsight-io1" else ",direct"
+        opts = DISK_OPTS.get(base, ",direct")
         old = os.environ.get("VMSIGHT_PLUGIN_REDIRECT")
         if base == "vmsight-traced-ro":
             os.environ["VMSIGHT_PLUGIN_REDIRECT"] = "off"
@@ -199,18 +205,18 @@ def main():
 def report(results, a):
     base = "qemu-virtio"
     print(f"\n### Foundation benchmarks ({time.strftime('%Y-%m-%d')}, medians of {a.reps} runs)\n")
-    peers_ = [p for p in ("qemu-virtio", "qsd", "vmsight-io1", "vmsight-io1@system") if p in CONFIGS]
-    print("| metric | " + " | ".join(CONFIGS) + "".join(f" | vmsight / {p}" for p in peers_) + " |")
-    print("|---|" + "---|" * (len(CONFIGS) + len(peers_)))
-
-    main_vmsight = "vmsight" if "vmsight" in CONFIGS else "vmsight@system"
+    peers_ = [p for p in PEERS + ["vmsight-io1", "vmsight-io1@system"] if p in CONFIGS]
+    # Ratio columns: vmsight (and vmsight-uring, when run) over each peer.
+    mains = [m for m in ("vmsight", "vmsight@system", "vmsight-uring", "vmsight-uring@system") if m in CONFIGS]
+    pairs = [(m, p) for m in mains for p in peers_]
+    print("| metric | " + " | ".join(CONFIGS) + "".join(f" | {m} / {p}" for m, p in pairs) + " |")
+    print("|---|" + "---|" * (len(CONFIGS) + len(pairs)))
     rows = []
 
     def row(name, vals, fmt, higher_better):
         cells = [fmt(v) if v is not None else "-" for v in vals]
         by = dict(zip(CONFIGS, vals))
-        v = by.get(main_vmsight)
-        ratios = [f"{v / by[p]:.2f}x" if v and by.get(p) else "-" for p in peers_]
+        ratios = [f"{by[m] / by[p]:.2f}x" if by.get(m) and by.get(p) else "-" for m, p in pairs]
         print(f"| {name} | " + " | ".join(cells + ratios) + " |")
         rows.append((name, by, fmt))
 

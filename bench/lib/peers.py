@@ -63,11 +63,14 @@ class Listener:
 
 
 def run_peer(kind, argv, vcpus=2, mem_mib=1024, extra_disks=(), timeout=1800):
-    """Boots the default guest on a peer config (`qemu-virtio` or `qsd`) and runs argv.
+    """Boots the default guest on a peer config (`qemu-virtio` or `qsd`, both with aio=threads;
+    `qemu-virtio-uring` and `qsd-uring` with aio=io_uring) and runs argv.
 
     Returns dict(stdout, stderr, status, t_ready, t_exit, qemu_rss_kib, helper_rss_kib).
     """
     info = image_info()
+    aio = "io_uring" if kind.endswith("-uring") else "threads"
+    kind = kind.removesuffix("-uring")
     work = tempfile.mkdtemp(prefix=f"peer-{kind}-")
     procs = []
     try:
@@ -94,13 +97,13 @@ def run_peer(kind, argv, vcpus=2, mem_mib=1024, extra_disks=(), timeout=1800):
         args += ["-fw_cfg", f"name=opt/vmsight/cmd,file={cmd}"]
         if kind == "qemu-virtio":
             for i, d in enumerate(disks):
-                args += ["-drive", f"if=none,id=d{i},file={d},format=raw,cache=none,aio=threads",
+                args += ["-drive", f"if=none,id=d{i},file={d},format=raw,cache=none,aio={aio}",
                          "-device", f"virtio-blk-pci,drive=d{i},num-queues={2 if i == 0 else 1}"]
         elif kind == "qsd":
             qsd = ["qemu-storage-daemon"]
             for i, d in enumerate(disks):
                 s = os.path.join(work, f"qsd{i}.sock")
-                qsd += ["--blockdev", f"driver=file,node-name=f{i},filename={d},cache.direct=on,aio=threads",
+                qsd += ["--blockdev", f"driver=file,node-name=f{i},filename={d},cache.direct=on,aio={aio}",
                         "--export", f"type=vhost-user-blk,id=e{i},node-name=f{i},addr.type=unix,addr.path={s},writable=on,num-queues={2 if i == 0 else 1}"]
                 args += ["-chardev", f"socket,id=d{i},path={s}",
                          "-device", f"vhost-user-blk-pci,id=d{i},chardev=d{i},num-queues={2 if i == 0 else 1}"]
