@@ -148,6 +148,22 @@ fn bad_storage_and_streaming_options_are_one_line_errors() {
             "io_threads",
         ),
         (
+            vec!["run", "--disk", "x.img,io=aio", "--", "true"],
+            2,
+            "io=\"aio\" must be threads or io_uring",
+        ),
+        (
+            vec![
+                "run",
+                "--disk",
+                "x.img,io=io_uring,io_threads=2",
+                "--",
+                "true",
+            ],
+            2,
+            "io_threads=N applies to io=threads only",
+        ),
+        (
             vec!["run", "--metrics", "not-an-address", "--", "true"],
             1,
             "not-an-address",
