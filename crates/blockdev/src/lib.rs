@@ -39,6 +39,8 @@ pub mod pipeline;
 pub mod request;
 pub mod stages;
 pub mod tap;
+#[cfg(test)]
+mod testrng;
 pub mod timer;
 pub mod uring;
 

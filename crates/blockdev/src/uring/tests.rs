@@ -5,6 +5,7 @@
 use super::*;
 use crate::pipeline::{IoResult, Pipeline};
 use crate::request::{Request, SectorRange, Segment, SECTOR_SIZE};
+use crate::testrng::Rng;
 use std::io::Write;
 use std::sync::mpsc;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
@@ -27,20 +28,6 @@ fn pipeline(path: &std::path::Path, direct: bool, reaping: Reaping) -> (Pipeline
     let file = RawFile::open(path, false, direct).expect("open");
     let (stage, events) = UringStage::new(file, reaping).expect("io_uring");
     (Pipeline::with_terminal(Box::new(stage)), events)
-}
-
-/// A deterministic xorshift, so a failure names its seed.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
 }
 
 /// A request over `sectors` sectors at `sector`, its buffer split into segments of random
@@ -334,7 +321,7 @@ fn gen_op() -> impl proptest::strategy::Strategy<Value = GenOp> {
 
 /// Runs `op` on `p` with buffers at `addr`; returns the bytes a read produced.
 fn apply(p: &Pipeline, m: &GuestMemoryMmap, op: &GenOp, seed: u64) -> Option<Vec<u8>> {
-    let mut rng = Rng(seed | 1);
+    let mut rng = Rng(seed);
     let at = |misalign: bool| 0x1_0000 + if misalign { 48 } else { 0 };
     match *op {
         GenOp::Read {
