@@ -363,12 +363,14 @@ pub const MAX_IO_THREADS: usize = 64;
 /// guest memory, so the requests of a queue are served concurrently and complete out of
 /// order.
 ///
-/// Why threads and not io_uring: every guest request becomes one or two system calls on
-/// memory QEMU shares with us, exactly what a thread pool does well (QEMU's own `aio=threads`
-/// is the same design and is the peer we measure against); io_uring would save the thread
-/// hand-off but needs registered buffers or fixed files to pay off and is not available in
-/// every container's seccomp profile. bench/foundation.py measures this stage against QEMU's
-/// virtio-blk and qemu-storage-daemon (docs/benchmarks.md).
+/// The default engine ([`crate::IoEngine::Threads`]); [`crate::uring::UringStage`] is the
+/// other. Measured against each other (docs/benchmarks.md, "The io_uring engine"; 2026-11-28,
+/// bench/blk_profile.py 3 reps and bench/foundation.py 5 reps): the ring saves the hand-off to
+/// an I/O thread (2.0 against 3.1 context switches and 64-76 against 93-95 us of backend CPU
+/// per 4 KiB qd1 request) and gives 1.14x on 4 KiB random writes at queue depth 32, but the
+/// guest's IOPS at queue depth 1 and the other fio rows are the same within the spread between
+/// repetitions (randread qd32 0.96x, write 1 MiB qd4 0.93x), and io_uring is refused by some
+/// kernels and container seccomp profiles. So the pool stays the default.
 pub struct FileStage {
     tx: Option<crossbeam_channel::Sender<Io>>,
     threads: Vec<std::thread::JoinHandle<()>>,

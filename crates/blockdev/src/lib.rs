@@ -99,7 +99,8 @@ pub struct DiskConfig {
     pub io_engine: IoEngine,
 }
 
-/// How a disk's image is served ([`DiskConfig::io_engine`]).
+/// How a disk's image is served ([`DiskConfig::io_engine`]). Why the pool is the default, with
+/// the numbers: [`FileStage`]'s documentation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum IoEngine {
