@@ -4,15 +4,25 @@
 //! the request to this stage (normally the virtqueue's worker thread): no user-space hand-off
 //! between the guest's kick and the system call. A completion that is ready when the
 //! submission returns (a read from the host's page cache, a write the page cache absorbs) is
-//! completed right there, on the same thread, before the worker goes back to its queue; every
-//! other completion wakes one reaper thread through an eventfd registered with
-//! `IORING_REGISTER_EVENTFD_ASYNC` (it is signalled only for completions that happen later, so
-//! inline ones cost no wake-up).
+//! completed right there, on the same thread, before the worker goes back to its queue. Every
+//! completion also signals an eventfd registered with the ring (for an inline one, the next wait
+//! returns at once and finds nothing). `IORING_REGISTER_EVENTFD_ASYNC` would spare that, but it
+//! signals only completions posted by io-wq workers, never the task work that completes an
+//! O_DIRECT request, so requests waited forever with it. Who waits on the eventfd is the
+//! owner's choice ([`Reaping`]):
+//!
+//! * [`Reaping::External`]: the disk's virtqueue worker adds it to its own epoll set and calls
+//!   [`UringEvents::handle`] when it is readable, as qemu-storage-daemon's event loop does. The
+//!   kernel posts an O_DIRECT request's completion as task work of the thread that submitted it,
+//!   which interrupts that thread's `epoll_wait`; with the eventfd in the same epoll set the one
+//!   wake-up both posts and handles the completion (a separate reaper thread would be a second
+//!   wake-up).
+//! * [`Reaping::Thread`]: a thread of the stage's own waits on it (a stage used without a
+//!   device, the tests).
 //!
 //! ```text
-//! worker thread: submit(io) -> lock ring, push SQE, io_uring_enter, take ready CQEs -> unlock
-//!                                                                   -> complete them here
-//! reaper thread: eventfd readable -> lock ring, take CQEs -> unlock -> complete / resubmit
+//! submit(io):       lock ring, push SQE, io_uring_enter, take ready CQEs, unlock -> complete them
+//! eventfd readable: lock ring, take CQEs, unlock -> complete / resubmit the rest
 //! ```
 //!
 //! Discards, write-zeroes and requests with more than `IOV_MAX` buffers are rare and go to a
@@ -109,7 +119,7 @@ struct Ring {
     waiting: VecDeque<Op>,
 }
 
-/// State shared by the submitting threads and the reaper.
+/// State shared by the submitting threads and whoever reaps (the queue worker or a reaper thread).
 struct Shared {
     file: Arc<RawFile>,
     ring: Mutex<Ring>,
