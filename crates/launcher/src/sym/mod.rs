@@ -170,8 +170,16 @@ impl Counters {
 #[derive(Default)]
 struct Slot {
     next_seq: u64,
-    /// A call that timed out and the guest has not answered yet.
-    unanswered: Option<(u64, Instant)>,
+    /// A call that timed out and the guest has not answered yet: its id, when it timed out,
+    /// and the module generation it was posted to.
+    unanswered: Option<Unanswered>,
+}
+
+#[derive(Clone, Copy)]
+struct Unanswered {
+    seq: u64,
+    since: Instant,
+    generation: u64,
 }
 
 /// A VM's symbiotic interface.
@@ -186,6 +194,9 @@ pub struct Symbiotic {
     in_flight: AtomicU64,
     /// The `done_seq` the last call doorbell found (spurious-doorbell accounting).
     last_answer: AtomicU64,
+    /// Bumped whenever the guest module says hello or goes away: a call left unanswered by
+    /// an earlier module can never be answered (the module that owed it is gone).
+    generation: AtomicU64,
     /// Signalled by the serving thread when the guest rings the call vector.
     answered: (Mutex<u64>, Condvar),
     sync: OnceLock<Box<dyn SyncTransport>>,
@@ -224,6 +235,7 @@ impl Symbiotic {
             }),
             in_flight: AtomicU64::new(0),
             last_answer: AtomicU64::new(0),
+            generation: AtomicU64::new(0),
             answered: (Mutex::new(0), Condvar::new()),
             sync: OnceLock::new(),
             sync_missing: Mutex::new("the VM has no TCG plugin speaking API v7 (QEMU 11)".into()),
@@ -289,6 +301,10 @@ impl Symbiotic {
         bump(&self.counters.doorbells_state);
         let r = &self.region;
         let state = r.load32(GUEST.at("state"));
+        if matches!(state, guest_state::HELLO | guest_state::GONE) {
+            // A new module instance, or none: an unanswered call of the old one is abandoned.
+            self.generation.fetch_add(1, Ordering::AcqRel);
+        }
         let (answer, reason) = match state {
             guest_state::HELLO => {
                 bump(&self.counters.hellos);
@@ -480,6 +496,7 @@ impl Symbiotic {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         self.check_unanswered(&mut slot)?;
+        let generation = self.generation.load(Ordering::Acquire);
         let seq = slot.next_seq;
         slot.next_seq += 1;
         let t0 = Instant::now();
@@ -504,8 +521,13 @@ impl Symbiotic {
             return Ok(self.reply(seq, req.nr, false, t0.elapsed()));
         }
         bump(&self.counters.timeouts);
-        // The module's thread may still answer it: later calls wait for that (busy).
-        slot.unanswered = Some((seq, Instant::now()));
+        // The module's thread may still answer it: later calls wait for that (busy), unless
+        // the module is reloaded first.
+        slot.unanswered = Some(Unanswered {
+            seq,
+            since: Instant::now(),
+            generation,
+        });
         Err(SymError::Timeout {
             vm: self.vm.clone(),
             seq,
@@ -580,13 +602,20 @@ impl Symbiotic {
         }
     }
 
-    /// Fails with `Busy` while an earlier call that timed out is still unanswered.
+    /// Fails with `Busy` while an earlier call that timed out is still unanswered by the
+    /// module it was posted to (a reloaded module never answers its predecessor's call).
     fn check_unanswered(&self, slot: &mut Slot) -> Result<(), SymError> {
-        let Some((seq, since)) = slot.unanswered else {
+        let Some(Unanswered {
+            seq,
+            since,
+            generation,
+        }) = slot.unanswered
+        else {
             return Ok(());
         };
         let state = self.region.load32(CALL.at("state"));
-        let finished = self.answer_of(seq) || state == call_state::IDLE;
+        let reloaded = generation != self.generation.load(Ordering::Acquire);
+        let finished = reloaded || self.answer_of(seq) || state == call_state::IDLE;
         if finished {
             slot.unanswered = None;
             return Ok(());
@@ -839,6 +868,36 @@ mod tests {
         s.on_call_doorbell(1);
         assert_eq!(s.counters().doorbells_spurious, 5);
         assert_eq!(s.counters().doorbells_call, 6);
+    }
+
+    #[test]
+    fn a_call_left_unanswered_by_an_unloaded_module_does_not_make_its_successor_busy() {
+        let s = Symbiotic::new("t", &[], false).unwrap();
+        let active = |s: &Symbiotic| {
+            hello(s, ABI_VERSION, guest_state::HELLO);
+            s.region.store32(GUEST.at("state"), guest_state::ACTIVE);
+            s.region.store64(GUEST.at("symcalls"), 1 << nr::ECHO);
+        };
+        let echo = |s: &Symbiotic| {
+            s.call(&CallRequest {
+                nr: nr::ECHO,
+                args: vec![1],
+                transport: Transport::Doorbell,
+                timeout_ms: 10,
+            })
+        };
+        active(&s);
+        assert!(matches!(echo(&s), Err(SymError::Timeout { seq: 1, .. })));
+        assert!(matches!(echo(&s), Err(SymError::Busy { seq: 1, .. })));
+        // `rmmod; modprobe`: the call page still says "posted" (nobody took the call), but
+        // the module that owed the answer is gone: the next call is posted, not refused.
+        hello(&s, ABI_VERSION, guest_state::GONE);
+        active(&s);
+        assert_eq!(s.region.load32(CALL.at("state")), call_state::POSTED);
+        assert!(matches!(echo(&s), Err(SymError::Timeout { seq: 2, .. })));
+        assert_eq!(s.counters().busy, 1);
+        // Without a reload the busy state holds, as before.
+        assert!(matches!(echo(&s), Err(SymError::Busy { seq: 2, .. })));
     }
 
     #[test]
