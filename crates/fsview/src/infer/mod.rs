@@ -577,6 +577,14 @@ impl Engine {
     }
 
     /// The stored inode (overlay, else the index) in overlay form.
+    /// Whether inode `ino` is in use as far as the engine knows (without building it).
+    fn has_inode(&self, ino: u32) -> bool {
+        match self.inodes.get(&ino) {
+            Some(i) => i.is_some(),
+            None => self.index.inode(ino).is_some(),
+        }
+    }
+
     fn stored_inode(&self, ino: u32) -> Option<Inode> {
         if let Some(i) = self.inodes.get(&ino) {
             return i.clone();
@@ -726,6 +734,17 @@ impl Engine {
             let Some(raw) = content.get(k * self.isz..(k + 1) * self.isz) else {
                 break;
             };
+            if raw.iter().all(|&x| x == 0) {
+                // A never-used inode: mke2fs and the kernel's lazy inode-table initialisation
+                // (ext4lazyinit, at the first mount of an image made without it) write whole
+                // tables of them. Remembering their fingerprints would cost 16 bytes for every
+                // inode of the file system, so absence stands for "zero or unknown": only an
+                // inode that had content (a fingerprint or a known file) can change.
+                if self.fps.remove(&ino).is_some() || self.has_inode(ino) {
+                    self.update_inode(ino, raw);
+                }
+                continue;
+            }
             let fp = fnv(raw);
             if self.fps.get(&ino) == Some(&fp) {
                 continue;
