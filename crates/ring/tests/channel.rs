@@ -304,3 +304,57 @@ fn producer_free_space_supports_all_or_nothing_batches() {
     assert_eq!(p.free(1), 1); // cached tail suffices
     assert_eq!(p.free(4), 4); // refreshes the consumer's tail
 }
+
+/// How many of the file's pages are in the page cache (mincore over a fresh mapping).
+fn resident_pages(path: &std::path::Path) -> usize {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path).unwrap();
+    let len = f.metadata().unwrap().len() as usize;
+    // SAFETY: a fresh read-only shared mapping of a file we hold open; checked for failure
+    // below and unmapped before returning.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED);
+    let mut v = vec![0u8; len.div_ceil(4096)];
+    // SAFETY: `p` maps `len` bytes; `v` has one byte per page of them.
+    let rc = unsafe { libc::mincore(p, len, v.as_mut_ptr()) };
+    // SAFETY: `p` and `len` are the mapping made above, not used after this.
+    unsafe { libc::munmap(p, len) };
+    assert_eq!(rc, 0);
+    v.iter().filter(|&&b| b & 1 != 0).count()
+}
+
+#[test]
+fn rings_nobody_writes_to_stay_unallocated() {
+    // On tmpfs, as /run normally is: a disk file system's read-ahead would fill the page
+    // cache with the file's holes whatever the mappings do.
+    let d = tempfile::tempdir_in("/dev/shm").expect("a tempdir on /dev/shm (tmpfs)");
+    let path = d.path().join("plugin.shm");
+    let mut host = Channel::create(&path, 2, 65536).expect("create");
+    let plugin = Channel::attach(&path).expect("attach");
+    let mut p0 = plugin.producer(0).expect("producer 0");
+    let _p1 = plugin.producer(1).expect("producer 1");
+    // 16 MiB of rings, 4096 pages: only the header, counters and ring controls are touched.
+    let idle = resident_pages(&path);
+    assert!(idle <= 8, "{idle} pages resident with no record written");
+    // 320 records of 128 bytes fill the first 10 pages of ring 0.
+    for i in 0..320 {
+        assert!(p0.push(&rec(0, i)));
+    }
+    let mut n = 0;
+    host.drain(|_| n += 1);
+    assert_eq!(n, 320);
+    let busy = resident_pages(&path);
+    assert!(
+        (idle + 10..=idle + 12).contains(&busy),
+        "{busy} pages resident after 10 pages of records ({idle} before)"
+    );
+}
