@@ -156,10 +156,12 @@ def main():
     # The tables' metrics (each fio job in the unit the table shows; the reps hold both).
     metrics = (["boot_ready_s", "boot_wall_s", "boot_host_cpu_s", "getppid_ns", "getppid_host_cpu_s"]
                + [f"fio_{rw}-{bs}-qd{qd}_{'mib_s' if bs == '1M' else 'iops'}" for rw, bs, qd in FIO_JOBS]
-               + ["fio_host_cpu_s", "helper_anon_kib", "helper_rss_kib", "qemu_rss_kib"])
+               + ["fio_host_cpu_s", "helper_anon_kib", "helper_own_kib", "helper_rss_kib", "qemu_rss_kib",
+                  "fio_helper_anon_kib", "fio_helper_own_kib"])
     rec = bench_results.Recorder("foundation", a, out=a.out, metrics=metrics,
                                  baseline="qemu-virtio" if "qemu-virtio" in CONFIGS else None)
-    results = {c: {"t_ready": [], "t_exit": [], "rss": [], "anon": [], "qemu_rss": [], "getppid_ns": [], "getppid_cpu": [], "fio": [],
+    results = {c: {"t_ready": [], "t_exit": [], "rss": [], "anon": [], "own": [], "fio_anon": [], "fio_own": [],
+                   "qemu_rss": [], "getppid_ns": [], "getppid_cpu": [], "fio": [],
                    "boot_cpu": [], "fio_cpu": []} for c in CONFIGS}
     with tempfile.TemporaryDirectory(prefix="bench-foundation-") as tmp:
         disk = os.path.join(tmp, "fio.img")
@@ -172,11 +174,12 @@ def main():
                     assert r["status"] == 0, (c, r)
                     one.update(boot_ready_s=r["t_ready"], boot_wall_s=r["t_exit"], boot_host_cpu_s=r["cpu_s"],
                                helper_rss_kib=r["helper_rss_kib"], helper_anon_kib=r.get("helper_anon_kib"),
-                               qemu_rss_kib=r["qemu_rss_kib"])
+                               helper_own_kib=r.get("helper_own_kib"), qemu_rss_kib=r["qemu_rss_kib"])
                     results[c]["t_ready"].append(r["t_ready"])
                     results[c]["t_exit"].append(r["t_exit"])
                     results[c]["rss"].append(r["helper_rss_kib"])
                     results[c]["anon"].append(r.get("helper_anon_kib"))
+                    results[c]["own"].append(r.get("helper_own_kib"))
                     results[c]["boot_cpu"].append(r["cpu_s"])
                     results[c]["qemu_rss"].append(r["qemu_rss_kib"])
                     print(f"[rep {rep}] {c}: boot to init {r['t_ready']:.2f}s, exit {r['t_exit']:.2f}s", file=sys.stderr)
@@ -194,8 +197,11 @@ def main():
                     for job, v in f.items():
                         one[f"fio_{job}_iops"] = v["iops"]
                         one[f"fio_{job}_mib_s"] = v["mib_s"]
-                    one.update(fio_wall_s=r["t_exit"], fio_host_cpu_s=r["cpu_s"])
+                    one.update(fio_wall_s=r["t_exit"], fio_host_cpu_s=r["cpu_s"],
+                               fio_helper_anon_kib=r.get("helper_anon_kib"), fio_helper_own_kib=r.get("helper_own_kib"))
                     results[c]["fio"].append(f)
+                    results[c]["fio_anon"].append(r.get("helper_anon_kib"))
+                    results[c]["fio_own"].append(r.get("helper_own_kib"))
                     results[c]["fio_cpu"].append(r["cpu_s"])
                     print(f"[rep {rep}] {c}: " + ", ".join(f"{k} {v['iops']:.0f}" for k, v in f.items()), file=sys.stderr)
     rows = report(results, a)
@@ -232,6 +238,13 @@ def report(results, a):
         vals = [med([f[name][key] for f in results[c]["fio"] if name in f]) for c in CONFIGS]
         row(f"fio {name} ({'MiB/s' if key == 'mib_s' else 'IOPS'})", vals, lambda v: f"{v:.0f}", True)
     row("fio run (all jobs), host CPU (s)", [med(results[c]["fio_cpu"]) for c in CONFIGS], lambda v: f"{v:.1f}", False)
+    def mib(key):
+        return [med(results[c][key]) and med(results[c][key]) / 1024 for c in CONFIGS]
+
+    # "Own" memory: RssAnon + RssFile, i.e. without the guest RAM the backend maps (RssShmem).
+    row("boot: peak own memory (anon + file) of vmsight / qsd (MiB)", mib("own"), lambda v: f"{v:.1f}", False)
+    row("fio: peak own memory (anon + file) of vmsight / qsd (MiB)", mib("fio_own"), lambda v: f"{v:.1f}", False)
+    row("fio: peak private (anon) memory of vmsight / qsd (MiB)", mib("fio_anon"), lambda v: f"{v:.1f}", False)
     row("peak private (anon) memory of vmsight / qsd (MiB)",
         [med(results[c]["anon"]) and med(results[c]["anon"]) / 1024 for c in CONFIGS], lambda v: f"{v:.1f}", False)
     row("peak RSS of vmsight / qsd process (MiB)", [med(results[c]["rss"]) and med(results[c]["rss"]) / 1024 for c in CONFIGS],

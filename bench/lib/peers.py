@@ -66,7 +66,9 @@ def run_peer(kind, argv, vcpus=2, mem_mib=1024, extra_disks=(), timeout=1800):
     """Boots the default guest on a peer config (`qemu-virtio` or `qsd`, both with aio=threads;
     `qemu-virtio-uring` and `qsd-uring` with aio=io_uring) and runs argv.
 
-    Returns dict(stdout, stderr, status, t_ready, t_exit, qemu_rss_kib, helper_rss_kib).
+    Returns dict(stdout, stderr, status, t_ready, t_exit, qemu_rss_kib, helper_rss_kib,
+    helper_anon_kib, helper_own_kib): peaks sampled every 0.2 s; `own` is RssAnon + RssFile
+    (the process's private memory and its mapped code and files, not the guest RAM it maps).
     """
     info = image_info()
     aio = "io_uring" if kind.endswith("-uring") else "threads"
@@ -119,15 +121,14 @@ def run_peer(kind, argv, vcpus=2, mem_mib=1024, extra_disks=(), timeout=1800):
             raise ValueError(kind)
         q = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         procs.append(q)
-        rss = {"qemu": 0, "helper": 0, "anon": 0}
+        rss = {"qemu": 0, "helper": 0, "anon": 0, "own": 0}
 
         def sample():
             while q.poll() is None:
                 rss["qemu"] = max(rss["qemu"], rss_kib(q.pid))
                 if kind == "qsd":
-                    rss["helper"] = max(rss["helper"], rss_kib(procs[0].pid))
-                    rss["anon"] = max(rss["anon"], rss_kib(procs[0].pid, "RssAnon:"))
-                time.sleep(0.5)
+                    sample_helper(rss, procs[0].pid)
+                time.sleep(0.2)
         threading.Thread(target=sample, daemon=True).start()
         try:
             q.wait(timeout=timeout)
@@ -146,6 +147,7 @@ def run_peer(kind, argv, vcpus=2, mem_mib=1024, extra_disks=(), timeout=1800):
         return {"stdout": socks["out"].data.decode(errors="replace"), "stderr": socks["err"].data.decode(errors="replace"),
                 "status": status, "t_ready": t_ready, "t_exit": t_exit,
                 "qemu_rss_kib": rss["qemu"], "helper_rss_kib": rss["helper"], "helper_anon_kib": rss["anon"],
+                "helper_own_kib": rss["own"],
                 "qemu_stderr": q.stderr.read().decode(errors="replace") if q.stderr else ""}
     finally:
         for p in procs:
@@ -156,6 +158,29 @@ def run_peer(kind, argv, vcpus=2, mem_mib=1024, extra_disks=(), timeout=1800):
                 except subprocess.TimeoutExpired:
                     p.kill()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def memory_kib(pid):
+    """VmRSS, RssAnon and RssFile of pid (KiB) from one read of /proc/PID/status; {} if gone."""
+    out = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                key = line.split(":", 1)[0]
+                if key in ("VmRSS", "RssAnon", "RssFile"):
+                    out[key] = int(line.split()[1])
+    except OSError:
+        pass
+    return out
+
+
+def sample_helper(peaks, pid):
+    """Raises peaks["helper"], ["anon"] and ["own"] (RssAnon + RssFile) to pid's current values."""
+    m = memory_kib(pid)
+    if m:
+        peaks["helper"] = max(peaks["helper"], m.get("VmRSS", 0))
+        peaks["anon"] = max(peaks["anon"], m.get("RssAnon", 0))
+        peaks["own"] = max(peaks["own"], m.get("RssAnon", 0) + m.get("RssFile", 0))
 
 
 def rss_kib(pid, field="VmRSS:"):
@@ -186,25 +211,25 @@ def run_vmsight(argv, extra=(), vcpus=2, mem_mib=1024, disks=(), timeout=1800, d
         args += ["--", *argv]
         t0 = time.monotonic()
         p = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        rss = {"vmsight": 0, "qemu": 0, "anon": 0}
+        rss = {"helper": 0, "qemu": 0, "anon": 0, "own": 0}
 
         def sample():
             while p.poll() is None:
-                rss["vmsight"] = max(rss["vmsight"], rss_kib(p.pid))
-                rss["anon"] = max(rss["anon"], rss_kib(p.pid, "RssAnon:"))
+                sample_helper(rss, p.pid)
                 try:
                     kids = open(f"/proc/{p.pid}/task/{p.pid}/children").read().split()
                 except OSError:
                     kids = []
                 for k in kids:
                     rss["qemu"] = max(rss["qemu"], rss_kib(int(k)))
-                time.sleep(0.5)
+                time.sleep(0.2)
         threading.Thread(target=sample, daemon=True).start()
         out, err = p.communicate(timeout=timeout)
         t_exit = time.monotonic() - t0
         st = json.load(open(stats)) if os.path.exists(stats) else {}
         return {"stdout": out.decode(errors="replace"), "stderr": err.decode(errors="replace"), "status": p.returncode,
                 "t_ready": st.get("boot_seconds"), "t_exit": t_exit, "qemu_rss_kib": rss["qemu"],
-                "helper_rss_kib": rss["vmsight"], "helper_anon_kib": rss["anon"], "stats": st}
+                "helper_rss_kib": rss["helper"], "helper_anon_kib": rss["anon"], "helper_own_kib": rss["own"],
+                "stats": st}
     finally:
         shutil.rmtree(work, ignore_errors=True)
