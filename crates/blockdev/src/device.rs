@@ -165,10 +165,15 @@ impl Reply {
             data_len,
         );
         self.metrics.in_flight.fetch_sub(1, Ordering::Relaxed);
+        let now = Instant::now();
         add(
             &self.metrics.latency_ns_total,
-            u64::try_from(self.started.elapsed().as_nanos()).unwrap_or(u64::MAX),
+            u64::try_from(now.saturating_duration_since(self.started).as_nanos())
+                .unwrap_or(u64::MAX),
         );
+        self.metrics
+            .hand_offs
+            .record(self.started, &req.timeline, now);
         self.inflight.leave();
         used
     }
@@ -663,6 +668,26 @@ mod tests {
             (s.reads, s.bytes_read, s.completed_ok, s.in_flight),
             (1, 1024, 1, 0)
         );
+    }
+
+    #[test]
+    fn the_service_time_of_a_request_that_reached_the_image_is_split_into_its_hand_offs() {
+        let img = image();
+        let dev = device(img.path(), false);
+        let m = mem();
+        header(&m, VIRTIO_BLK_T_IN, 3);
+        assert_eq!(
+            run(&dev, &m, &[r(HDR, 16), w(DATA, 1024), w(STATUS, 1)]),
+            (1025, 0)
+        );
+        // GET_ID never reaches the image: it is served without a timeline and not counted.
+        header(&m, VIRTIO_BLK_T_GET_ID, 0);
+        assert_eq!(run(&dev, &m, &[r(HDR, 16), w(DATA, 20), w(STATUS, 1)]).1, 0);
+        let s = dev.metrics.snapshot();
+        let h = s.hand_offs;
+        assert_eq!((s.completed_ok, h.requests), (2, 1), "{h:?}");
+        let parts = h.stages_ns + h.queued_ns + h.io_ns + h.completion_ns;
+        assert!(h.io_ns > 0 && parts <= s.latency_ns_total, "{h:?} {s:?}");
     }
 
     #[test]

@@ -9,6 +9,7 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use tracing::{debug, warn};
 use vm_memory::GuestMemoryBackend;
@@ -404,7 +405,10 @@ impl FileStage {
                 .stack_size(256 << 10)
                 .spawn(move || {
                     for mut io in rx {
-                        let result = worker_file.execute(io.request_mut());
+                        let req = io.request_mut();
+                        req.timeline.io_start = Some(Instant::now());
+                        let result = worker_file.execute(req);
+                        req.timeline.io_end = Some(Instant::now());
                         io.complete(result);
                     }
                 })
@@ -426,7 +430,8 @@ impl Stage for FileStage {
         FILE_STAGE
     }
 
-    fn submit(&self, io: Io) {
+    fn submit(&self, mut io: Io) {
+        io.request_mut().timeline.terminal = Some(Instant::now());
         let Some(tx) = &self.tx else {
             io.complete(Ok(Status::IoErr));
             return;

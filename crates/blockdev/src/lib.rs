@@ -54,12 +54,13 @@ use vmm_sys_util::epoll::EventSet;
 pub use device::CONFIG_SPACE_LEN;
 pub use error::BlockError;
 pub use file::{FileStage, RawFile};
-pub use metrics::{BlockMetrics, ErrorCounts, MetricsSnapshot};
+pub use metrics::{BlockMetrics, ErrorCounts, HandOffTimes, MetricsSnapshot};
 pub use pipeline::{
     Io, IoResult, Lower, Next, Pipeline, Serialized, Stage, StageError, Status, SyncStage, Terminal,
 };
 pub use request::{
-    Insights, Limits, Request, RequestError, RequestKind, SectorRange, Segment, SECTOR_SIZE,
+    Insights, Limits, Request, RequestError, RequestKind, SectorRange, Segment, Timeline,
+    SECTOR_SIZE,
 };
 pub use uring::{Reaping, UringEvents, UringStage};
 

@@ -5,10 +5,11 @@
 //! [`MetricsSnapshot`] (e.g. to JSON) for the CLI and the benchmarks.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use crate::request::RequestKind;
+use crate::request::{RequestKind, Timeline};
 
 /// Live counters of one backend (one disk). All fields are monotonically increasing except
 /// `in_flight`, which is a gauge.
@@ -42,6 +43,8 @@ pub struct BlockMetrics {
     pub latency_ns_total: AtomicU64,
     /// Used-ring interrupts (call eventfd writes) sent to the guest.
     pub notifications: AtomicU64,
+    /// Where the service time of the requests that reached the image went.
+    pub hand_offs: HandOffCounters,
     /// Malformed chains that could not even carry a status byte; returned with used length 0.
     pub err_unusable_chain: AtomicU64,
     /// Malformed requests answered with `VIRTIO_BLK_S_IOERR` by validation.
@@ -95,6 +98,13 @@ impl BlockMetrics {
             completed_ok: g(&self.completed_ok),
             latency_ns_total: g(&self.latency_ns_total),
             notifications: g(&self.notifications),
+            hand_offs: HandOffTimes {
+                requests: g(&self.hand_offs.requests),
+                stages_ns: g(&self.hand_offs.stages_ns),
+                queued_ns: g(&self.hand_offs.queued_ns),
+                io_ns: g(&self.hand_offs.io_ns),
+                completion_ns: g(&self.hand_offs.completion_ns),
+            },
             errors: ErrorCounts {
                 unusable_chain: g(&self.err_unusable_chain),
                 invalid_request: g(&self.err_invalid_request),
@@ -106,6 +116,51 @@ impl BlockMetrics {
             },
         }
     }
+}
+
+/// The split of the service time (available ring to used ring) of the requests that reached
+/// the image, summed over them: each request's four parts add up to its service time.
+#[derive(Debug, Default)]
+pub struct HandOffCounters {
+    requests: AtomicU64,
+    stages_ns: AtomicU64,
+    queued_ns: AtomicU64,
+    io_ns: AtomicU64,
+    completion_ns: AtomicU64,
+}
+
+impl HandOffCounters {
+    /// Adds one request that left the available ring at `popped` and is answered at `now`;
+    /// ignored unless the terminal stage filled its timeline.
+    pub(crate) fn record(&self, popped: Instant, t: &Timeline, now: Instant) {
+        let (Some(terminal), Some(start), Some(end)) = (t.terminal, t.io_start, t.io_end) else {
+            return;
+        };
+        let ns = |a: Instant, b: Instant| {
+            u64::try_from(b.saturating_duration_since(a).as_nanos()).unwrap_or(u64::MAX)
+        };
+        inc(&self.requests);
+        add(&self.stages_ns, ns(popped, terminal));
+        add(&self.queued_ns, ns(terminal, start));
+        add(&self.io_ns, ns(start, end));
+        add(&self.completion_ns, ns(end, now));
+    }
+}
+
+/// Snapshot of [`HandOffCounters`]: totals in ns over `requests` requests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HandOffTimes {
+    /// Requests counted (those that reached the image through the terminal stage).
+    pub requests: u64,
+    /// Available ring to the terminal stage: parsing and the stages above the image.
+    pub stages_ns: u64,
+    /// Terminal stage to the transfer's start: waiting for an I/O thread (the pool), or
+    /// nothing (io_uring submits at once).
+    pub queued_ns: u64,
+    /// The transfer: the system call, or submission to reaped completion.
+    pub io_ns: u64,
+    /// End of the transfer to the used ring: completion hooks, the hop back, the status byte.
+    pub completion_ns: u64,
 }
 
 /// Adds one to a counter.
@@ -135,6 +190,9 @@ pub struct MetricsSnapshot {
     pub completed_ok: u64,
     pub latency_ns_total: u64,
     pub notifications: u64,
+    /// The split of the service time (absent in snapshots from before it existed).
+    #[serde(default)]
+    pub hand_offs: HandOffTimes,
     pub errors: ErrorCounts,
 }
 

@@ -31,6 +31,7 @@ use std::io;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use tracing::warn;
 
@@ -485,11 +486,15 @@ impl Stage for Inline {
     }
 
     fn submit(&self, mut io: Io) {
+        let req = io.request_mut();
+        let now = Some(Instant::now());
+        (req.timeline.terminal, req.timeline.io_start) = (now, now);
         let result = self
             .terminal
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .execute(io.request_mut());
+            .execute(req);
+        req.timeline.io_end = Some(Instant::now());
         io.complete(result);
     }
 }

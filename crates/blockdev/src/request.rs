@@ -125,7 +125,23 @@ pub struct Request {
     pub insights: Option<Insights>,
     /// When the request was taken off the available ring.
     pub submitted_at: Instant,
+    /// When it passed the hand-offs below the stages (set by the terminal stage).
+    pub timeline: Timeline,
     mem: GuestMemoryMmap,
+}
+
+/// When a request passed each hand-off after it left the available ring, for the per-disk
+/// split of its service time ([`crate::metrics::HandOffTimes`]). The terminal stage sets all
+/// three; a request a stage answered itself (a cache hit) or failed before the image keeps
+/// `None`s.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Timeline {
+    /// The terminal stage took the request.
+    pub terminal: Option<Instant>,
+    /// The transfer began: the system call of an I/O thread, or the ring's submission.
+    pub io_start: Option<Instant>,
+    /// The transfer ended: the call returned, or its (last) completion was reaped.
+    pub io_end: Option<Instant>,
 }
 
 impl std::fmt::Debug for Request {
@@ -259,6 +275,7 @@ impl Request {
             queue: 0,
             insights: None,
             submitted_at: Instant::now(),
+            timeline: Timeline::default(),
             mem: mem.clone(),
         }
     }
@@ -588,6 +605,7 @@ fn validate(
         queue: 0,
         insights: None,
         submitted_at: Instant::now(),
+        timeline: Timeline::default(),
         mem: mem.clone(),
     };
     match kind {

@@ -257,6 +257,9 @@ impl Stage for UringStage {
     }
 
     fn submit(&self, mut io: Io) {
+        let now = Some(Instant::now());
+        let t = &mut io.request_mut().timeline;
+        (t.terminal, t.io_start) = (now, now);
         let req = io.request();
         let kind = match req.kind {
             RequestKind::Read => OpKind::Read,
@@ -478,6 +481,7 @@ impl Shared {
     /// (the rest of a short transfer, a retry, buffered I/O after `O_DIRECT` refused it).
     fn finish(&self, c: Completion) -> Option<Op> {
         let Completion { mut op, result } = c;
+        op.io.request_mut().timeline.io_end = Some(Instant::now());
         if result < 0 {
             let errno = -result;
             if errno == libc::EINVAL && op.direct {

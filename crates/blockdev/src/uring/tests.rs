@@ -421,3 +421,32 @@ proptest::proptest! {
         proptest::prop_assert!(ia == ib, "the images differ after {ops:?}");
     }
 }
+
+/// Both terminals stamp every hand-off of a request that reaches the image, in order.
+#[test]
+fn both_engines_stamp_the_hand_offs_in_order() {
+    let (a, b) = (image(0x11), image(0x11));
+    let m = mem();
+    let (ring, _ev) = pipeline(a.path(), false, Reaping::Thread);
+    let file = RawFile::open(b.path(), false, false).expect("open");
+    let pool = Pipeline::with_terminal(Box::new(FileStage::new(file, 2).expect("pool")));
+    for (name, p) in [("io_uring", &ring), ("pool", &pool)] {
+        for kind in [RequestKind::Read, RequestKind::Write, RequestKind::Flush] {
+            let segs = match kind {
+                RequestKind::Flush => Vec::new(),
+                _ => vec![Segment {
+                    addr: GuestAddress(0x1_0000),
+                    len: 4096,
+                }],
+            };
+            let mut req = Request::new_for_test(&m, kind, 8, segs);
+            let popped = req.submitted_at;
+            assert_eq!(p.run(&mut req).expect("run"), Status::Ok, "{name}");
+            let t = req.timeline;
+            let (Some(a), Some(b), Some(c)) = (t.terminal, t.io_start, t.io_end) else {
+                panic!("{name} {kind:?}: incomplete timeline {t:?}");
+            };
+            assert!(popped <= a && a <= b && b <= c, "{name} {kind:?}: {t:?}");
+        }
+    }
+}

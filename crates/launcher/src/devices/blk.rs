@@ -260,6 +260,29 @@ pub(super) fn block_samples(m: &BlockMetrics, capacity: u64) -> Vec<Sample> {
         "Sum of service times, avail to used.",
         s.latency_ns_total,
     ));
+    let h = &s.hand_offs;
+    v.push(Sample::counter(
+        "block_timed_requests_total",
+        "Requests that reached the image, whose service time is split by part.",
+        h.requests,
+    ));
+    for (part, ns) in [
+        ("stages", h.stages_ns),
+        ("queued", h.queued_ns),
+        ("io", h.io_ns),
+        ("completion", h.completion_ns),
+    ] {
+        v.push(
+            Sample::seconds(
+                "block_service_part_seconds_total",
+                "Service time of the requests that reached the image, by part: stages (avail \
+                 ring to the terminal stage), queued (waiting for an I/O thread), io (the \
+                 transfer), completion (transfer end to used ring).",
+                ns,
+            )
+            .with("part", part),
+        );
+    }
     v.push(Sample::counter(
         "block_notifications_total",
         "Interrupts sent to the guest.",
