@@ -12,7 +12,10 @@ boot and fio's ramp (--settle seconds after launch) the backend process (qemu-st
 vmsight with its threads) is measured for --window seconds from /proc: its CPU time and the
 context switches of all its threads, divided by the requests fio completed in that time (fio's
 IOPS times the window). With --perf, `perf record -g` samples the backend over the same window
-and the top symbols are printed. QEMU is the same (the system QEMU) for both.
+and the top symbols are printed. QEMU is the same (the system QEMU) for both. For vmsight, the
+fio disk's own timestamps split each request's service time (available ring to used ring) at
+its hand-offs: stages (to the terminal stage), queued (waiting for an I/O thread), io (the
+transfer), completion (back to the used ring); averaged over the whole run's requests.
 
 Results (every repetition) go to bench/results/blk-profile.json (--out).
 """
@@ -113,9 +116,26 @@ def one_run(config, job, a, disk, work):
            "backend_cpu_us_per_req": sample["cpu_s"] * 1e6 / reqs,
            "ctx_per_req": (sample["ctx_vol"] + sample["ctx_invol"]) / reqs,
            "host_cpu_s": r["cpu_s"]}
+    res.update(hand_offs(r))
     if a.perf and os.path.exists(perf_file):
         res["top_symbols"] = top_symbols(perf_file)
     return res
+
+
+HAND_OFFS = ("stages", "queued", "io", "completion")
+
+
+def hand_offs(r):
+    """Mean microseconds per request in each part of the fio disk's service time (vmsight only)."""
+    disks = (r.get("stats") or {}).get("disks") or []
+    m = disks[1].get("metrics", {}) if len(disks) > 1 else {}
+    h = m.get("hand_offs") or {}
+    n = h.get("requests", 0)
+    if not n:
+        return {}
+    out = {f"{p}_us": h[f"{p}_ns"] / n / 1e3 for p in HAND_OFFS}
+    out["service_us"] = m["latency_ns_total"] / max(m["completed_ok"], 1) / 1e3
+    return out
 
 
 def main():
@@ -161,6 +181,13 @@ def main():
         print(f"| {job} | {config} | {med(r['iops'] for r in rs):.0f} | {med(r['backend_cpu_us_per_req'] for r in rs):.1f} | "
               f"{med(r['ctx_per_req'] for r in rs):.2f} | {med(r['threads'] for r in rs):.0f} | "
               f"{med(r['host_cpu_s'] for r in rs):.1f} |")
+    split = [(k, rs) for k, rs in res.items() if "io_us" in rs[0]]
+    if split:
+        print("\n| job (4 KiB, qd1) | config | service us per request | stages | queued | io | completion |")
+        print("|---|---|---|---|---|---|---|")
+        for (config, job), rs in split:
+            print(f"| {job} | {config} | {med(r['service_us'] for r in rs):.1f} | "
+                  + " | ".join(f"{med(r[p + '_us'] for r in rs):.1f}" for p in HAND_OFFS) + " |")
     rec.write()
 
 
