@@ -158,7 +158,7 @@ impl WorkingCopy {
         if let Some(parent) = to.parent() {
             fs::create_dir_all(parent).map_err(err)?;
         }
-        sparse_copy(from, to).map_err(err)?;
+        sparse_copy(from, to, Durability::Scratch).map_err(err)?;
         Ok(WorkingCopy {
             path: to.to_path_buf(),
             keep: false,
@@ -186,9 +186,21 @@ impl Drop for WorkingCopy {
     }
 }
 
+/// Whether a copy must be on the disk before it is used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// A scratch copy, deleted at the end of the run (a VM's working copy, a replay's image):
+    /// the page cache serves it, and a crash loses nothing worth keeping. Not syncing it saves
+    /// the start-up the write-back of the whole copy (about 230 ms for the default root disk's
+    /// 500 MiB of data, measured with strace: the single largest item of `prepare`).
+    Scratch,
+    /// A copy that outlives the run (a persistent root disk): synced before it is used.
+    Durable,
+}
+
 /// Reflink if possible, else copy only the data extents (SEEK_DATA/SEEK_HOLE), so a 4 GiB image
 /// with 700 MiB of data costs 700 MiB of I/O or nothing at all.
-pub fn sparse_copy(from: &Path, to: &Path) -> io::Result<()> {
+pub fn sparse_copy(from: &Path, to: &Path, durability: Durability) -> io::Result<()> {
     let src = fs::File::open(from)?;
     let len = src.metadata()?.len();
     let dst = fs::OpenOptions::new()
@@ -258,7 +270,9 @@ pub fn sparse_copy(from: &Path, to: &Path) -> io::Result<()> {
         }
         off = hole;
     }
-    dst.sync_all()?;
+    if durability == Durability::Durable {
+        dst.sync_all()?;
+    }
     Ok(())
 }
 
@@ -323,7 +337,7 @@ mod tests {
         f.write_all(b"tail data").unwrap();
         drop(f);
         let b = d.path().join("b.img");
-        sparse_copy(&a, &b).unwrap();
+        sparse_copy(&a, &b, Durability::Durable).unwrap();
         assert_eq!(fs::read(&a).unwrap(), fs::read(&b).unwrap());
         use std::os::unix::fs::MetadataExt;
         let blocks = fs::metadata(&b).unwrap().blocks();
@@ -350,7 +364,7 @@ mod tests {
         drop(f);
         let d = tempfile::tempdir().unwrap();
         let b = d.path().join("b.img");
-        sparse_copy(&a, &b).unwrap();
+        sparse_copy(&a, &b, Durability::Durable).unwrap();
         assert_eq!(fs::read(&a).unwrap(), fs::read(&b).unwrap());
     }
 

@@ -1224,7 +1224,7 @@ pub fn replay(
         .tempdir()
         .map_err(ReplayError::Scratch)?;
     let image = scratch.path().join("disk.img");
-    crate::runtime::sparse_copy(base, &image).map_err(|source| ReplayError::Copy {
+    crate::runtime::sparse_copy(base, &image, crate::runtime::Durability::Scratch).map_err(|source| ReplayError::Copy {
         base: base.into(),
         source,
     })?;

@@ -174,11 +174,16 @@ fn persistent_root(name: &str, rootfs: &Path) -> Result<PathBuf, LaunchError> {
             path: dir.clone(),
             source,
         })?;
-        runtime::sparse_copy(rootfs, &p).map_err(|source| LaunchError::RootCopy {
+        // Copied under a temporary name and renamed once on the disk: a copy cut short (a
+        // crash, a full disk) is never taken for the VM's disk by the next run.
+        let partial = p.with_extension("img.partial");
+        let err = |source| LaunchError::RootCopy {
             from: rootfs.to_owned(),
             to: p.clone(),
             source,
-        })?;
+        };
+        runtime::sparse_copy(rootfs, &partial, runtime::Durability::Durable).map_err(err)?;
+        std::fs::rename(&partial, &p).map_err(err)?;
     }
     Ok(p)
 }
