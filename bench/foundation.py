@@ -9,7 +9,8 @@ several repetitions; results are printed as a Markdown table with ratios to plai
 
 Configurations: qemu-virtio (QEMU's virtio-blk, aio=threads, cache=none), qsd
 (qemu-storage-daemon vhost-user-blk, aio=threads), qemu-virtio-uring and qsd-uring (the same
-with aio=io_uring), vmsight, vmsight-uring (the fio disk with io=io_uring), vmsight-noplugin,
+with aio=io_uring), vmsight, vmsight-uring (the fio disk with io=io_uring), vmsight-nonet
+(`--net none`: the peers' virtual hardware, without vmsight's default NIC), vmsight-noplugin,
 vmsight-io1 (vmsight with one I/O thread on the fio disk: the file stage's pool against serial
 file I/O),
 vmsight-traced (the workload's syscalls intercepted: --trace @cmd to /dev/null) and
@@ -38,7 +39,7 @@ import results as bench_results  # noqa: E402
 
 CONFIGS = ["qemu-virtio", "qsd", "vmsight", "vmsight-noplugin"]
 PEERS = ["qemu-virtio", "qsd", "qemu-virtio-uring", "qsd-uring"]
-ALL_CONFIGS = CONFIGS + ["qemu-virtio-uring", "qsd-uring", "vmsight-uring", "vmsight-io1",
+ALL_CONFIGS = CONFIGS + ["qemu-virtio-uring", "qsd-uring", "vmsight-uring", "vmsight-nonet", "vmsight-io1",
                          "vmsight-traced", "vmsight-traced-ro"]
 # vmsight's --disk options for the fio disk, per configuration.
 DISK_OPTS = {"vmsight-io1": ",direct,io_threads=1", "vmsight-uring": ",direct,io=io_uring"}
@@ -61,6 +62,8 @@ def run(config, argv, disks=()):
         extra = ["--qemu", qemu]
         if base == "vmsight-noplugin":
             extra.append("--no-plugin")
+        if base == "vmsight-nonet":
+            extra += ["--net", "none"]
         if base.startswith("vmsight-traced"):
             extra += ["--trace", "@cmd", "--trace-out", "/dev/null"]
         opts = DISK_OPTS.get(base, ",direct")
@@ -213,7 +216,8 @@ def report(results, a):
     print(f"\n### Foundation benchmarks ({time.strftime('%Y-%m-%d')}, medians of {a.reps} runs)\n")
     peers_ = [p for p in PEERS + ["vmsight-io1", "vmsight-io1@system"] if p in CONFIGS]
     # Ratio columns: vmsight (and vmsight-uring, when run) over each peer.
-    mains = [m for m in ("vmsight", "vmsight@system", "vmsight-uring", "vmsight-uring@system") if m in CONFIGS]
+    mains = [m for m in ("vmsight", "vmsight@system", "vmsight-nonet", "vmsight-uring", "vmsight-uring@system")
+             if m in CONFIGS]
     pairs = [(m, p) for m in mains for p in peers_]
     print("| metric | " + " | ".join(CONFIGS) + "".join(f" | {m} / {p}" for m, p in pairs) + " |")
     print("|---|" + "---|" * (len(CONFIGS) + len(pairs)))
@@ -239,7 +243,7 @@ def report(results, a):
         row(f"fio {name} ({'MiB/s' if key == 'mib_s' else 'IOPS'})", vals, lambda v: f"{v:.0f}", True)
     row("fio run (all jobs), host CPU (s)", [med(results[c]["fio_cpu"]) for c in CONFIGS], lambda v: f"{v:.1f}", False)
     def mib(key):
-        return [med(results[c][key]) and med(results[c][key]) / 1024 for c in CONFIGS]
+        return [med(results[c][key]) / 1024 if med(results[c][key]) else None for c in CONFIGS]
 
     # "Own" memory: RssAnon + RssFile, i.e. without the guest RAM the backend maps (RssShmem).
     row("boot: peak own memory (anon + file) of vmsight / qsd (MiB)", mib("own"), lambda v: f"{v:.1f}", False)
