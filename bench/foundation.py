@@ -10,7 +10,10 @@ several repetitions; results are printed as a Markdown table with ratios to plai
 Configurations: qemu-virtio (QEMU's virtio-blk, aio=threads, cache=none), qsd
 (qemu-storage-daemon vhost-user-blk, aio=threads), qemu-virtio-uring and qsd-uring (the same
 with aio=io_uring), vmsight, vmsight-uring (the fio disk with io=io_uring), vmsight-nonet
-(`--net none`: the peers' virtual hardware, without vmsight's default NIC), vmsight-noplugin,
+(`--net none`: the peers' virtual hardware, without vmsight's default NIC), vmsight-mttcg
+(`--tcg-threads multi`: on QEMU 10 vmsight runs the vCPUs single-threaded by default, because
+of QEMU 10's TCG section race (docs/launcher.md), while the peers run multi-threaded TCG as
+plain QEMU does), vmsight-noplugin,
 vmsight-io1 (vmsight with one I/O thread on the fio disk: the file stage's pool against serial
 file I/O),
 vmsight-traced (the workload's syscalls intercepted: --trace @cmd to /dev/null) and
@@ -39,7 +42,7 @@ import results as bench_results  # noqa: E402
 
 CONFIGS = ["qemu-virtio", "qsd", "vmsight", "vmsight-noplugin"]
 PEERS = ["qemu-virtio", "qsd", "qemu-virtio-uring", "qsd-uring"]
-ALL_CONFIGS = CONFIGS + ["qemu-virtio-uring", "qsd-uring", "vmsight-uring", "vmsight-nonet", "vmsight-io1",
+ALL_CONFIGS = CONFIGS + ["qemu-virtio-uring", "qsd-uring", "vmsight-uring", "vmsight-nonet", "vmsight-mttcg", "vmsight-io1",
                          "vmsight-traced", "vmsight-traced-ro"]
 # vmsight's --disk options for the fio disk, per configuration.
 DISK_OPTS = {"vmsight-io1": ",direct,io_threads=1", "vmsight-uring": ",direct,io=io_uring"}
@@ -64,6 +67,8 @@ def run(config, argv, disks=()):
             extra.append("--no-plugin")
         if base == "vmsight-nonet":
             extra += ["--net", "none"]
+        if base == "vmsight-mttcg":
+            extra += ["--tcg-threads", "multi"]
         if base.startswith("vmsight-traced"):
             extra += ["--trace", "@cmd", "--trace-out", "/dev/null"]
         opts = DISK_OPTS.get(base, ",direct")
@@ -216,7 +221,8 @@ def report(results, a):
     print(f"\n### Foundation benchmarks ({time.strftime('%Y-%m-%d')}, medians of {a.reps} runs)\n")
     peers_ = [p for p in PEERS + ["vmsight-io1", "vmsight-io1@system"] if p in CONFIGS]
     # Ratio columns: vmsight (and vmsight-uring, when run) over each peer.
-    mains = [m for m in ("vmsight", "vmsight@system", "vmsight-nonet", "vmsight-uring", "vmsight-uring@system")
+    mains = [m for m in ("vmsight", "vmsight@system", "vmsight-nonet", "vmsight-mttcg", "vmsight-uring",
+                         "vmsight-uring@system")
              if m in CONFIGS]
     pairs = [(m, p) for m in mains for p in peers_]
     print("| metric | " + " | ".join(CONFIGS) + "".join(f" | {m} / {p}" for m, p in pairs) + " |")
@@ -249,12 +255,9 @@ def report(results, a):
     row("boot: peak own memory (anon + file) of vmsight / qsd (MiB)", mib("own"), lambda v: f"{v:.1f}", False)
     row("fio: peak own memory (anon + file) of vmsight / qsd (MiB)", mib("fio_own"), lambda v: f"{v:.1f}", False)
     row("fio: peak private (anon) memory of vmsight / qsd (MiB)", mib("fio_anon"), lambda v: f"{v:.1f}", False)
-    row("peak private (anon) memory of vmsight / qsd (MiB)",
-        [med(results[c]["anon"]) and med(results[c]["anon"]) / 1024 for c in CONFIGS], lambda v: f"{v:.1f}", False)
-    row("peak RSS of vmsight / qsd process (MiB)", [med(results[c]["rss"]) and med(results[c]["rss"]) / 1024 for c in CONFIGS],
-        lambda v: f"{v:.1f}", False)
-    row("peak RSS of QEMU (MiB)", [med(results[c]["qemu_rss"]) and med(results[c]["qemu_rss"]) / 1024 for c in CONFIGS],
-        lambda v: f"{v:.1f}", False)
+    row("peak private (anon) memory of vmsight / qsd (MiB)", mib("anon"), lambda v: f"{v:.1f}", False)
+    row("peak RSS of vmsight / qsd process (MiB)", mib("rss"), lambda v: f"{v:.1f}", False)
+    row("peak RSS of QEMU (MiB)", mib("qemu_rss"), lambda v: f"{v:.1f}", False)
     qemu_table(rows)
     print("\nraw:", json.dumps(results))
     return rows
