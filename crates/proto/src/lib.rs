@@ -24,6 +24,7 @@ pub mod hylics;
 pub mod insight;
 pub mod layout;
 pub mod net;
+pub mod peer;
 pub mod profile;
 pub mod redirect;
 pub mod server;

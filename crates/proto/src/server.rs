@@ -75,7 +75,8 @@ impl ServeError {
     }
 }
 
-/// Binds a Unix socket at `path`, replacing a stale socket file but nothing else.
+/// Binds a Unix socket at `path` (mode 0600, whatever the umask), replacing a stale socket file
+/// but nothing else.
 pub fn bind_socket(path: &Path) -> Result<UnixListener, ServeError> {
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.file_type().is_socket() => {
@@ -93,10 +94,15 @@ pub fn bind_socket(path: &Path) -> Result<UnixListener, ServeError> {
         Ok(_) => return Err(ServeError::NotASocket(path.to_path_buf())),
         Err(_) => {}
     }
-    UnixListener::bind(path).map_err(|source| ServeError::Bind {
+    let listener = UnixListener::bind(path).map_err(|source| ServeError::Bind {
         path: path.to_path_buf(),
         source,
-    })
+    })?;
+    crate::peer::restrict_socket(path).map_err(|source| ServeError::Bind {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok(listener)
 }
 
 /// A Unix-socket server: a thread accepting connections on one socket until stopped.
@@ -215,9 +221,14 @@ where
             continue;
         }
         match listener.accept() {
-            Ok((stream, _)) => match stream.set_nonblocking(false) {
-                Ok(()) => on_connect(Ok(stream)),
-                Err(e) => on_connect(Err(e)),
+            // Another user's process never reaches the callback (it sees the connection
+            // closed); the callback gets the refusal, to log it.
+            Ok((stream, _)) => match crate::peer::check_peer(&stream) {
+                Err(refused) => on_connect(Err(refused.into())),
+                Ok(_) => match stream.set_nonblocking(false) {
+                    Ok(()) => on_connect(Ok(stream)),
+                    Err(e) => on_connect(Err(e)),
+                },
             },
             Err(e) if is_transient(&e) => {}
             Err(e) => {
