@@ -169,6 +169,10 @@ where
             Accept::Relay(UnixListener::bind(socket).map_err(|e| sock_err(e.to_string()))?)
         }
     };
+    // The frontend (QEMU) runs as the VM's owner: nobody else may connect. A directly
+    // accepted connection (vhost-user-backend's listener) is kept from other users by the
+    // mode alone; a relayed one is also checked with SO_PEERCRED.
+    vmsight_proto::peer::restrict_socket(socket).map_err(|e| sock_err(e.to_string()))?;
     let shutdown = Arc::new(ShutdownState {
         requested: AtomicBool::new(false),
         conn: Mutex::new(None),
@@ -227,6 +231,7 @@ where
     B: VhostUserBackend<Bitmap = (), Vring = Vring> + Clone + 'static,
 {
     let (frontend, _) = listener.accept().map_err(|e| e.to_string())?;
+    vmsight_proto::peer::check_peer(&frontend).map_err(|e| e.to_string())?;
     if shutdown.requested.load(Ordering::SeqCst) {
         return Err("stopped before a frontend connected".into());
     }
