@@ -16,13 +16,16 @@ use crate::error::LaunchError;
 use crate::supervisor::DownAction;
 use crate::vm::Event;
 
-/// Binds a listener, replacing a stale socket file.
+/// Binds a listener (mode 0600), replacing a stale socket file.
 pub fn listen(path: &Path) -> Result<UnixListener, LaunchError> {
     let _ = std::fs::remove_file(path);
-    UnixListener::bind(path).map_err(|source| LaunchError::Listen {
+    let err = |source| LaunchError::Listen {
         path: path.to_path_buf(),
         source,
-    })
+    };
+    let l = UnixListener::bind(path).map_err(err)?;
+    vmsight_proto::peer::restrict_socket(path).map_err(err)?;
+    Ok(l)
 }
 
 /// Waits for QEMU's connection, giving up when `stop` is set (QEMU died before connecting).
@@ -33,6 +36,10 @@ pub fn accept_until(listener: &UnixListener, stop: &AtomicBool) -> Option<UnixSt
     loop {
         match listener.accept() {
             Ok((s, _)) => {
+                if let Err(e) = vmsight_proto::peer::check_peer(&s) {
+                    tracing::warn!("guest channel: {e}");
+                    continue;
+                }
                 // Blocking I/O from here on; failure only means a busy-loop we avoid by bailing.
                 return s.set_nonblocking(false).ok().map(|_| s);
             }

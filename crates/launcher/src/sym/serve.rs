@@ -27,6 +27,7 @@ impl Server {
     pub fn start(sym: Arc<Symbiotic>, socket: &Path) -> std::io::Result<Server> {
         let _ = std::fs::remove_file(socket);
         let listener = UnixListener::bind(socket)?;
+        vmsight_proto::peer::restrict_socket(socket)?;
         listener.set_nonblocking(true)?;
         let stop = Arc::new(EventFd::new(EFD_NONBLOCK)?);
         let st = stop.clone();
@@ -127,6 +128,10 @@ fn serve(sym: &Symbiotic, listener: &UnixListener, stop: &EventFd) -> Result<(),
 
 fn accept_qemu(sym: &Symbiotic, listener: &UnixListener, busy: bool) -> Option<UnixStream> {
     let (s, _) = listener.accept().ok()?;
+    if let Err(e) = vmsight_proto::peer::check_peer(&s) {
+        tracing::warn!("VM {}: symbiotic socket: {e}", sym.vm());
+        return None;
+    }
     if busy {
         tracing::warn!(
             "VM {}: a second client on the symbiotic socket was refused",
