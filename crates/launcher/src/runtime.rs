@@ -7,6 +7,7 @@
 use std::fs;
 use std::io;
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use vmsight_proto::layout::{RuntimeLayout, VmPaths, VM_RECORD};
@@ -31,7 +32,15 @@ impl RuntimeDir {
             path: dir.clone(),
             source,
         };
-        fs::create_dir_all(base).map_err(err)?;
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(base)
+            .map_err(err)?;
+        check_base(base).map_err(|source| LaunchError::RuntimeDir {
+            path: base.to_path_buf(),
+            source,
+        })?;
         prune_stale(base);
         if dir.exists() {
             match VmPaths::new(&dir).read_record() {
@@ -44,7 +53,13 @@ impl RuntimeDir {
                 }
             }
         }
-        fs::create_dir(&dir).map_err(err)?;
+        // The VM's owner's only (sockets, the guest's command line and console): 0700 whatever
+        // the umask, set again after creation since the umask may have taken bits away.
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .map_err(err)?;
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).map_err(err)?;
         Ok(RuntimeDir { dir })
     }
 
@@ -67,10 +82,58 @@ impl RuntimeDir {
     pub fn write_record(&self, rec: &VmRecord) -> Result<(), LaunchError> {
         let tmp = self.join(&format!("{VM_RECORD}.tmp"));
         let data = serde_json::to_vec_pretty(rec).map_err(io::Error::other)?;
-        fs::write(&tmp, data)?;
+        write_private(&tmp, data)?;
         fs::rename(&tmp, self.paths().record())?;
         Ok(())
     }
+}
+
+/// Refuses a runtime base another user could change: it must belong to this user or root and
+/// be writable by nobody else (another user owning `/tmp/vmsight-UID` first could swap a VM's
+/// directory for one of its own, with its own sockets, under every vmsight command).
+fn check_base(base: &Path) -> io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let m = fs::symlink_metadata(base)?;
+    // SAFETY: geteuid has no arguments and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    let why = if !m.is_dir() {
+        Some("it is not a directory".to_owned())
+    } else if m.uid() != me && m.uid() != 0 {
+        Some(format!("it belongs to uid {}", m.uid()))
+    } else if m.mode() & 0o022 != 0 {
+        Some(format!(
+            "others may write to it (mode {:o})",
+            m.mode() & 0o7777
+        ))
+    } else {
+        None
+    };
+    match why {
+        None => Ok(()),
+        Some(w) => Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("refusing the runtime base: {w}; remove it or set VMSIGHT_RUNTIME"),
+        )),
+    }
+}
+
+/// Creates (or truncates) `path` with mode 0600: a file of the runtime directory (the guest's
+/// command line, its console, QEMU's command line and log) is its owner's only, whatever the
+/// umask (which can only take bits away from 0600).
+pub fn create_private(path: &Path) -> io::Result<fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+}
+
+/// Writes `data` to `path` through [`create_private`].
+pub fn write_private(path: &Path, data: impl AsRef<[u8]>) -> io::Result<()> {
+    use std::io::Write;
+    create_private(path)?.write_all(data.as_ref())
 }
 
 /// Removes the runtime directories that killed `vmsight run`s left behind (their plugin
@@ -300,6 +363,22 @@ fn copy_by_hand(src: &fs::File, dst: &fs::File, from: u64, to: u64) -> io::Resul
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_vms_directory_is_0700_and_a_base_others_may_write_to_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().expect("tempdir");
+        let base = d.path().join("base");
+        let rt = super::RuntimeDir::create(&base, "v").expect("create");
+        let mode = |p: &std::path::Path| std::fs::metadata(p).expect("stat").permissions().mode();
+        assert_eq!(mode(rt.path()) & 0o777, 0o700);
+        assert_eq!(mode(&base) & 0o022, 0);
+        drop(rt);
+        std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        let e = super::RuntimeDir::create(&base, "v").expect_err("a world-writable base");
+        assert!(e.to_string().contains("others may write to it"), "{e}");
+        assert!(!base.join("v").exists());
+    }
+
     #[test]
     fn stale_working_copies_go_and_running_or_young_ones_stay() {
         let d = tempfile::tempdir().expect("tempdir");

@@ -65,6 +65,7 @@ pub fn find_plugin() -> PathBuf {
 /// Runs a VM to completion.
 pub fn run(cfg: &VmConfig, arts: &Artifacts) -> Result<RunOutcome, LaunchError> {
     let t0 = Instant::now();
+    crate::child::private_umask();
     let phase = |name: &str| tracing::info!("phase {name} done at {:?}", t0.elapsed());
     let prep = prepare::prepare(cfg, arts)?;
     phase("prepare");

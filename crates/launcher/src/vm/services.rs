@@ -432,7 +432,7 @@ fn start_guest_io(
     let tail = Arc::new(Mutex::new(ConsoleTail::default()));
     let console_writer: SharedStream = Arc::default();
     let interactive = cfg.command.is_none();
-    let console_log = std::fs::File::create(rt.join(layout::CONSOLE_LOG)).ok();
+    let console_log = crate::runtime::create_private(&rt.join(layout::CONSOLE_LOG)).ok();
     let user_log = match &cfg.console_log {
         Some(p) => Some(std::fs::File::create(p)?),
         None => None,

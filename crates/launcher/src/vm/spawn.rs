@@ -47,7 +47,7 @@ pub fn spawn(
     // The whole command: environment, loader and firmware directories (trixie) included.
     let line = prep.qemu.exec.shell_line(&args);
     tracing::debug!("{line}");
-    std::fs::write(prep.rt.join(layout::QEMU_CMDLINE), format!("{line}\n"))?;
+    crate::runtime::write_private(&prep.rt.join(layout::QEMU_CMDLINE), format!("{line}\n"))?;
     let mut child = start_process(prep, &args)?;
     let pid = child.id();
     let trace = start_trace(prep, svc, insight, pid);
@@ -55,7 +55,7 @@ pub fn spawn(
         Some(e) => {
             let (l, h) = collect_stderr(
                 e,
-                std::fs::File::create(prep.rt.join(layout::QEMU_LOG)).ok(),
+                crate::runtime::create_private(&prep.rt.join(layout::QEMU_LOG)).ok(),
             );
             (l, Some(h))
         }
@@ -103,7 +103,7 @@ fn plan(
     let command_file = match &cfg.command {
         Some(argv) => {
             let p = rt.join(layout::COMMAND_SCRIPT);
-            std::fs::write(&p, qemu::command_script(argv))?;
+            crate::runtime::write_private(&p, qemu::command_script(argv))?;
             Some(p)
         }
         None => None,
@@ -165,6 +165,17 @@ fn start_process(prep: &Prepared, args: &[String]) -> Result<std::process::Child
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
     crate::child::tie_to_vmsight(&mut cmd);
+    // QEMU creates sockets of its own in the runtime directory (QMP): its owner's only,
+    // whatever umask vmsight was started with.
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the forked child before exec and only calls umask, which is
+    // async-signal-safe and cannot fail.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::umask(0o077);
+            Ok(())
+        });
+    }
     cmd.spawn().map_err(LaunchError::Spawn)
 }
 
