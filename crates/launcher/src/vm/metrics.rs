@@ -49,6 +49,15 @@ pub fn serve(
     };
     let server = MetricsServer::start(addr, Arc::new(source))?;
     tracing::info!("metrics at {}", server.url());
+    if !server.local_addr().ip().is_loopback() {
+        // No authentication, no TLS (docs/metrics.md, docs/security.md).
+        tracing::warn!(
+            "VM {}: metrics served on {}, not a loopback address: anyone who can reach it \
+             reads the VM's counters",
+            cfg.name,
+            server.local_addr()
+        );
+    }
     Ok(Some(server))
 }
 
