@@ -26,7 +26,7 @@ ensure_backports() {
 PKGS=(debootstrap busybox-static e2fsprogs cpio gzip zstd xz-utils fuse3 libfuse3-dev pkg-config
       redis-server redis-tools prometheus python3 socat util-linux procps coreutils clang libclang-dev
       linux-base kmod dwarves file jq fio lz4 gcc libc6-dev binutils shellcheck gdisk fdisk
-      iproute2 tcpdump iperf3 libseccomp-dev libcap-ng-dev python3-matplotlib)
+      iproute2 tcpdump iperf3 libseccomp-dev libcap-ng-dev python3-matplotlib passwd)
 QEMU_PKGS=(qemu-system-x86 qemu-system-data qemu-utils qemu-block-extra)
 
 NEED_UPDATE=0

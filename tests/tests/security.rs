@@ -1,0 +1,162 @@
+//! A VM's files and sockets are its owner's only (docs/security.md): checked against a second
+//! local user the test makes, with vmsight started under umask 000, from that user's side
+//! (its own `open` and `connect`, as python3 run through `setpriv`) and from the owner's
+//! (vmsight's commands keep working).
+#![allow(clippy::unwrap_used)] // Test code: a failed unwrap is a failed test.
+
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::process::Command;
+
+use vmsight_tests::*;
+
+/// The second local user: a system user without a home, made on first use.
+const OTHER: &str = "vmsight-other";
+
+fn uid_of(user: &str) -> Option<u32> {
+    let o = Command::new("id").args(["-u", user]).output().ok()?;
+    o.status
+        .success()
+        .then(|| String::from_utf8_lossy(&o.stdout).trim().parse().ok())?
+}
+
+fn other_user() -> u32 {
+    if let Some(u) = uid_of(OTHER) {
+        return u;
+    }
+    let st = Command::new("useradd")
+        .args([
+            "--system",
+            "--no-create-home",
+            "--shell",
+            "/usr/sbin/nologin",
+            OTHER,
+        ])
+        .status()
+        .expect("useradd (Debian's passwd package; the guest tests run as root)");
+    assert!(st.success(), "useradd {OTHER} failed");
+    uid_of(OTHER).unwrap()
+}
+
+/// Opens a file for reading: prints `read` or `denied ERRNO`.
+const READ: &str = "import sys
+try:
+    open(sys.argv[1], 'rb').read(1)
+    print('read')
+except OSError as e:
+    print('denied', e.errno)";
+
+/// Connects to a socket and sends one line: prints `denied ERRNO` (no connection), `answered`
+/// (a reply came) or `closed` (the server hung up without a word).
+const CONNECT: &str = "import socket, sys
+s = socket.socket(socket.AF_UNIX)
+try:
+    s.connect(sys.argv[1])
+except OSError as e:
+    print('denied', e.errno)
+    sys.exit()
+s.settimeout(20)
+try:
+    s.sendall(b'not a request\\n')
+    d = s.recv(4096)
+except OSError:
+    d = b''
+print('answered' if d else 'closed')";
+
+/// Runs `code` with python3, as the other user when `other`, else as the test (root).
+fn python(other: bool, code: &str, arg: &std::path::Path) -> String {
+    // Debian's python3 (scripts/setup-host.sh installs it): another user may not reach a
+    // python3 found in root's PATH (a pyenv shim under /root).
+    let mut c = if other {
+        let mut c = Command::new("setpriv");
+        c.args([
+            "--reuid",
+            OTHER,
+            "--regid",
+            OTHER,
+            "--clear-groups",
+            "/usr/bin/python3",
+        ]);
+        c
+    } else {
+        Command::new("/usr/bin/python3")
+    };
+    let o = c.args(["-c", code]).arg(arg).output().expect("python3");
+    assert!(o.status.success(), "{o:?}");
+    String::from_utf8_lossy(&o.stdout).trim().to_owned()
+}
+
+fn set_mode(p: &std::path::Path, mode: u32) {
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+#[test]
+fn another_local_user_can_neither_read_a_vms_files_nor_use_its_sockets_even_under_umask_000() {
+    let other = other_user();
+    // SAFETY: umask only sets the process's file-mode mask; this file holds one test, so no
+    // other test creates files meanwhile. vmsight inherits it.
+    let old = unsafe { libc::umask(0) };
+    let name = vm_name("security");
+    let mut vm = LiveVm::start(&["--name", &name, "--", "sh", "-c", "echo READY; read _"]);
+    // SAFETY: as above.
+    unsafe { libc::umask(old) };
+    vm.wait_line("READY");
+    let dir = vmsight_launcher::runtime::runtime_base().join(&name);
+    assert_eq!(
+        std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777,
+        0o700,
+        "{}",
+        dir.display()
+    );
+
+    // Every file and socket: no bit for group or others, and the other user gets EACCES.
+    let (mut files, mut sockets) = (0, 0);
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let e = e.unwrap();
+        let (path, meta) = (e.path(), e.metadata().unwrap());
+        let mode = meta.permissions().mode();
+        assert_eq!(mode & 0o077, 0, "{} is mode {mode:o}", path.display());
+        if meta.file_type().is_socket() {
+            sockets += 1;
+            assert_eq!(
+                python(true, CONNECT, &path),
+                "denied 13",
+                "{}",
+                path.display()
+            );
+        } else if meta.is_file() {
+            files += 1;
+            assert_eq!(python(true, READ, &path), "denied 13", "{}", path.display());
+        }
+    }
+    // The guest command, its console, QEMU's command line, vm.json, the plugin channel;
+    // QMP, control, the disk and the guest channels.
+    assert!(
+        files >= 4 && sockets >= 4,
+        "{files} files, {sockets} sockets"
+    );
+
+    // Past the modes: with the directory and the control socket opened up, the other user
+    // reaches the socket, and vmsight hangs up on it (SO_PEERCRED) while answering the owner.
+    let control = dir.join("control.sock");
+    set_mode(&dir, 0o711);
+    set_mode(&control, 0o666);
+    let theirs = python(true, CONNECT, &control);
+    let ours = python(false, CONNECT, &control);
+    set_mode(&control, 0o600);
+    set_mode(&dir, 0o700);
+    assert_eq!((theirs.as_str(), ours.as_str()), ("closed", "answered"));
+
+    // The owner's commands still work.
+    let r = run(&["stats", &name, "--json"]);
+    assert_eq!(r.code, Some(0), "{r:?}");
+    let r = run(&["ps"]);
+    assert!(r.stdout.contains(&name), "{r:?}");
+
+    vm.send("go");
+    let (code, _, err) = vm.finish();
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains(&format!("refused a connection from uid {other}")),
+        "the refusal is logged: {err}"
+    );
+}
