@@ -1224,10 +1224,12 @@ pub fn replay(
         .tempdir()
         .map_err(ReplayError::Scratch)?;
     let image = scratch.path().join("disk.img");
-    crate::runtime::sparse_copy(base, &image, crate::runtime::Durability::Scratch).map_err(|source| ReplayError::Copy {
-        base: base.into(),
-        source,
-    })?;
+    crate::runtime::sparse_copy(base, &image, crate::runtime::Durability::Scratch).map_err(
+        |source| ReplayError::Copy {
+            base: base.into(),
+            source,
+        },
+    )?;
     let mut engine = make_engine(&image, data, None)?;
     let disk = std::fs::OpenOptions::new()
         .write(true)
