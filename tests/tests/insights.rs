@@ -57,27 +57,54 @@ fn chunks(r: &Value) -> u64 {
 // false negative never cancel.
 
 /// Keeps every file created in directory `argv[1]` alive: a hard link named by its inode
-/// number in `argv[2]`, made by polling every 20 ms until the file `argv[3]` exists. varmail's
+/// number in `argv[2]`, made as soon as inotify reports the file's creation (and by a full scan
+/// at the start, every second and at the end), until the file `argv[3]` exists. varmail's
 /// deletions then free no block, so no disk block changes role during the run (file data stays
 /// file data, metadata stays metadata), and the blocks the files hold at the end are exactly
-/// the data blocks of the whole run. A file created and deleted between two scans is missed;
-/// the test counts those.
-const KEEP_PY: &str = r#"import os, sys, time
+/// the data blocks of the whole run. A file created and deleted before the keeper links it is
+/// missed; the test counts those. (Polling every 20 ms instead missed 1.1 % of them on a loaded
+/// host, 19 of 1779 files, over the test's 1 % bound: `make test` of 2026-11-29.)
+const KEEP_PY: &str = r#"import ctypes, os, select, struct, sys, time
 src, keep, stop = sys.argv[1:4]
+libc = ctypes.CDLL(None, use_errno=True)
+fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+IN_CREATE, IN_MOVED_TO = 0x100, 0x80
+if fd < 0 or libc.inotify_add_watch(fd, src.encode(), IN_CREATE | IN_MOVED_TO) < 0:
+    sys.exit("keep.py: inotify: " + os.strerror(ctypes.get_errno()))
 linked = set()
+def link(path, ino=None):
+    try:
+        if ino is None:
+            ino = os.lstat(path).st_ino
+        if ino not in linked:
+            os.link(path, os.path.join(keep, str(ino)))
+            linked.add(ino)
+    except FileNotFoundError:
+        pass
 def scan():
     for e in os.scandir(src):
-        try:
-            if e.inode() not in linked:
-                os.link(e.path, os.path.join(keep, str(e.inode())))
-                linked.add(e.inode())
-        except FileNotFoundError:
-            pass
+        link(e.path, e.inode())
+def events():
+    buf = os.read(fd, 1 << 16)
+    at = 0
+    while at + 16 <= len(buf):
+        _, _, _, n = struct.unpack_from("iIII", buf, at)
+        name = buf[at + 16:at + 16 + n].split(b"\0", 1)[0]
+        at += 16 + n
+        if name:
+            link(os.path.join(src, os.fsdecode(name)))
 scan()
 open(os.path.join(keep, ".ready"), "w").close()
+last = time.monotonic()
 while not os.path.exists(stop):
-    scan()
-    time.sleep(0.02)
+    if select.select([fd], [], [], 0.05)[0]:
+        try:
+            events()
+        except BlockingIOError:
+            pass
+    if time.monotonic() - last > 1:
+        scan()
+        last = time.monotonic()
 scan()
 print("linked", len(linked))
 "#;
