@@ -437,6 +437,28 @@ fn a_thrashing_guest_gets_memory_and_gives_it_back_when_the_workload_ends() {
     );
 }
 
+/// Growable memory is a second memfd in QEMU (the virtio-mem device's backend): the tracer
+/// still finds the guest's RAM among the two by its size and reads processes from it.
+#[test]
+fn a_traced_guest_with_growable_memory_has_its_processes_read_from_its_ram() {
+    let r = guest_sh(
+        &["--mem", "128M", "--swap", "64M,grow=64M", "--trace"],
+        "cd /tmp && ls >/dev/null && echo traced",
+    );
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert!(r.stdout.contains("traced"), "{r:?}");
+    assert!(
+        !r.stderr.contains("cannot read guest kernel memory"),
+        "process tracking opened the guest's RAM: {r:?}"
+    );
+    assert!(
+        r.stderr
+            .lines()
+            .any(|l| l.contains("process ppid=") && l.contains("comm=ls")),
+        "the traced ls was seen: {r:?}"
+    );
+}
+
 #[test]
 fn a_guest_scribbling_over_the_swap_region_cannot_take_vmsight_down() {
     let st = tempfile::NamedTempFile::new().unwrap();

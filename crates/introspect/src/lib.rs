@@ -12,5 +12,5 @@ pub mod profile;
 pub mod syscall;
 
 pub use kernel::{FdInfo, KernelError, KernelView, TaskInfo};
-pub use memory::{AddressSpace, GuestRam, MemError, RamLayout};
+pub use memory::{AddressSpace, GuestRam, MemError, QemuRam, RamLayout};
 pub use profile::{GenerateError, KernelProfile, ProfileError};

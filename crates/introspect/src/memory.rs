@@ -220,6 +220,22 @@ impl Drop for GuestRam {
     }
 }
 
+/// Where a running QEMU keeps its guest's RAM: the process and, when it has several
+/// `memory-backend-memfd` objects (a virtio-mem device's backend beside the RAM), the RAM's
+/// size in bytes that picks the right one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QemuRam {
+    pub pid: u32,
+    pub ram_size: Option<u64>,
+}
+
+impl QemuRam {
+    /// Maps it ([`GuestRam::open_qemu`]).
+    pub fn open(&self) -> Result<GuestRam, MemError> {
+        GuestRam::open_qemu(self.pid, self.ram_size)
+    }
+}
+
 impl GuestRam {
     /// Maps the RAM of a running QEMU: finds the open memfd of its `memory-backend-memfd`
     /// object among `/proc/<qemu_pid>/fd` (QEMU names every such memfd

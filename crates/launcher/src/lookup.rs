@@ -9,7 +9,7 @@ use std::sync::Arc;
 use vmsight_insight::{FdFacts, Lookup, LookupSource, PageOwner, PageOwnerSource, TaskFacts};
 use vmsight_introspect::kernel::pages::PageOwners;
 use vmsight_introspect::kernel::KernelView;
-use vmsight_introspect::memory::GuestRam;
+use vmsight_introspect::memory::QemuRam;
 use vmsight_introspect::{KernelError, KernelProfile, MemError, ProfileError};
 
 /// Why the profile source could not answer.
@@ -56,18 +56,18 @@ struct Opened {
 /// at the first question (the guest kernel runs by then); a failure to open it is reported
 /// once and not retried.
 pub struct ProfileLookup {
-    qemu_pid: u32,
+    ram: QemuRam,
     profile: PathBuf,
     opened: Option<Opened>,
     broken: bool,
 }
 
 impl ProfileLookup {
-    /// A source reading the memory of QEMU `qemu_pid`'s guest, described by the kernel
+    /// A source reading the memory of the guest in `ram`, described by the kernel
     /// profile at `profile`.
-    pub fn new(qemu_pid: u32, profile: PathBuf) -> Self {
+    pub fn new(ram: QemuRam, profile: PathBuf) -> Self {
         ProfileLookup {
-            qemu_pid,
+            ram,
             profile,
             opened: None,
             broken: false,
@@ -76,7 +76,7 @@ impl ProfileLookup {
 
     fn open(&self) -> Result<Opened, ProfileLookupError> {
         let profile = KernelProfile::load(&self.profile)?;
-        let ram = GuestRam::open_qemu(self.qemu_pid, None)?;
+        let ram = self.ram.open()?;
         Ok(Opened {
             view: KernelView::new(Arc::new(ram), &profile)?,
             fdt: FdTableLayout::resolve(&profile)?,
@@ -189,7 +189,7 @@ impl Lookup for ProfileLookup {
 /// most once a second, one that cannot (the profile lacks the page members) ends the
 /// attempts, reported once.
 pub struct ProfilePages {
-    qemu_pid: u32,
+    ram: QemuRam,
     profile: PathBuf,
     owners: std::sync::OnceLock<PageOwners>,
     /// When the next attempt to open may run; `None` once the source gave up.
@@ -200,10 +200,10 @@ pub struct ProfilePages {
 const PAGES_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl ProfilePages {
-    /// A source reading the memory of QEMU `qemu_pid`'s guest with the profile at `profile`.
-    pub fn new(qemu_pid: u32, profile: PathBuf) -> Self {
+    /// A source reading the memory of the guest in `ram` with the profile at `profile`.
+    pub fn new(ram: QemuRam, profile: PathBuf) -> Self {
         ProfilePages {
-            qemu_pid,
+            ram,
             profile,
             owners: std::sync::OnceLock::new(),
             retry: std::sync::Mutex::new(Some(std::time::Instant::now())),
@@ -212,7 +212,7 @@ impl ProfilePages {
 
     fn open(&self) -> Result<PageOwners, ProfileLookupError> {
         let profile = KernelProfile::load(&self.profile)?;
-        let ram = GuestRam::open_qemu(self.qemu_pid, None)?;
+        let ram = self.ram.open()?;
         let view = KernelView::new(Arc::new(ram), &profile)?;
         Ok(PageOwners::new(view, &profile)?)
     }
@@ -259,9 +259,17 @@ impl PageOwnerSource for ProfilePages {
 mod tests {
     use super::*;
 
+    /// No such QEMU.
+    fn nowhere() -> QemuRam {
+        QemuRam {
+            pid: u32::MAX,
+            ram_size: None,
+        }
+    }
+
     #[test]
     fn unreadable_guest_memory_answers_nothing_and_is_not_retried() {
-        let mut l = ProfileLookup::new(u32::MAX, PathBuf::from("/nonexistent/profile.json"));
+        let mut l = ProfileLookup::new(nowhere(), PathBuf::from("/nonexistent/profile.json"));
         assert!(l.task(1).is_none());
         assert!(l.broken, "the failure to open is remembered");
         assert!(matches!(
@@ -273,7 +281,7 @@ mod tests {
 
     #[test]
     fn unreadable_guest_memory_owns_nothing_and_waits_before_retrying() {
-        let p = ProfilePages::new(u32::MAX, PathBuf::from("/nonexistent/profile.json"));
+        let p = ProfilePages::new(nowhere(), PathBuf::from("/nonexistent/profile.json"));
         assert_eq!(p.owner(0x1000), PageOwner::Unknown);
         // A missing profile cannot get better: the source gave up.
         assert!(p.retry.lock().unwrap().is_none());

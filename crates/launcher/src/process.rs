@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 use vmsight_introspect::kernel::{KernelView, TaskInfo};
-use vmsight_introspect::memory::GuestRam;
+use vmsight_introspect::memory::QemuRam;
 use vmsight_introspect::syscall::event::{COMM_ARG, CWD_ARG, EXE_ARG};
 use vmsight_introspect::syscall::{
     nr, Completed, Drained, EntryEvent, JsonSink, Outcome, SyscallObserver,
@@ -55,7 +55,7 @@ impl ProcessRecord {
 
 /// Reads task details from guest memory for the tasks the trace sees.
 pub struct ProcessObserver {
-    qemu_pid: u32,
+    ram: QemuRam,
     profile: PathBuf,
     view: Option<KernelView>,
     /// Set when opening guest memory failed, so it is not retried on every event.
@@ -75,13 +75,13 @@ pub struct ProcessObserver {
 
 impl ProcessObserver {
     pub fn new(
-        qemu_pid: u32,
+        ram: QemuRam,
         profile: PathBuf,
         json: Option<JsonSink>,
         text: Option<Box<dyn Write + Send>>,
     ) -> Self {
         ProcessObserver {
-            qemu_pid,
+            ram,
             profile,
             view: None,
             broken: false,
@@ -99,8 +99,7 @@ impl ProcessObserver {
             let opened = KernelProfile::load(&self.profile)
                 .map_err(|e| e.to_string())
                 .and_then(|p| {
-                    let ram =
-                        GuestRam::open_qemu(self.qemu_pid, None).map_err(|e| e.to_string())?;
+                    let ram = self.ram.open().map_err(|e| e.to_string())?;
                     KernelView::new(Arc::new(ram), &p).map_err(|e| e.to_string())
                 });
             match opened {
@@ -353,7 +352,10 @@ mod tests {
         // No guest memory to read (no such QEMU, no profile): as for a task that exited
         // before vmsight looked, only the plugin's reading is left.
         let mut obs = ProcessObserver::new(
-            u32::MAX,
+            QemuRam {
+                pid: u32::MAX,
+                ram_size: None,
+            },
             PathBuf::from("/nonexistent/profile.json"),
             None,
             None,

@@ -13,6 +13,7 @@ use vmsight_introspect::syscall::{
 };
 
 use crate::process::ProcessObserver;
+use vmsight_introspect::memory::QemuRam;
 use vmsight_ring::{kind, ChannelHost, MonitorFilters, Record};
 
 use crate::trace::{Piece, RawEvent, Sums, TraceConfig, TraceSession, TraceTarget};
@@ -124,11 +125,11 @@ pub fn set_target(
 }
 
 /// Starts the trace session with the writers `cfg` asks for, plus process tracking through
-/// guest memory (QEMU's RAM, found by `qemu_pid`).
+/// guest memory (QEMU's RAM, `ram`).
 pub fn start_session(
     host: Arc<Mutex<ChannelHost>>,
     cfg: &TraceConfig,
-    qemu_pid: u32,
+    ram: QemuRam,
     profile: &Path,
     extra: Vec<Box<dyn SyscallObserver>>,
 ) -> std::io::Result<TraceSession> {
@@ -155,7 +156,7 @@ pub fn start_session(
         None => None,
     };
     observers.push(Box::new(ProcessObserver::new(
-        qemu_pid,
+        ram,
         profile.to_path_buf(),
         json.clone(),
         if cfg.text { Some(text_out(cfg)?) } else { None },

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use vmsight_introspect::memory::QemuRam;
 use vmsight_proto::layout;
 
 use crate::config::VmConfig;
@@ -50,7 +51,11 @@ pub fn spawn(
     crate::runtime::write_private(&prep.rt.join(layout::QEMU_CMDLINE), format!("{line}\n"))?;
     let mut child = start_process(prep, &args)?;
     let pid = child.id();
-    let trace = start_trace(prep, svc, insight, pid);
+    let ram = QemuRam {
+        pid,
+        ram_size: Some(cfg.mem_mib << 20),
+    };
+    let trace = start_trace(prep, svc, insight, ram);
     let (stderr, stderr_thread) = match child.stderr.take() {
         Some(e) => {
             let (l, h) = collect_stderr(
@@ -185,7 +190,7 @@ fn start_trace(
     prep: &Prepared,
     svc: &Services,
     insight: Option<&Insight>,
-    qemu_pid: u32,
+    ram: QemuRam,
 ) -> Option<TraceSession> {
     let (t, (_, host), profile) = (
         prep.trace.as_ref()?,
@@ -194,10 +199,10 @@ fn start_trace(
     );
     if let Some((engine, _)) = insight {
         // Before the first record: a process's first event already asks for its cwd.
-        engine.set_lookup(Some(insight_lookup(qemu_pid, profile, svc.sym.as_ref())));
+        engine.set_lookup(Some(insight_lookup(ram, profile, svc.sym.as_ref())));
         // Block writes no checksum matched: what the guest kernel says owns their pages.
         engine.set_page_owners(std::sync::Arc::new(crate::lookup::ProfilePages::new(
-            qemu_pid,
+            ram,
             profile.to_path_buf(),
         )));
     }
@@ -205,7 +210,7 @@ fn start_trace(
         .iter()
         .map(|(e, _)| Box::new(e.clone()) as Box<dyn vmsight_introspect::syscall::SyscallObserver>)
         .collect();
-    match crate::trace_records::start_session(host.clone(), t, qemu_pid, profile, extra) {
+    match crate::trace_records::start_session(host.clone(), t, ram, profile, extra) {
         Ok(s) => Some(s),
         Err(e) => {
             // QEMU is already running; report and carry on rather than orphan it.
@@ -220,12 +225,12 @@ fn start_trace(
 /// kernel profile, or with `--symbiotic` the guest module's `task_info`/`fd_path` symcalls,
 /// falling back to the profile reader.
 fn insight_lookup(
-    qemu_pid: u32,
+    ram: QemuRam,
     profile: &Path,
     sym: Option<&std::sync::Arc<crate::sym::Symbiotic>>,
 ) -> Box<dyn vmsight_insight::Lookup> {
     let profile = Box::new(crate::lookup::ProfileLookup::new(
-        qemu_pid,
+        ram,
         profile.to_path_buf(),
     ));
     match sym {
