@@ -49,6 +49,7 @@ impl RuntimeDir {
                 }
                 _ => {
                     tracing::info!("removing stale runtime directory {}", dir.display());
+                    detach_mounts_under(&dir);
                     fs::remove_dir_all(&dir).map_err(err)?;
                 }
             }
@@ -141,12 +142,60 @@ pub fn write_private(path: &Path, data: impl AsRef<[u8]>) -> io::Result<()> {
 /// may prune at once.
 fn prune_stale(base: &Path) {
     for p in RuntimeLayout::at(base).stale() {
+        detach_mounts_under(p.dir());
         match fs::remove_dir_all(p.dir()) {
             Ok(()) => tracing::info!("removed stale runtime directory {}", p.dir().display()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => tracing::warn!("cannot remove stale {}: {e}", p.dir().display()),
         }
     }
+}
+
+/// Detaches what a killed run left mounted in its runtime directory (the share's tmpfs,
+/// `--shared-mem`), deepest first, so the directory can be removed. Best effort: without the
+/// right to unmount, the removal reports the busy mount point.
+fn detach_mounts_under(dir: &Path) {
+    let Ok(info) = fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    let mut points: Vec<PathBuf> = info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|p| PathBuf::from(unescape_mount_path(p)))
+        .filter(|p| p.starts_with(dir) && p != dir)
+        .collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    for p in points {
+        match nix::mount::umount2(&p, nix::mount::MntFlags::MNT_DETACH) {
+            Ok(()) => tracing::info!("detached {} left by a killed run", p.display()),
+            Err(e) => tracing::warn!("cannot detach {}: {e}", p.display()),
+        }
+    }
+}
+
+/// A mount point as `/proc/self/mountinfo` writes it: space, tab, newline and backslash as
+/// three-digit octal escapes.
+fn unescape_mount_path(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let octal = b
+            .get(i + 1..i + 4)
+            .filter(|d| b[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match octal {
+            Some(d) => {
+                let v = d.iter().fold(0u32, |v, c| v * 8 + u32::from(c - b'0'));
+                out.push(v as u8); // the kernel escapes single bytes (at most \377)
+                i += 4;
+            }
+            None => {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 impl Drop for RuntimeDir {
@@ -363,6 +412,17 @@ fn copy_by_hand(src: &fs::File, dst: &fs::File, from: u64, to: u64) -> io::Resul
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn mount_points_are_unescaped_as_mountinfo_escapes_them() {
+        use super::unescape_mount_path;
+        assert_eq!(
+            unescape_mount_path("/run/vmsight/a\\040b/x"),
+            "/run/vmsight/a b/x"
+        );
+        assert_eq!(unescape_mount_path("/t\\011\\134"), "/t\t\\");
+        assert_eq!(unescape_mount_path("/no\\9escape\\"), "/no\\9escape\\");
+    }
+
     #[test]
     fn a_vms_directory_is_0700_and_a_base_others_may_write_to_is_refused() {
         use std::os::unix::fs::PermissionsExt;
