@@ -208,3 +208,32 @@ fn a_metrics_port_in_use_fails_before_the_guest_runs_and_leaves_nothing() {
     let ps = run(&["ps", "--json"]);
     assert!(!ps.stdout.contains("metrics-busy"), "{ps:?}");
 }
+
+/// QEMU exits during its start-up, before it connects to any backend (here: a wrapper that
+/// refuses every run but `--version`): vmsight reports QEMU's message and exits, instead of
+/// waiting for ever for the disk's and the NIC's frontend.
+#[test]
+fn a_qemu_that_exits_before_connecting_is_reported_and_vmsight_ends() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let wrapper = dir.path().join("qemu-system-x86_64");
+    std::fs::write(
+        &wrapper,
+        "#!/bin/sh\ncase \"$1\" in --version) exec qemu-system-x86_64 \"$@\";; esac\n\
+         echo 'qemu-system-x86_64: refusing to start (test wrapper)' >&2\nexit 1\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut c = vmsight();
+    c.args(["run", "--qemu", wrapper.to_str().unwrap(), "--", "true"]);
+    let r = output_within(
+        c,
+        std::time::Duration::from_secs(120),
+        "vmsight run (failing QEMU)",
+    );
+    assert_ne!(r.code, Some(0), "{r:?}");
+    assert!(
+        r.stderr.contains("refusing to start (test wrapper)"),
+        "{r:?}"
+    );
+}

@@ -251,6 +251,12 @@ impl BackendHandle {
         self.served.stop();
     }
 
+    /// Once QEMU is gone: stops waiting for it if it never connected, so that
+    /// [`wait`](Self::wait) returns.
+    pub fn frontend_gone(&self) {
+        self.served.stop_if_never_connected();
+    }
+
     /// The Unix socket QEMU connects to.
     pub fn socket_path(&self) -> &Path {
         self.served.socket()

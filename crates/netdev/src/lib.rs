@@ -95,6 +95,12 @@ impl NetHandle {
         self.served.stop();
     }
 
+    /// Once QEMU is gone: stops waiting for it if it never connected, so that
+    /// [`wait`](Self::wait) returns.
+    pub fn frontend_gone(&self) {
+        self.served.stop_if_never_connected();
+    }
+
     /// Waits for the backend to end (stages are finished: captures flushed).
     pub fn wait(mut self) -> Result<(), NetError> {
         self.served.join().map_err(|e| NetError::Daemon {

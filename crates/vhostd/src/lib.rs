@@ -93,6 +93,19 @@ impl Served {
         self.shutdown.request();
     }
 
+    /// Stops waiting for a frontend that never connected (QEMU exited during its start-up):
+    /// without it, the serving thread would accept for ever. A backend that served a
+    /// frontend is left to end by itself. Call it once QEMU is gone.
+    pub fn stop_if_never_connected(&self) {
+        let connected = match self.shutdown.conn.lock() {
+            Ok(g) => g.is_some(),
+            Err(p) => p.into_inner().is_some(),
+        };
+        if !connected {
+            self.shutdown.request();
+        }
+    }
+
     /// Whether the serving thread has ended.
     pub fn is_finished(&self) -> bool {
         self.thread.as_ref().is_none_or(|t| t.is_finished())

@@ -181,8 +181,10 @@ impl Device for BlkDevice {
     }
 }
 
-/// Waits for a disk's backend to end and names the disk in its error, if it failed.
+/// Waits for a disk's backend to end (QEMU is gone) and names the disk in its error, if it
+/// failed.
 pub(super) fn backend_error(handle: BackendHandle, path: &Path) -> Option<String> {
+    handle.frontend_gone();
     handle
         .wait()
         .err()

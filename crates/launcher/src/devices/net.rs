@@ -309,7 +309,10 @@ impl Device for NetDeviceRun {
         let error = self
             .handle
             .take()
-            .and_then(|h| h.wait().err())
+            .and_then(|h| {
+                h.frontend_gone();
+                h.wait().err()
+            })
             .map(|e| format!("{ID}: {e}"));
         // The device is gone: the host namespace and its forwarding thread go too.
         drop(self.handover.take());
