@@ -4,7 +4,7 @@
 
 use std::io::Write;
 use std::path::Path;
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use vmsight_tests::*;
@@ -329,25 +329,66 @@ fn sigterm_leaves_no_orphan_processes_or_sockets() {
 }
 
 #[test]
-fn sigkill_of_vmsight_takes_qemu_down() {
+fn sigkill_of_vmsight_takes_qemu_and_virtiofsd_down_even_after_they_changed_user() {
     let name = vm_name("sigkill");
+    // With a share: virtiofsd runs too. As root (make test), both run as the VM's own
+    // identity, a change of user that clears the parent-death signal (docs/security.md).
     let mut child = vmsight()
-        .args(["run", "--name", &name, "--", "sleep", "600"])
+        .args([
+            "run",
+            "--name",
+            &name,
+            "--shared-mem",
+            "8M",
+            "--",
+            "sleep",
+            "600",
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
     let rec = wait_for_ready(&name, Duration::from_secs(60));
     let qemu_pid = rec["qemu_pid"].as_u64().expect("qemu pid");
+    // QEMU changes user at the end of its start-up, before the guest runs: wait for it.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let uid = |pid: u64| {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("Uid:")
+                    .map(|u| u.split_whitespace().next().map(str::to_owned))
+            })
+            .flatten()
+    };
+    while uid(qemu_pid).as_deref() == Some("0") && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let o = Command::new("pgrep")
+        .args(["-P", &child.id().to_string(), "-x", "virtiofsd"])
+        .output()
+        .unwrap();
+    let daemons: Vec<u64> = String::from_utf8_lossy(&o.stdout)
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect();
+    assert_eq!(daemons.len(), 1, "virtiofsd serves the share");
     child.kill().unwrap();
     child.wait().unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
-    while pid_alive(qemu_pid) && Instant::now() < deadline {
+    let alive = || pid_alive(qemu_pid) || daemons.iter().any(|d| pid_alive(*d));
+    while alive() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(
         !pid_alive(qemu_pid),
-        "QEMU {qemu_pid} outlived a SIGKILLed vmsight"
+        "QEMU {qemu_pid} (uid {:?}) outlived a SIGKILLed vmsight",
+        uid(qemu_pid)
+    );
+    assert!(
+        !daemons.iter().any(|d| pid_alive(*d)),
+        "virtiofsd {daemons:?} outlived a SIGKILLed vmsight"
     );
     // SIGKILL left the runtime directory (and its megabytes of tmpfs) behind; the next VM,
     // whatever its name, removes it.

@@ -43,16 +43,28 @@ fn host_mounted(dir: &Path) -> bool {
 }
 
 /// The PID of the virtiofsd serving `dir`.
-fn virtiofsd_of(dir: &Path) -> u32 {
-    let o = Command::new("pgrep")
-        .args(["-f", &format!("virtiofsd.*--shared-dir={}", dir.display())])
-        .output()
-        .unwrap();
-    let out = String::from_utf8_lossy(&o.stdout);
-    out.split_whitespace()
-        .filter_map(|p| p.parse().ok())
-        .max() // the sandboxed child (virtiofsd forks into its namespaces)
-        .unwrap_or_else(|| panic!("no virtiofsd serves {}", dir.display()))
+fn virtiofsd_of(vm: &str) -> u32 {
+    let pids = |args: &[&str]| -> Vec<u32> {
+        let o = Command::new("pgrep").args(args).output().unwrap();
+        String::from_utf8_lossy(&o.stdout)
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect()
+    };
+    // The VM's vmsight started it (its `vm.json` names vmsight's pid).
+    let rec = vmsight_launcher::runtime::list_running(&vmsight_launcher::runtime::runtime_base())
+        .into_iter()
+        .find(|r| r.name == vm)
+        .unwrap_or_else(|| panic!("VM {vm} is not running"));
+    let daemon = pids(&["-P", &rec.pid.to_string(), "-x", "virtiofsd"])
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| panic!("no virtiofsd serves VM {vm}"));
+    // The sandboxed child (virtiofsd forks into its namespaces).
+    pids(&["-P", &daemon.to_string(), "-x", "virtiofsd"])
+        .into_iter()
+        .max()
+        .unwrap_or_else(|| panic!("virtiofsd {daemon} has no sandboxed process"))
 }
 
 /// Names in a directory, sorted.
@@ -232,8 +244,8 @@ echo ===DONE
     assert_eq!(names(&da), ["only-a"]);
     assert_eq!(names(&db), ["only-b"]);
     // Each daemon's root is its share: nothing of the host, nothing of the other VM.
-    for (dir, own) in [(&da, "only-a"), (&db, "only-b")] {
-        let pid = virtiofsd_of(dir);
+    for (vm, own) in [(&a, "only-a"), (&b, "only-b")] {
+        let pid = virtiofsd_of(vm);
         let root = PathBuf::from(format!("/proc/{pid}/root"));
         assert_eq!(
             names(&root),
@@ -927,7 +939,7 @@ echo "H $(sha256sum /hylics/from-host.bin | cut -c1-64)"
     ]);
     vm.wait_line("up");
     let dir = share_path(&name);
-    let cmdline = std::fs::read(format!("/proc/{}/cmdline", virtiofsd_of(&dir))).unwrap();
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", virtiofsd_of(&name))).unwrap();
     let args: Vec<String> = cmdline
         .split(|b| *b == 0)
         .map(|a| String::from_utf8_lossy(a).into_owned())

@@ -160,3 +160,122 @@ fn another_local_user_can_neither_read_a_vms_files_nor_use_its_sockets_even_unde
         "the refusal is logged: {err}"
     );
 }
+
+/// `/proc/PID/status` fields.
+fn status(pid: u32) -> std::collections::HashMap<String, String> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.to_owned(), v.trim().to_owned()))
+        .collect()
+}
+
+/// The real uid of a `/proc/PID/status`.
+fn real_uid(st: &std::collections::HashMap<String, String>) -> u32 {
+    st["Uid"]
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+fn pgrep_children(parent: u32, name: &str) -> Vec<u32> {
+    let o = Command::new("pgrep")
+        .args(["-P", &parent.to_string(), "-x", name])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&o.stdout)
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect()
+}
+
+#[test]
+fn qemu_and_virtiofsd_run_as_an_unprivileged_identity_of_the_vm_when_vmsight_is_root() {
+    // SAFETY: geteuid only reads the process's credentials and cannot fail.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "this test checks what vmsight does as root: run it as root (make test does)"
+    );
+    let name = vm_name("confined");
+    let mut vm = LiveVm::start(&[
+        "--name",
+        &name,
+        "--shared-mem",
+        "16M",
+        "--",
+        "sh",
+        "-c",
+        "echo data > /hylics/f && echo \"owner $(stat -c %u:%g /hylics/f)\" && echo READY; read _",
+    ]);
+    vm.wait_line("READY");
+    let base = vmsight_launcher::runtime::runtime_base();
+    let rec = vmsight_launcher::runtime::list_running(&base)
+        .into_iter()
+        .find(|r| r.name == name)
+        .unwrap();
+
+    // QEMU: the VM's own uid and gid, no capability, its seccomp sandbox on, chrooted into
+    // the empty jail of the runtime directory.
+    let qemu_pid = rec.qemu_pid.unwrap();
+    let q = status(qemu_pid);
+    let uid = real_uid(&q);
+    assert!(uid >= vmsight_launcher::confine::DYNAMIC_BASE, "{q:?}");
+    assert_eq!(q["Uid"], format!("{uid}\t{uid}\t{uid}\t{uid}"), "{q:?}");
+    assert_eq!(q["Gid"], format!("{uid}\t{uid}\t{uid}\t{uid}"), "{q:?}");
+    assert_eq!(
+        q["Groups"],
+        uid.to_string(),
+        "no supplementary group: {q:?}"
+    );
+    for caps in ["CapEff", "CapPrm", "CapInh", "CapAmb"] {
+        assert_eq!(q[caps], "0000000000000000", "{caps}: {q:?}");
+    }
+    assert_eq!(
+        (q["Seccomp"].as_str(), q["NoNewPrivs"].as_str()),
+        ("2", "1")
+    );
+    assert_eq!(
+        std::fs::read_link(format!("/proc/{qemu_pid}/root")).unwrap(),
+        base.join(&name).join("jail")
+    );
+
+    // virtiofsd: the same identity; its sandboxed worker holds capabilities only in a user
+    // namespace of its own, not the host's.
+    let vfs = pgrep_children(rec.pid, "virtiofsd");
+    assert_eq!(vfs.len(), 1, "one virtiofsd for the share: {vfs:?}");
+    let v = status(vfs[0]);
+    assert_eq!(
+        (real_uid(&v), v["CapEff"].as_str()),
+        (uid, "0000000000000000")
+    );
+    let host_ns = std::fs::read_link("/proc/self/ns/user").unwrap();
+    let workers = pgrep_children(vfs[0], "virtiofsd");
+    assert!(!workers.is_empty(), "virtiofsd's sandboxed process");
+    for w in workers {
+        let st = status(w);
+        assert_eq!(real_uid(&st), uid, "{st:?}");
+        let ns = std::fs::read_link(format!("/proc/{w}/ns/user")).unwrap();
+        assert!(
+            st["CapEff"] == "0000000000000000" || ns != host_ns,
+            "capabilities in the host's user namespace: {st:?}"
+        );
+    }
+
+    // The guest's root owns its files; on the host they belong to the VM's identity.
+    let host_file = base.join(&name).join("hylics/share/f");
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(&host_file).unwrap();
+    assert_eq!((meta.uid(), meta.gid()), (uid, uid));
+
+    vm.send("go");
+    let (code, out, err) = vm.finish();
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.iter().any(|l| l == "owner 0:0"),
+        "the guest sees its root: {out:?}"
+    );
+}

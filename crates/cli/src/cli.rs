@@ -110,6 +110,12 @@ enum TcgThreadsArg {
     Single,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum OnOff {
+    On,
+    Off,
+}
+
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum AccelArg {
     Auto,
@@ -163,6 +169,16 @@ struct RunArgs {
     /// single on QEMU 10 while the plugin is dormant, else multi.
     #[arg(long, value_enum, default_value = "auto")]
     tcg_threads: TcgThreadsArg,
+    /// Who QEMU and virtiofsd run as: `auto` (when vmsight runs as root, an unprivileged
+    /// uid and gid of the VM's own, from 1900000000 up, with no capability; else vmsight's
+    /// user), `self` (vmsight's user: root keeps every capability), a user's name or UID:GID
+    /// (root only). docs/security.md
+    #[arg(long, value_name = "auto|self|USER|UID:GID", default_value = "auto")]
+    run_as: vmsight_launcher::confine::RunAs,
+    /// QEMU's own seccomp filter (`-sandbox`: no obsolete system calls, no fork or exec, no
+    /// scheduler or affinity changes, no privilege raise). docs/security.md
+    #[arg(long, value_enum, default_value = "on")]
+    qemu_sandbox: OnOff,
     /// Do not load the vmsight TCG plugin.
     #[arg(long)]
     no_plugin: bool,
@@ -566,6 +582,8 @@ impl TryFrom<RunArgs> for VmConfig {
                 TcgThreadsArg::Multi => vmsight_launcher::qemu::TcgThreads::Multi,
                 TcgThreadsArg::Single => vmsight_launcher::qemu::TcgThreads::Single,
             },
+            run_as: a.run_as,
+            qemu_sandbox: a.qemu_sandbox == OnOff::On,
             plugin: !a.no_plugin,
             plugin_records: a.plugin_records,
             count_syscalls: a.count_syscalls,

@@ -264,6 +264,11 @@ pub struct VmConfig {
     /// Multi- or single-threaded TCG (`--tcg-threads`; `auto`, the default, is single-threaded
     /// only on a QEMU with the TCG section race).
     pub tcg_threads: crate::qemu::TcgThreads,
+    /// Who QEMU and virtiofsd run as (`--run-as`; auto: a VM identity of their own when
+    /// vmsight runs as root; docs/security.md).
+    pub run_as: crate::confine::RunAs,
+    /// QEMU's own seccomp filter (`-sandbox`, on unless `--qemu-sandbox off`).
+    pub qemu_sandbox: bool,
     /// Load the vmsight TCG plugin (on by default under TCG).
     pub plugin: bool,
     /// Let the plugin push one record per syscall into the ring (for tracing and benchmarks).

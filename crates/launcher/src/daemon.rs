@@ -45,6 +45,13 @@ pub enum DaemonError {
         log: PathBuf,
         secs: u64,
     },
+    #[error("cannot listen on {socket} for {tool}: {source}")]
+    Bind {
+        tool: &'static str,
+        socket: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("cannot create {tool}'s log {path}: {source}")]
     Log {
         tool: &'static str,
@@ -101,14 +108,8 @@ impl Daemon {
         socket: &Path,
         log: &Path,
     ) -> Result<Daemon, DaemonError> {
-        let log_err = |source| DaemonError::Log {
-            tool,
-            path: log.to_owned(),
-            source,
-        };
         let _ = std::fs::remove_file(socket);
-        let out = std::fs::File::create(log).map_err(log_err)?;
-        let err = out.try_clone().map_err(log_err)?;
+        let (out, err) = log_files(tool, log)?;
         let mut cmd = Command::new(bin);
         cmd.args(args).stdin(Stdio::null()).stdout(out).stderr(err);
         crate::child::tie_to_vmsight(&mut cmd);
@@ -124,6 +125,81 @@ impl Daemon {
         };
         d.wait_for_socket(socket)?;
         Ok(d)
+    }
+
+    /// Starts `bin args` as the unprivileged `who` (`crate::confine`): vmsight binds the
+    /// daemon's listening socket itself (`listener`, handed over as an inherited fd whose
+    /// number the caller put in `args`), the binary is executed from an fd vmsight opened
+    /// (`fexecve`: the new user may not reach its path, e.g. under `/root/.cache`), and the
+    /// process starts in `who.cwd`, entered while still root (the new user may not reach that
+    /// path either: the runtime directory is root's only). Its stdout and stderr go to `log`.
+    pub fn start_as(
+        tool: &'static str,
+        bin: &Path,
+        args: &[String],
+        listener: &std::os::unix::net::UnixListener,
+        log: &Path,
+        who: &RunAs<'_>,
+    ) -> Result<Daemon, DaemonError> {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::ffi::OsStrExt;
+        use std::os::unix::process::CommandExt;
+        let spawn_err = |source| DaemonError::Spawn {
+            tool,
+            path: bin.to_owned(),
+            source,
+        };
+        let invalid = |e| spawn_err(std::io::Error::new(std::io::ErrorKind::InvalidInput, e));
+        let exe = std::fs::File::open(bin).map_err(spawn_err)?;
+        let (out, err) = log_files(tool, log)?;
+        // Everything the child needs, made before the fork (it may not allocate).
+        let cstr = |b: &[u8]| std::ffi::CString::new(b).map_err(invalid);
+        let exec = ExecVectors::new(
+            std::iter::once(cstr(tool.as_bytes()))
+                .chain(args.iter().map(|a| cstr(a.as_bytes())))
+                .collect::<Result<_, _>>()?,
+            std::env::vars_os()
+                .map(|(k, v)| cstr(&[k.as_bytes(), b"=", v.as_bytes()].concat()))
+                .collect::<Result<_, _>>()?,
+        );
+        let cwd = cstr(who.cwd.as_os_str().as_bytes())?;
+        let mut cmd = Command::new(bin);
+        cmd.stdin(Stdio::null()).stdout(out).stderr(err);
+        crate::child::tie_to_vmsight(&mut cmd);
+        let (fd, exe_fd) = (listener.as_raw_fd(), exe.as_raw_fd());
+        let (uid, gid) = (who.uid, who.gid);
+        // SAFETY: the closure runs in the forked child before exec and only calls
+        // async-signal-safe functions (fcntl, chdir, setgroups, setgid, setuid, prctl,
+        // getppid, getpid, kill, fexecve) on memory made before the fork.
+        unsafe {
+            cmd.pre_exec(move || {
+                let check = |r: libc::c_int| {
+                    if r == 0 {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::last_os_error())
+                    }
+                };
+                check(libc::fcntl(fd, libc::F_SETFD, 0))?;
+                check(libc::chdir(cwd.as_ptr()))?;
+                check(libc::setgroups(0, std::ptr::null()))?;
+                check(libc::setgid(gid))?;
+                check(libc::setuid(uid))?;
+                check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
+                // The change of user cleared the parent-death signal: set it again.
+                check(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL))?;
+                if libc::getppid() == 1 {
+                    libc::kill(libc::getpid(), libc::SIGKILL);
+                }
+                Err(exec.fexecve(exe_fd))
+            });
+        }
+        let child = cmd.spawn().map_err(spawn_err)?;
+        Ok(Daemon {
+            tool,
+            child,
+            log: log.to_owned(),
+        })
     }
 
     fn wait_for_socket(&mut self, socket: &Path) -> Result<(), DaemonError> {
@@ -211,6 +287,68 @@ impl DaemonSlot {
     }
 }
 
+/// A daemon's stdout and stderr, both to `log` (created afresh).
+fn log_files(
+    tool: &'static str,
+    log: &Path,
+) -> Result<(std::fs::File, std::fs::File), DaemonError> {
+    let log_err = |source| DaemonError::Log {
+        tool,
+        path: log.to_owned(),
+        source,
+    };
+    let out = std::fs::File::create(log).map_err(log_err)?;
+    let err = out.try_clone().map_err(log_err)?;
+    Ok((out, err))
+}
+
+/// `fexecve`'s argument and environment vectors, null-terminated, made before the fork (the
+/// child of a multi-threaded process may not allocate).
+struct ExecVectors {
+    argv: Vec<*const libc::c_char>,
+    envp: Vec<*const libc::c_char>,
+    /// The strings the vectors point into (their heap buffers never move).
+    _strings: (Vec<std::ffi::CString>, Vec<std::ffi::CString>),
+}
+
+// SAFETY: the pointers point into the CStrings this value owns, which are never changed or
+// dropped while it lives; the value is only read (in the forked child), never shared mutably.
+unsafe impl Send for ExecVectors {}
+// SAFETY: as for Send: shared access only reads the vectors.
+unsafe impl Sync for ExecVectors {}
+
+impl ExecVectors {
+    fn new(args: Vec<std::ffi::CString>, env: Vec<std::ffi::CString>) -> ExecVectors {
+        let vector = |v: &[std::ffi::CString]| {
+            v.iter()
+                .map(|s| s.as_ptr())
+                .chain(std::iter::once(std::ptr::null()))
+                .collect()
+        };
+        ExecVectors {
+            argv: vector(&args),
+            envp: vector(&env),
+            _strings: (args, env),
+        }
+    }
+
+    /// Executes the program open at `fd` with these vectors; returns only on failure.
+    fn fexecve(&self, fd: std::os::fd::RawFd) -> std::io::Error {
+        // SAFETY: both vectors are null-terminated arrays of pointers to NUL-terminated
+        // strings this value owns; fexecve only reads them.
+        unsafe { libc::fexecve(fd, self.argv.as_ptr(), self.envp.as_ptr()) };
+        std::io::Error::last_os_error()
+    }
+}
+
+/// The unprivileged user a daemon runs as, and the directory it starts in.
+#[derive(Debug, Clone, Copy)]
+pub struct RunAs<'a> {
+    pub uid: u32,
+    pub gid: u32,
+    pub cwd: &'a Path,
+}
+
 /// The last 3 non-empty lines of a log, joined (empty if unreadable).
 fn log_tail(log: &Path) -> String {
     let text = std::fs::read_to_string(log).unwrap_or_default();
@@ -268,6 +406,58 @@ mod tests {
             None,
             "killed after the grace period, not an error"
         );
+    }
+
+    /// As root: the daemon runs as the given ids, without groups or capabilities, starts in
+    /// a directory its user cannot reach by path, and inherits the listening socket.
+    #[test]
+    fn a_daemon_started_as_another_user_gets_its_ids_its_directory_and_the_socket() {
+        if !nix::unistd::geteuid().is_root() {
+            return; // changing users needs root
+        }
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().expect("tmp");
+        std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o700))
+            .expect("chmod");
+        let cwd = tmp.path().join("start");
+        std::fs::create_dir(&cwd).expect("mkdir");
+        let sock = tmp.path().join("s.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&sock).expect("bind");
+        let fd = listener.as_raw_fd();
+        let log = tmp.path().join("log");
+        let script = format!(
+            "grep -E '^(Uid|Gid|Groups|CapEff|NoNewPrivs)' /proc/self/status; pwd; \
+             readlink /proc/self/fd/{fd}"
+        );
+        let who = RunAs {
+            uid: 1_900_065_535,
+            gid: 1_900_065_534,
+            cwd: &cwd,
+        };
+        let mut d = Daemon::start_as(
+            "faked",
+            Path::new("/bin/sh"),
+            &["-c".into(), script],
+            &listener,
+            &log,
+            &who,
+        )
+        .expect("starts");
+        let status = d.child.wait().expect("waits");
+        let out = std::fs::read_to_string(&log).expect("log");
+        assert!(status.success(), "{out}");
+        for want in [
+            "Uid:\t1900065535\t1900065535\t1900065535\t1900065535",
+            "Gid:\t1900065534\t1900065534\t1900065534\t1900065534",
+            "CapEff:\t0000000000000000",
+            "NoNewPrivs:\t1",
+        ] {
+            assert!(out.contains(want), "{want:?} in {out}");
+        }
+        assert!(out.lines().any(|l| l.trim() == "Groups:"), "{out}");
+        assert!(out.contains(&format!("{}\n", cwd.display())), "{out}");
+        assert!(out.contains("socket:["), "the listener is inherited: {out}");
     }
 
     #[test]

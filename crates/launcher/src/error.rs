@@ -132,6 +132,12 @@ pub enum LaunchError {
         source: crate::hylics::ControlError,
     },
     #[error("VM {vm}: {source}")]
+    Confine {
+        vm: String,
+        #[source]
+        source: crate::confine::ConfineError,
+    },
+    #[error("VM {vm}: {source}")]
     Daemon {
         vm: String,
         #[source]

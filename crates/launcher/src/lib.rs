@@ -4,6 +4,7 @@
 pub mod accel;
 mod child;
 pub mod config;
+pub mod confine;
 pub mod control;
 pub mod copymap;
 pub mod daemon;

@@ -540,6 +540,17 @@ pub struct QemuPlan {
     pub plugin: Option<PluginPlan>,
     /// Ask the guest init to report the command's PID and wait for `go` before running it.
     pub hold: bool,
+    /// QEMU's least privilege (`crate::confine`).
+    pub confine: QemuConfine,
+}
+
+/// What QEMU may do once it runs: its seccomp sandbox, and the identity and empty root it
+/// changes to after start-up (`crate::confine`).
+#[derive(Debug, Clone, Default)]
+pub struct QemuConfine {
+    pub sandbox: bool,
+    /// `-run-with user=UID:GID,chroot=DIR`'s value.
+    pub run_with: Option<String>,
 }
 
 /// How the TCG plugin is loaded.
@@ -700,6 +711,15 @@ pub fn build_args(p: &QemuPlan) -> Vec<String> {
         }
         push(&["-plugin", &arg]);
     }
+    if p.confine.sandbox {
+        push(&[
+            "-sandbox",
+            &crate::confine::sandbox_arg(p.confine.run_with.is_some()),
+        ]);
+    }
+    if let Some(r) = &p.confine.run_with {
+        push(&["-run-with", r]);
+    }
     a
 }
 
@@ -777,11 +797,43 @@ mod tests {
                 count: true,
             }),
             hold: false,
+            confine: QemuConfine::default(),
         }
     }
 
     fn has_pair(a: &[String], k: &str, v: &str) -> bool {
         a.windows(2).any(|w| w[0] == k && w[1] == v)
+    }
+
+    #[test]
+    fn a_confined_qemu_gets_its_sandbox_and_changes_user_and_root_after_start_up() {
+        let a = build_args(&plan());
+        assert!(!a.iter().any(|w| w == "-sandbox" || w == "-run-with"));
+        let sandboxed = build_args(&QemuPlan {
+            confine: QemuConfine {
+                sandbox: true,
+                run_with: None,
+            },
+            ..plan()
+        });
+        assert!(has_pair(
+            &sandboxed,
+            "-sandbox",
+            "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
+        ));
+        let dropped = build_args(&QemuPlan {
+            confine: QemuConfine {
+                sandbox: true,
+                run_with: Some("user=7:8,chroot=/r/jail".into()),
+            },
+            ..plan()
+        });
+        assert!(has_pair(&dropped, "-run-with", "user=7:8,chroot=/r/jail"));
+        assert!(has_pair(
+            &dropped,
+            "-sandbox",
+            "on,obsolete=deny,elevateprivileges=allow,spawn=deny,resourcecontrol=deny"
+        ));
     }
 
     #[test]

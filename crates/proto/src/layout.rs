@@ -67,6 +67,8 @@ pub const QEMU_LOG: &str = "qemu.log";
 pub const QEMU_CMDLINE: &str = "qemu.cmdline";
 /// The command the guest runs (`vmsight run -- CMD`).
 pub const COMMAND_SCRIPT: &str = "cmd.sh";
+/// The empty directory QEMU chroots into once it runs (`--run-as`, docs/security.md).
+pub const QEMU_JAIL: &str = "jail";
 
 /// File name of disk `index`'s vhost-user socket (`disk0.sock` is the root disk).
 pub fn disk_socket_name(index: usize) -> String {

@@ -42,13 +42,11 @@ fn start(env: &DeviceEnv<'_>) -> Result<Vec<Box<dyn Device>>, LaunchError> {
     let bin = virtiofsd::find().map_err(err)?;
     let paths = env.prep.rt.paths();
     let socket = paths.fs_socket();
-    let daemon = virtiofsd::start(
-        &bin,
-        &socket,
-        share.dir(),
-        spec,
-        &env.prep.rt.join(vmsight_proto::layout::VIRTIOFSD_LOG),
-    )
+    let log = env.prep.rt.join(vmsight_proto::layout::VIRTIOFSD_LOG);
+    let daemon = match &env.prep.identity {
+        Some(id) => virtiofsd::start_as(&bin, &socket, share.dir(), spec, &log, (id.uid, id.gid)),
+        None => virtiofsd::start(&bin, &socket, share.dir(), spec, &log),
+    }
     .map_err(err)?;
     Ok(vec![Box::new(FsDevice {
         share: share.clone(),

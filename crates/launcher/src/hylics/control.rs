@@ -505,7 +505,7 @@ mod tests {
         };
         let dir = tmp.path().join("hylics/share");
         let share =
-            Arc::new(Share::create(&dir, &tmp.path().join("h.json"), &spec).expect("mounts"));
+            Arc::new(Share::create(&dir, &tmp.path().join("h.json"), &spec, None).expect("mounts"));
         for (name, age) in [("cold", 100u64), ("warm", 10)] {
             let p = dir.join(name);
             std::fs::write(&p, vec![1u8; (3 * MIB / 2) as usize]).expect("write");

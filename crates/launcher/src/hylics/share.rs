@@ -58,6 +58,8 @@ pub struct Share {
     guest_path: String,
     cache: &'static str,
     size: AtomicU64,
+    /// Who owns the share's root (`None`: vmsight's user).
+    owner: Option<(u32, u32)>,
     resizes: AtomicU64,
     /// Serializes resizes (the control socket may get two at once).
     resizing: Mutex<()>,
@@ -82,17 +84,28 @@ fn usage(dir: &Path) -> Result<Usage, ShareError> {
     })
 }
 
-/// tmpfs mount options for a size (`mode=0755`: the guest's root owns the share's root).
-fn tmpfs_options(size: u64) -> String {
-    format!("size={size},mode=0755")
+/// tmpfs mount options for a size (`mode=0755`: the guest's root owns the share's root),
+/// with the share's root given to `owner` (the uid and gid virtiofsd runs as, when not
+/// vmsight's: `crate::confine`).
+fn tmpfs_options(size: u64, owner: Option<(u32, u32)>) -> String {
+    match owner {
+        Some((uid, gid)) => format!("size={size},mode=0755,uid={uid},gid={gid}"),
+        None => format!("size={size},mode=0755"),
+    }
 }
 
 impl Share {
     /// Mounts a tmpfs of `spec.size` bytes at `dir` (made if missing; a stale mount left by a
     /// killed run of a VM of the same name is replaced) and writes `info_path`. The parent of
     /// `dir` is made private (0700): the tmpfs's root must be 0755 for the guest, and the
-    /// parent keeps other host users out.
-    pub fn create(dir: &Path, info_path: &Path, spec: &ShareSpec) -> Result<Share, ShareError> {
+    /// parent keeps other host users out. `owner` gets the share's root (virtiofsd's
+    /// uid and gid when it runs as another user).
+    pub fn create(
+        dir: &Path,
+        info_path: &Path,
+        spec: &ShareSpec,
+        owner: Option<(u32, u32)>,
+    ) -> Result<Share, ShareError> {
         let dir_err = |source| ShareError::Dir {
             path: dir.to_owned(),
             source,
@@ -118,7 +131,7 @@ impl Share {
             dir,
             Some("tmpfs"),
             MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-            Some(tmpfs_options(spec.size).as_str()),
+            Some(tmpfs_options(spec.size, owner).as_str()),
         )
         .map_err(|source| ShareError::Mount {
             path: dir.to_owned(),
@@ -130,6 +143,7 @@ impl Share {
             guest_path: spec.guest_path.clone(),
             cache: spec.cache.as_str(),
             size: AtomicU64::new(spec.size),
+            owner,
             resizes: AtomicU64::new(0),
             resizing: Mutex::new(()),
         };
@@ -188,7 +202,7 @@ impl Share {
             &self.dir,
             None::<&str>,
             MsFlags::MS_REMOUNT | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-            Some(tmpfs_options(size).as_str()),
+            Some(tmpfs_options(size, self.owner).as_str()),
         )
         .map_err(|source| ShareError::Resize {
             path: self.dir.clone(),
@@ -257,7 +271,11 @@ mod tests {
 
     #[test]
     fn tmpfs_options_carry_the_size() {
-        assert_eq!(tmpfs_options(1 << 20), "size=1048576,mode=0755");
+        assert_eq!(tmpfs_options(1 << 20, None), "size=1048576,mode=0755");
+        assert_eq!(
+            tmpfs_options(1 << 20, Some((7, 8))),
+            "size=1048576,mode=0755,uid=7,gid=8"
+        );
     }
 
     /// Mounting needs root; as another user the test checks the error instead.
@@ -267,11 +285,11 @@ mod tests {
         let dir = tmp.path().join("hylics/share");
         let info = tmp.path().join("hylics.json");
         if !root() {
-            let e = Share::create(&dir, &info, &spec(1 << 20)).expect_err("not root");
+            let e = Share::create(&dir, &info, &spec(1 << 20), None).expect_err("not root");
             assert!(e.to_string().contains("needs root"), "{e}");
             return;
         }
-        let share = Share::create(&dir, &info, &spec(1 << 20)).expect("mounts");
+        let share = Share::create(&dir, &info, &spec(1 << 20), None).expect("mounts");
         assert!(is_mount_point(&dir));
         use std::os::unix::fs::MetadataExt;
         let mode = |p: &Path| std::fs::metadata(p).expect("stat").mode() & 0o777;
@@ -318,10 +336,10 @@ mod tests {
         let tmp = tempfile::tempdir().expect("tmp");
         let dir = tmp.path().join("share");
         let info = tmp.path().join("hylics.json");
-        let old = Share::create(&dir, &info, &spec(1 << 20)).expect("mounts");
+        let old = Share::create(&dir, &info, &spec(1 << 20), None).expect("mounts");
         std::fs::write(dir.join("old"), b"x").expect("write");
         std::mem::forget(old); // as a SIGKILLed run leaves it
-        let new = Share::create(&dir, &info, &spec(2 << 20)).expect("mounts again");
+        let new = Share::create(&dir, &info, &spec(2 << 20), None).expect("mounts again");
         assert!(!dir.join("old").exists());
         assert_eq!(new.info().size_bytes, 2 << 20);
     }

@@ -202,6 +202,8 @@ fn teardown(cfg: &VmConfig, prep: &Prepared, t: Teardown) -> RunOutcome {
     if let Some(h) = qemu.stderr_thread {
         let _ = h.join();
     }
+    // QEMU has exited: its guard has nothing left to kill.
+    drop(qemu.exit_guard);
     let Finished {
         disks: disk_stats,
         nics: nic_stats,

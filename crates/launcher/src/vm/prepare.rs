@@ -14,6 +14,7 @@ use crate::error::LaunchError;
 use crate::qemu;
 use crate::runtime::{self, RuntimeDir, WorkingCopy};
 use crate::trace::{TraceConfig, TraceTarget};
+use vmsight_proto::layout;
 
 use super::Artifacts;
 
@@ -64,6 +65,9 @@ pub struct Prepared {
     pub root: WorkingCopy,
     /// The runtime directory (removed on drop).
     pub rt: RuntimeDir,
+    /// The unprivileged identity QEMU and virtiofsd run as (`--run-as`); `None`: vmsight's
+    /// user. Held (its lock) until the VM is gone.
+    pub identity: Option<crate::confine::Identity>,
 }
 
 /// Runs phase 1.
@@ -99,6 +103,7 @@ pub fn prepare(cfg: &VmConfig, arts: &Artifacts) -> Result<Prepared, LaunchError
             .as_ref()
             .is_some_and(|i| i.background.contains(&TraceTarget::Command));
     let rt = RuntimeDir::create(&runtime::runtime_base(), &cfg.name)?;
+    let identity = vm_identity(cfg, &rt)?;
     let root = if cfg.persist {
         WorkingCopy::in_place(&guest.root_image)
     } else {
@@ -129,7 +134,37 @@ pub fn prepare(cfg: &VmConfig, arts: &Artifacts) -> Result<Prepared, LaunchError
         disks,
         root,
         rt,
+        identity,
     })
+}
+
+/// The identity QEMU and virtiofsd run as, and, when it is not vmsight's, the empty directory
+/// QEMU chroots into (root's, mode 0500: QEMU can neither list nor write it).
+fn vm_identity(
+    cfg: &VmConfig,
+    rt: &RuntimeDir,
+) -> Result<Option<crate::confine::Identity>, LaunchError> {
+    let id = crate::confine::identity(&cfg.run_as, &runtime::runtime_base(), &cfg.name).map_err(
+        |source| LaunchError::Confine {
+            vm: cfg.name.clone(),
+            source,
+        },
+    )?;
+    if let Some(id) = &id {
+        use std::os::unix::fs::DirBuilderExt;
+        let jail = rt.join(layout::QEMU_JAIL);
+        std::fs::DirBuilder::new()
+            .mode(0o500)
+            .create(&jail)
+            .map_err(|source| LaunchError::RuntimeDir { path: jail, source })?;
+        tracing::info!(
+            "QEMU and its helpers run as uid {} gid {} (--run-as {})",
+            id.uid,
+            id.gid,
+            cfg.run_as
+        );
+    }
+    Ok(id)
 }
 
 /// Fills what the configuration leaves open from the default image; with `persist` and no

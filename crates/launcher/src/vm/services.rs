@@ -117,9 +117,14 @@ pub fn hylics(
     };
     let vm = || cfg.name.clone();
     let paths = prep.rt.paths();
-    let share = crate::hylics::Share::create(&paths.share_dir(), &paths.hylics_info(), spec)
-        .map(Arc::new)
-        .map_err(|source| LaunchError::Share { vm: vm(), source })?;
+    let share = crate::hylics::Share::create(
+        &paths.share_dir(),
+        &paths.hylics_info(),
+        spec,
+        prep.identity.as_ref().map(|id| (id.uid, id.gid)),
+    )
+    .map(Arc::new)
+    .map_err(|source| LaunchError::Share { vm: vm(), source })?;
     let controller = match &cfg.slo {
         None => None,
         Some(slo) => {

@@ -33,6 +33,8 @@ pub struct Qemu {
     pub stderr_thread: Option<JoinHandle<()>>,
     pub trace: Option<TraceSession>,
     pub qmp: Option<Qmp>,
+    /// Kills QEMU if vmsight dies once QEMU changed user (`crate::confine::ExitGuard`).
+    pub exit_guard: Option<crate::confine::ExitGuard>,
 }
 
 /// Runs phase 4.
@@ -51,6 +53,11 @@ pub fn spawn(
     crate::runtime::write_private(&prep.rt.join(layout::QEMU_CMDLINE), format!("{line}\n"))?;
     let mut child = start_process(prep, &args)?;
     let pid = child.id();
+    // Before the wait thread can reap QEMU: its pid is still its own.
+    let exit_guard = match &prep.identity {
+        Some(_) => Some(crate::confine::ExitGuard::start(pid).map_err(LaunchError::Spawn)?),
+        None => None,
+    };
     let ram = QemuRam {
         pid,
         ram_size: Some(cfg.mem_mib << 20),
@@ -93,6 +100,7 @@ pub fn spawn(
         stderr_thread,
         trace,
         qmp,
+        exit_guard,
     })
 }
 
@@ -159,6 +167,13 @@ fn plan(
         devices: devices.iter().map(|d| d.qemu_args()).collect(),
         plugin,
         hold: prep.hold,
+        confine: qemu::QemuConfine {
+            sandbox: cfg.qemu_sandbox,
+            run_with: prep
+                .identity
+                .as_ref()
+                .map(|id| crate::confine::run_with_arg(id, &rt.join(layout::QEMU_JAIL))),
+        },
     })
 }
 
