@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 use vhost::vhost_user::{Error as VhostUserError, Listener};
 use vhost_user_backend::{
     Error as DaemonError, ShutdownHandle, VhostUserBackend, VhostUserDaemon, VringRwLock,
@@ -243,8 +243,7 @@ fn start_relayed<B>(
 where
     B: VhostUserBackend<Bitmap = (), Vring = Vring> + Clone + 'static,
 {
-    let (frontend, _) = listener.accept().map_err(|e| e.to_string())?;
-    vmsight_proto::peer::check_peer(&frontend).map_err(|e| e.to_string())?;
+    let frontend = accept_allowed(listener)?;
     if shutdown.requested.load(Ordering::SeqCst) {
         return Err("stopped before a frontend connected".into());
     }
@@ -263,6 +262,18 @@ where
         .spawn(move || relay::run(frontend, backend))
         .map_err(|e| e.to_string())?;
     Ok(())
+}
+
+/// The first connection on `listener` whose peer may use the VM's sockets (its owner or
+/// root); others are closed, logged, and the accept goes on.
+fn accept_allowed(listener: &UnixListener) -> Result<UnixStream, String> {
+    loop {
+        let (conn, _) = listener.accept().map_err(|e| e.to_string())?;
+        match vmsight_proto::peer::check_peer(&conn) {
+            Ok(_) => return Ok(conn),
+            Err(e) => warn!("vhost-user socket: {e}"),
+        }
+    }
 }
 
 /// The serving thread: accept one frontend, serve it until it disconnects, stop the workers.
