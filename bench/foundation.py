@@ -18,7 +18,11 @@ vmsight-io1 (vmsight with one I/O thread on the fio disk: the file stage's pool 
 file I/O),
 vmsight-traced (the workload's syscalls intercepted: --trace @cmd to /dev/null) and
 vmsight-traced-ro (the same with VMSIGHT_PLUGIN_REDIRECT=off: on QEMU 11 the syscall callbacks
-are then registered read-only instead of with register/PC write access).
+are then registered read-only instead of with register/PC write access), and
+vmsight-unconfined (`--run-as self --qemu-sandbox off`: QEMU and virtiofsd keep vmsight's user,
+root, and QEMU runs without its seccomp filter; the cost of the least-privilege defaults,
+docs/security.md), with vmsight-nosandbox (`--qemu-sandbox off`) and vmsight-root
+(`--run-as self`) to split it.
 
 --qemu runs every vmsight configuration on each listed QEMU (`vmsight run --qemu`; `trixie` is
 QEMU 11.1 from `make qemu11`), interleaved in the same repetitions; they are reported as
@@ -43,7 +47,8 @@ import results as bench_results  # noqa: E402
 CONFIGS = ["qemu-virtio", "qsd", "vmsight", "vmsight-noplugin"]
 PEERS = ["qemu-virtio", "qsd", "qemu-virtio-uring", "qsd-uring"]
 ALL_CONFIGS = CONFIGS + ["qemu-virtio-uring", "qsd-uring", "vmsight-uring", "vmsight-nonet", "vmsight-mttcg", "vmsight-io1",
-                         "vmsight-traced", "vmsight-traced-ro"]
+                         "vmsight-traced", "vmsight-traced-ro", "vmsight-unconfined", "vmsight-nosandbox",
+                         "vmsight-root"]
 # vmsight's --disk options for the fio disk, per configuration.
 DISK_OPTS = {"vmsight-io1": ",direct,io_threads=1", "vmsight-uring": ",direct,io=io_uring"}
 QEMUS = ["system", "trixie"]
@@ -69,6 +74,12 @@ def run(config, argv, disks=()):
             extra += ["--net", "none"]
         if base == "vmsight-mttcg":
             extra += ["--tcg-threads", "multi"]
+        if base == "vmsight-unconfined":
+            extra += ["--run-as", "self", "--qemu-sandbox", "off"]
+        if base == "vmsight-nosandbox":
+            extra += ["--qemu-sandbox", "off"]
+        if base == "vmsight-root":
+            extra += ["--run-as", "self"]
         if base.startswith("vmsight-traced"):
             extra += ["--trace", "@cmd", "--trace-out", "/dev/null"]
         opts = DISK_OPTS.get(base, ",direct")
@@ -219,7 +230,8 @@ def main():
 def report(results, a):
     base = "qemu-virtio"
     print(f"\n### Foundation benchmarks ({time.strftime('%Y-%m-%d')}, medians of {a.reps} runs)\n")
-    peers_ = [p for p in PEERS + ["vmsight-io1", "vmsight-io1@system"] if p in CONFIGS]
+    peers_ = [p for p in PEERS + ["vmsight-io1", "vmsight-io1@system", "vmsight-unconfined", "vmsight-nosandbox",
+                                  "vmsight-root"] if p in CONFIGS]
     # Ratio columns: vmsight (and vmsight-uring, when run) over each peer.
     mains = [m for m in ("vmsight", "vmsight@system", "vmsight-nonet", "vmsight-mttcg", "vmsight-uring",
                          "vmsight-uring@system")
