@@ -195,8 +195,9 @@ fn pgrep_children(parent: u32, name: &str) -> Vec<u32> {
 #[test]
 fn qemu_and_virtiofsd_run_as_an_unprivileged_identity_of_the_vm_when_vmsight_is_root() {
     // SAFETY: geteuid only reads the process's credentials and cannot fail.
+    let euid = unsafe { libc::geteuid() };
     assert_eq!(
-        unsafe { libc::geteuid() },
+        euid,
         0,
         "this test checks what vmsight does as root: run it as root (make test does)"
     );
