@@ -22,7 +22,13 @@ pub struct LiveVm {
 
 impl LiveVm {
     pub fn start(args: &[&str]) -> LiveVm {
+        LiveVm::start_with_env(args, &[])
+    }
+
+    /// [`start`](Self::start) with extra environment variables for vmsight.
+    pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> LiveVm {
         let mut child = vmsight()
+            .envs(env.iter().copied())
             .arg("run")
             .args(args)
             .stdin(Stdio::piped())

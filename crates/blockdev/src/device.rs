@@ -531,6 +531,8 @@ impl VhostUserBackend for BlockDevice {
         vrings: &[Vring],
         _thread_id: usize,
     ) -> std::io::Result<()> {
+        // The worker's first event comes once QEMU set the device up: filter it from then on.
+        vmsight_vhostd::seccomp::install_once(vmsight_vhostd::seccomp::ThreadClass::VringWorker);
         if evset != EventSet::IN {
             debug!(device_event, ?evset, "ignoring unexpected event set");
             return Ok(());

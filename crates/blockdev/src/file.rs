@@ -404,6 +404,9 @@ impl FileStage {
                 .name(format!("vmsight-io{i}"))
                 .stack_size(256 << 10)
                 .spawn(move || {
+                    vmsight_vhostd::seccomp::install_once(
+                        vmsight_vhostd::seccomp::ThreadClass::IoPool,
+                    );
                     for mut io in rx {
                         let req = io.request_mut();
                         req.timeline.io_start = Some(Instant::now());

@@ -8,6 +8,7 @@
 //! file descriptors (a tap) with the workers before serving starts.
 
 mod relay;
+pub mod seccomp;
 
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
