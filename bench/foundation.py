@@ -19,8 +19,9 @@ file I/O),
 vmsight-traced (the workload's syscalls intercepted: --trace @cmd to /dev/null) and
 vmsight-traced-ro (the same with VMSIGHT_PLUGIN_REDIRECT=off: on QEMU 11 the syscall callbacks
 are then registered read-only instead of with register/PC write access), and
-vmsight-unconfined (`--run-as self --qemu-sandbox off`: QEMU and virtiofsd keep vmsight's user,
-root, and QEMU runs without its seccomp filter; the cost of the least-privilege defaults,
+vmsight-unconfined (`--run-as self --qemu-sandbox off`, `VMSIGHT_SECCOMP=off`: QEMU and
+virtiofsd keep vmsight's user, root, QEMU runs without its seccomp filter and vmsight's disk
+threads without theirs; the cost of the least-privilege defaults,
 docs/security.md), with vmsight-nosandbox (`--qemu-sandbox off`) and vmsight-root
 (`--run-as self`) to split it.
 
@@ -84,6 +85,9 @@ def run(config, argv, disks=()):
             extra += ["--trace", "@cmd", "--trace-out", "/dev/null"]
         opts = DISK_OPTS.get(base, ",direct")
         old = os.environ.get("VMSIGHT_PLUGIN_REDIRECT")
+        old_seccomp = os.environ.get("VMSIGHT_SECCOMP")
+        if base == "vmsight-unconfined":
+            os.environ["VMSIGHT_SECCOMP"] = "off"
         if base == "vmsight-traced-ro":
             os.environ["VMSIGHT_PLUGIN_REDIRECT"] = "off"
         try:
@@ -93,6 +97,10 @@ def run(config, argv, disks=()):
                 os.environ.pop("VMSIGHT_PLUGIN_REDIRECT", None)
             else:
                 os.environ["VMSIGHT_PLUGIN_REDIRECT"] = old
+            if old_seccomp is None:
+                os.environ.pop("VMSIGHT_SECCOMP", None)
+            else:
+                os.environ["VMSIGHT_SECCOMP"] = old_seccomp
     r["cpu_s"] = peers.children_cpu_s() - c0
     return r
 
