@@ -237,3 +237,22 @@ fn a_qemu_that_exits_before_connecting_is_reported_and_vmsight_ends() {
         "{r:?}"
     );
 }
+
+/// `--run-as` takes auto, self, a user or UID:GID, and never root's ids: each refusal names
+/// the value and the reason, before any guest boots.
+#[test]
+fn bad_run_as_values_are_refused_with_the_reason() {
+    for (value, want) in [
+        ("no-such-user-anywhere", "no such user"),
+        ("1:x", "expected auto, self, a user's name or UID:GID"),
+        ("0:0", "uid and gid 0 are root"),
+    ] {
+        let r = run(&["run", "--run-as", value, "--", "true"]);
+        assert_ne!(r.code, Some(0), "{value}: {r:?}");
+        assert!(
+            r.stderr.contains(&format!("--run-as {value}")) && r.stderr.contains(want),
+            "{value}: {r:?}"
+        );
+        assert!(!r.stderr.contains("boot"), "{value}: refused before booting: {r:?}");
+    }
+}

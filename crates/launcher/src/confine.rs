@@ -48,8 +48,10 @@ impl std::str::FromStr for RunAs {
             let gid = g.parse().map_err(|_| bad())?;
             return Ok(RunAs::Ids { uid, gid });
         }
-        let name = std::ffi::CString::new(s).map_err(|_| bad())?;
-        let user = nix::unistd::User::from_name(name.to_str().map_err(|_| bad())?)
+        if s.is_empty() || s.contains('\0') {
+            return Err(bad());
+        }
+        let user = nix::unistd::User::from_name(s)
             .ok()
             .flatten()
             .ok_or_else(|| ConfineError::NoSuchUser(s.to_owned()))?;
