@@ -253,6 +253,9 @@ fn bad_run_as_values_are_refused_with_the_reason() {
             r.stderr.contains(&format!("--run-as {value}")) && r.stderr.contains(want),
             "{value}: {r:?}"
         );
-        assert!(!r.stderr.contains("boot"), "{value}: refused before booting: {r:?}");
+        assert!(
+            !r.stderr.contains("boot"),
+            "{value}: refused before booting: {r:?}"
+        );
     }
 }
