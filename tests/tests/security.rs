@@ -302,6 +302,9 @@ fn the_threads_that_take_guest_requests_run_under_a_filter_that_refuses_forbidde
         &[
             "--name",
             &name,
+            "--trace",
+            "--trace-out",
+            "/dev/null",
             "--",
             "sh",
             "-c",
@@ -313,8 +316,9 @@ fn the_threads_that_take_guest_requests_run_under_a_filter_that_refuses_forbidde
         &[(vmsight_vhostd::seccomp::PROBE_ENV, "1")],
     );
     vm.wait_line("READY");
-    // The kernel's view: the disk's I/O pool and vring worker threads are filtered (mode 2),
-    // vmsight's main thread is not.
+    // The kernel's view: the disk's I/O pool, the disk's and the NIC's vring workers and the
+    // plugin channel's reader (tracing is on) are filtered (mode 2), vmsight's main thread is
+    // not.
     let threads = thread_seccomp(vm.pid());
     let mode = |prefix: &str| -> Vec<&str> {
         threads
@@ -333,7 +337,12 @@ fn the_threads_that_take_guest_requests_run_under_a_filter_that_refuses_forbidde
         !io.is_empty() && io.iter().all(|m| *m == "2"),
         "{threads:?}"
     );
-    assert!(mode("vring_worker").contains(&"2"), "{threads:?}");
+    let workers = mode("vring_worker");
+    assert!(
+        workers.len() >= 2 && workers.iter().all(|m| *m == "2"),
+        "the disk's and the NIC's: {threads:?}"
+    );
+    assert_eq!(mode("vmsight-trace"), ["2"], "{threads:?}");
 
     vm.send("go");
     let (code, out, err) = vm.finish();
@@ -347,7 +356,7 @@ fn the_threads_that_take_guest_requests_run_under_a_filter_that_refuses_forbidde
     };
     assert_eq!(field("sum "), field("again "));
     // The test-only probe: each filtered thread tried a forbidden call and was refused.
-    for class in ["vring worker", "I/O pool"] {
+    for class in ["vring worker", "I/O pool", "plugin channel reader"] {
         let want = format!(
             "seccomp probe ({class} thread): a forbidden call (unshare) was refused: \
              Operation not permitted"

@@ -275,7 +275,13 @@ impl TraceSession {
         let s2 = stop.clone();
         let handle = std::thread::Builder::new()
             .name("vmsight-trace".into())
-            .spawn(move || run(channel, observers, s2))?;
+            .spawn(move || {
+                // Guest-written records and guest memory are all it reads from now on.
+                vmsight_vhostd::seccomp::install_once(
+                    vmsight_vhostd::seccomp::ThreadClass::ChannelReader,
+                );
+                run(channel, observers, s2)
+            })?;
         Ok(TraceSession { stop, handle })
     }
 

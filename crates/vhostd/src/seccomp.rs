@@ -26,6 +26,9 @@ pub enum ThreadClass {
     VringWorker,
     /// A disk's I/O pool (`vmsight-io<n>`): file I/O, completion hooks, used-ring updates.
     IoPool,
+    /// The plugin channel's reader (`vmsight-trace`): records the plugin wrote from guest
+    /// registers and memory, guest memory read through the kernel profile.
+    ChannelReader,
 }
 
 impl ThreadClass {
@@ -33,6 +36,7 @@ impl ThreadClass {
         match self {
             ThreadClass::VringWorker => "vring worker",
             ThreadClass::IoPool => "I/O pool",
+            ThreadClass::ChannelReader => "plugin channel reader",
         }
     }
 }
@@ -108,7 +112,7 @@ const DENIED: &[libc::c_long] = &[
 ];
 
 /// How many filters were installed, per class (for tests and the log).
-static INSTALLED: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
+static INSTALLED: [AtomicU64; 3] = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
 
 /// Filters installed on threads of `class` so far.
 pub fn installed(class: ThreadClass) -> u64 {
