@@ -27,21 +27,31 @@ pub(crate) fn private_umask() {
 pub(crate) fn tie_to_vmsight(cmd: &mut Command) {
     let umask = USER_UMASK.load(Ordering::Relaxed);
     // SAFETY: the closure runs in the forked child before exec and only calls async-signal-safe
-    // functions (setpgid, prctl, getppid, getpid, kill, umask).
+    // functions (umask, setpgid, and those of `die_with_parent`).
     unsafe {
         cmd.pre_exec(move || {
             if umask != u32::MAX {
                 libc::umask(umask);
             }
             libc::setpgid(0, 0);
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            // vmsight died before the prctl took effect.
-            if libc::getppid() == 1 {
-                libc::kill(libc::getpid(), libc::SIGKILL);
-            }
-            Ok(())
+            die_with_parent()
         });
     }
+}
+
+/// In a forked child before exec: SIGKILL when the parent (vmsight) dies, and at once if it
+/// died before the prctl took effect. A change of credentials clears the parent-death
+/// signal, so a child that changes user calls this again afterwards. Async-signal-safe
+/// (prctl, getppid, getpid, kill).
+pub(crate) fn die_with_parent() -> std::io::Result<()> {
+    // SAFETY: prctl, getppid, getpid and kill take plain integers and touch no memory.
+    unsafe {
+        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if libc::getppid() == 1 {
+            libc::kill(libc::getpid(), libc::SIGKILL);
+        }
+    }
+    Ok(())
 }

@@ -170,7 +170,7 @@ impl Daemon {
         let (uid, gid) = (who.uid, who.gid);
         // SAFETY: the closure runs in the forked child before exec and only calls
         // async-signal-safe functions (fcntl, chdir, setgroups, setgid, setuid, prctl,
-        // getppid, getpid, kill, fexecve) on memory made before the fork.
+        // `die_with_parent`, fexecve) on memory made before the fork.
         unsafe {
             cmd.pre_exec(move || {
                 let check = |r: libc::c_int| {
@@ -187,10 +187,7 @@ impl Daemon {
                 check(libc::setuid(uid))?;
                 check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
                 // The change of user cleared the parent-death signal: set it again.
-                check(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL))?;
-                if libc::getppid() == 1 {
-                    libc::kill(libc::getpid(), libc::SIGKILL);
-                }
+                crate::child::die_with_parent()?;
                 Err(exec.fexecve(exe_fd))
             });
         }
