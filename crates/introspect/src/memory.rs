@@ -223,16 +223,96 @@ impl Drop for GuestRam {
 /// Where a running QEMU keeps its guest's RAM: the process and, when it has several
 /// `memory-backend-memfd` objects (a virtio-mem device's backend beside the RAM), the RAM's
 /// size in bytes that picks the right one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct QemuRam {
     pub pid: u32,
     pub ram_size: Option<u64>,
 }
 
+/// RAM files opened ahead of the threads that map them ([`QemuRam::preopen`]).
+type Preopened = std::collections::BTreeMap<QemuRam, (PathBuf, std::sync::Arc<File>)>;
+static PREOPENED: std::sync::Mutex<Preopened> = std::sync::Mutex::new(Preopened::new());
+
 impl QemuRam {
-    /// Maps it ([`GuestRam::open_qemu`]).
+    /// Maps it: from the file [`preopen`](Self::preopen) kept, else found and opened now
+    /// ([`GuestRam::open_qemu`]).
     pub fn open(&self) -> Result<GuestRam, MemError> {
-        GuestRam::open_qemu(self.pid, self.ram_size)
+        let kept = PREOPENED
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(self)
+            .cloned();
+        match kept {
+            Some((path, file)) => {
+                let size = file_size(&file, &path)?;
+                GuestRam::map_file(&file, &path, RamLayout::q35(size))
+            }
+            None => GuestRam::open_qemu(self.pid, self.ram_size),
+        }
+    }
+
+    /// Opens the RAM's memfd now, waiting up to `within` for a starting QEMU to create it,
+    /// and keeps it for [`open`](Self::open) while the returned [`KeptRam`] lives. For the threads
+    /// that read guest memory later without the right to open another process's files
+    /// (they drop their capabilities, and QEMU may run as another user: docs/security.md).
+    /// Gives up early when QEMU ends.
+    pub fn preopen(&self, within: std::time::Duration) -> Result<KeptRam, MemError> {
+        let deadline = std::time::Instant::now() + within;
+        let path = loop {
+            match locate_qemu_ram(self.pid, self.ram_size) {
+                Ok(p) => break p,
+                Err(MemError::NoMemfd { .. })
+                    if std::time::Instant::now() < deadline
+                        && vmsight_proto::layout::process_running(self.pid) =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        let file = File::open(&path).map_err(|source| MemError::Open {
+            path: path.clone(),
+            source,
+        })?;
+        PREOPENED
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(*self, (path, std::sync::Arc::new(file)));
+        Ok(KeptRam(*self))
+    }
+}
+
+/// The RAM file [`QemuRam::preopen`] keeps; dropped, it is closed (mappings made from it
+/// stay valid).
+#[derive(Debug)]
+pub struct KeptRam(QemuRam);
+
+impl Drop for KeptRam {
+    fn drop(&mut self) {
+        PREOPENED
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.0);
+    }
+}
+
+/// The `/proc/<qemu_pid>/fd/<n>` path of QEMU's RAM memfd ([`GuestRam::open_qemu`]).
+fn locate_qemu_ram(qemu_pid: u32, ram_size: Option<u64>) -> Result<PathBuf, MemError> {
+    let mut found = find_memfds(qemu_pid, QEMU_MEMFD_NAME)?;
+    if let Some(size) = ram_size {
+        found.retain(|(_, s)| *s == size);
+    }
+    match found.len() {
+        1 => Ok(found.remove(0).0),
+        0 => Err(MemError::NoMemfd {
+            pid: qemu_pid,
+            name: QEMU_MEMFD_NAME.into(),
+            size: ram_size,
+        }),
+        count => Err(MemError::AmbiguousMemfd {
+            pid: qemu_pid,
+            count,
+        }),
     }
 }
 
@@ -243,26 +323,7 @@ impl GuestRam {
     /// layout for its size. With several such backends, `ram_size` (bytes) picks the one of
     /// that size. Needs the right to open QEMU's fd links (same user or root).
     pub fn open_qemu(qemu_pid: u32, ram_size: Option<u64>) -> Result<GuestRam, MemError> {
-        let mut found = find_memfds(qemu_pid, QEMU_MEMFD_NAME)?;
-        if let Some(size) = ram_size {
-            found.retain(|(_, s)| *s == size);
-        }
-        let path = match found.len() {
-            1 => found.remove(0).0,
-            0 => {
-                return Err(MemError::NoMemfd {
-                    pid: qemu_pid,
-                    name: QEMU_MEMFD_NAME.into(),
-                    size: ram_size,
-                })
-            }
-            count => {
-                return Err(MemError::AmbiguousMemfd {
-                    pid: qemu_pid,
-                    count,
-                })
-            }
-        };
+        let path = locate_qemu_ram(qemu_pid, ram_size)?;
         let file = File::open(&path).map_err(|source| MemError::Open {
             path: path.clone(),
             source,

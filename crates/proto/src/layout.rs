@@ -269,6 +269,17 @@ pub fn pid_alive(pid: u32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
 }
 
+/// True if process `pid` exists and has not exited: not a zombie waiting to be reaped, which
+/// has no files left.
+pub fn process_running(pid: u32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        // The state follows the command name, which may hold spaces and parentheses.
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next())
+            .is_some_and(|state| !matches!(state, 'Z' | 'X'))
+    })
+}
+
 /// Rounding slack between a process's start time as `/proc` gives it (whole clock ticks after
 /// a boot time in whole seconds) and a time it recorded itself.
 const START_SLACK_SECS: u64 = 2;
@@ -393,6 +404,22 @@ impl VmPaths {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_zombie_is_not_running_and_a_live_process_is() {
+        assert!(process_running(std::process::id()));
+        let mut child = std::process::Command::new("true").spawn().expect("true");
+        let pid = child.id();
+        // Not yet reaped: a zombie once it exited.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while process_running(pid) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(pid_alive(pid), "the zombie still has its /proc entry");
+        assert!(!process_running(pid));
+        child.wait().expect("reaped");
+        assert!(!process_running(pid));
+    }
 
     #[test]
     fn base_follows_override_then_euid_then_xdg() {

@@ -215,6 +215,7 @@ fn teardown(cfg: &VmConfig, prep: &Prepared, t: Teardown) -> RunOutcome {
         error: backend_error,
     } = finish_devices(devices, &mut streams);
     let trace_summary = qemu.trace.map(|t| t.finish());
+    drop(qemu.ram);
     // The trace (the insight engine's syscall feed) and the disks (its block feed) are done:
     // finish the insight log.
     let insight_counters = insight.map(|(engine, writer)| {

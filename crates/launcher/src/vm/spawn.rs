@@ -9,7 +9,10 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use vmsight_introspect::memory::QemuRam;
+use vmsight_introspect::memory::{KeptRam, QemuRam};
+
+/// How long a starting QEMU may take to create its RAM's memfd (`QemuRam::preopen`).
+const RAM_WAIT: std::time::Duration = std::time::Duration::from_secs(20);
 use vmsight_proto::layout;
 
 use crate::config::VmConfig;
@@ -32,6 +35,8 @@ pub struct Qemu {
     pub stderr: Arc<Mutex<Vec<String>>>,
     pub stderr_thread: Option<JoinHandle<()>>,
     pub trace: Option<TraceSession>,
+    /// Guest RAM opened for the threads that read it (`QemuRam::preopen`), while tracing.
+    pub ram: Option<vmsight_introspect::memory::KeptRam>,
     pub qmp: Option<Qmp>,
     /// Kills QEMU if vmsight dies once QEMU changed user (`crate::confine::ExitGuard`).
     pub exit_guard: Option<crate::confine::ExitGuard>,
@@ -62,7 +67,10 @@ pub fn spawn(
         pid,
         ram_size: Some(cfg.mem_mib << 20),
     };
-    let trace = start_trace(prep, svc, insight, ram);
+    let (trace, kept_ram) = match start_trace(prep, svc, insight, ram) {
+        Some((t, k)) => (Some(t), k),
+        None => (None, None),
+    };
     let (stderr, stderr_thread) = match child.stderr.take() {
         Some(e) => {
             let (l, h) = collect_stderr(
@@ -99,6 +107,7 @@ pub fn spawn(
         stderr,
         stderr_thread,
         trace,
+        ram: kept_ram,
         qmp,
         exit_guard,
     })
@@ -206,12 +215,18 @@ fn start_trace(
     svc: &Services,
     insight: Option<&Insight>,
     ram: QemuRam,
-) -> Option<TraceSession> {
+) -> Option<(TraceSession, Option<KeptRam>)> {
     let (t, (_, host), profile) = (
         prep.trace.as_ref()?,
         svc.channel.as_ref()?,
         prep.guest.profile.as_ref()?,
     );
+    // The threads that read guest memory (the channel's reader, the disks' workers) give up
+    // the right to open QEMU's files (docs/security.md): open its RAM for them now.
+    let kept = ram
+        .preopen(RAM_WAIT)
+        .map_err(|e| tracing::warn!("guest memory is opened at the first lookup instead: {e}"))
+        .ok();
     if let Some((engine, _)) = insight {
         // Before the first record: a process's first event already asks for its cwd.
         engine.set_lookup(Some(insight_lookup(ram, profile, svc.sym.as_ref())));
@@ -226,7 +241,7 @@ fn start_trace(
         .map(|(e, _)| Box::new(e.clone()) as Box<dyn vmsight_introspect::syscall::SyscallObserver>)
         .collect();
     match crate::trace_records::start_session(host.clone(), t, ram, profile, extra) {
-        Ok(s) => Some(s),
+        Ok(s) => Some((s, kept)),
         Err(e) => {
             // QEMU is already running; report and carry on rather than orphan it.
             eprintln!("vmsight: tracing is off: cannot open the trace output: {e}");
