@@ -231,7 +231,12 @@ impl UringStage {
                 let t = std::thread::Builder::new()
                     .name("vmsight-uring".into())
                     .stack_size(256 << 10)
-                    .spawn(move || reaper_shared.reap_loop())
+                    .spawn(move || {
+                        vmsight_vhostd::seccomp::install_once(
+                            vmsight_vhostd::seccomp::ThreadClass::IoPool,
+                        );
+                        reaper_shared.reap_loop()
+                    })
                     .map_err(|source| BlockError::Thread {
                         path: file.path().to_owned(),
                         source,

@@ -668,7 +668,7 @@ impl VhostUserBackend for NetDevice {
         _thread_id: usize,
     ) -> std::io::Result<()> {
         // The worker's first event comes once QEMU set the device up: filter it from then on.
-        vmsight_vhostd::seccomp::install_once(vmsight_vhostd::seccomp::ThreadClass::VringWorker);
+        vmsight_vhostd::seccomp::install_once(vmsight_vhostd::seccomp::ThreadClass::NetWorker);
         tracing::trace!(device_event, ?evset, "worker event");
         if !evset.contains(EventSet::IN) {
             debug!(device_event, ?evset, "ignoring unexpected event set");

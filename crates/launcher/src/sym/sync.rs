@@ -112,6 +112,12 @@ impl PluginSync {
     /// that pid is our child (vmsight writes and reads there).
     /// Read once published: the plugin publishes them at start and they never move.
     fn targets(&self) -> Option<&Targets> {
+        // A filtered thread (the plugin channel's reader asks the guest through symcalls for
+        // its insight lookups) may not touch another process's memory: the plugin's own
+        // arming thread does it (docs/security.md).
+        if vmsight_vhostd::seccomp::confined() {
+            return None;
+        }
         if let Some(t) = self.targets.get() {
             return Some(t);
         }
