@@ -171,7 +171,12 @@ impl DedupStage {
         worker.publish();
         let thread = std::thread::Builder::new()
             .name("vmsight-dedup".into())
-            .spawn(move || worker.run(&rx))
+            .spawn(move || {
+                vmsight_vhostd::seccomp::install_once(
+                    vmsight_vhostd::seccomp::ThreadClass::GuestService,
+                );
+                worker.run(&rx)
+            })
             .map_err(|source| DedupError::Io {
                 path: path.clone(),
                 op: "starting the dedup worker thread".into(),

@@ -48,6 +48,9 @@ impl InsightLog {
         let handle = std::thread::Builder::new()
             .name("vmsight-insights".into())
             .spawn(move || {
+                vmsight_vhostd::seccomp::install_once(
+                    vmsight_vhostd::seccomp::ThreadClass::GuestService,
+                );
                 let mut w = std::io::BufWriter::new(out);
                 let mut n = 0u64;
                 while let Ok(r) = rx.recv() {

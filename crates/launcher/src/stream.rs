@@ -393,7 +393,12 @@ impl DiskStream {
         let queue = self.queue.clone();
         let handle = std::thread::Builder::new()
             .name(format!("vmsight-stream{}", self.index))
-            .spawn(move || consume(&queue, sinks))
+            .spawn(move || {
+                vmsight_vhostd::seccomp::install_once(
+                    vmsight_vhostd::seccomp::ThreadClass::GuestService,
+                );
+                consume(&queue, sinks)
+            })
             .map_err(|source| StreamError::Thread {
                 disk: self.index,
                 source,

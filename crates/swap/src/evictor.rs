@@ -36,7 +36,12 @@ impl Evictor {
         let s = stop.clone();
         let thread = std::thread::Builder::new()
             .name("vmsight-swap-evict".into())
-            .spawn(move || run(&store, &s))
+            .spawn(move || {
+                vmsight_vhostd::seccomp::install_once(
+                    vmsight_vhostd::seccomp::ThreadClass::GuestService,
+                );
+                run(&store, &s)
+            })
             .map_err(SwapError::Thread)?;
         Ok(Self {
             stop,

@@ -31,6 +31,9 @@ impl SwapStage {
         let worker = std::thread::Builder::new()
             .name("vmsight-swap-io".into())
             .spawn(move || {
+                vmsight_vhostd::seccomp::install_once(
+                    vmsight_vhostd::seccomp::ThreadClass::GuestService,
+                );
                 for mut io in rx {
                     let r = serve(&store, io.request_mut());
                     io.complete(r);

@@ -260,7 +260,11 @@ where
     let (backend, _) = accepted?;
     std::thread::Builder::new()
         .name("vmsight-vu-relay".into())
-        .spawn(move || relay::run(frontend, backend))
+        .spawn(move || {
+            // QEMU's vhost-user messages are all it handles from now on.
+            seccomp::install_once(seccomp::ThreadClass::GuestService);
+            relay::run(frontend, backend)
+        })
         .map_err(|e| e.to_string())?;
     Ok(())
 }

@@ -156,6 +156,7 @@ pub(crate) fn run(frontend: UnixStream, backend: UnixStream) {
     let upstream = std::thread::Builder::new()
         .name("vmsight-vu-relay".into())
         .spawn(move || {
+            crate::seccomp::install_once(crate::seccomp::ThreadClass::GuestService);
             while let Some(m) = read_msg(&back_reader) {
                 let sock = replies.lock().unwrap_or_else(|p| p.into_inner());
                 if write_msg(&sock, &m).is_err() {

@@ -205,6 +205,8 @@ fn admit(stream: UnixStream, ctx: Arc<OffloadCtx>, m: Arc<OffloadMetrics>) {
         .spawn({
             let m = m.clone();
             move || {
+                // Not filtered: a connection enters the NIC's network namespace (`setns`) and a
+                // hand-over runs `ip` there (docs/security.md, "Still trusted").
                 serve_conn(stream, &ctx, &m);
                 m.active.fetch_sub(1, Ordering::AcqRel);
             }

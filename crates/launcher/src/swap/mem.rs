@@ -174,7 +174,12 @@ impl MemController {
         let (r, s) = (report.clone(), stop.clone());
         let thread = std::thread::Builder::new()
             .name("vmsight-swap-mem".into())
-            .spawn(move || run(max, &qmp, &source, &r, &s))?;
+            .spawn(move || {
+                vmsight_vhostd::seccomp::install_once(
+                    vmsight_vhostd::seccomp::ThreadClass::GuestService,
+                );
+                run(max, &qmp, &source, &r, &s)
+            })?;
         Ok(Self {
             report,
             stop,

@@ -33,7 +33,12 @@ impl Server {
         let st = stop.clone();
         let thread = std::thread::Builder::new()
             .name("vmsight-sym".into())
-            .spawn(move || serve(&sym, &listener, &st))?;
+            .spawn(move || {
+                vmsight_vhostd::seccomp::install_once(
+                    vmsight_vhostd::seccomp::ThreadClass::GuestService,
+                );
+                serve(&sym, &listener, &st)
+            })?;
         Ok(Server {
             stop,
             thread: Some(thread),

@@ -245,6 +245,10 @@ pub fn forward_from_host(
     std::thread::Builder::new()
         .name("vmsight-steer".into())
         .spawn(move || {
+            // Frames from the host side of the link are all it handles from now on.
+            vmsight_vhostd::seccomp::install_once(
+                vmsight_vhostd::seccomp::ThreadClass::GuestService,
+            );
             let mut buf = vec![0u8; VNET_HDR_LEN + crate::packet::MAX_FRAME_LEN];
             while !stop.load(Ordering::Relaxed) {
                 if !readable(&host_tap, Duration::from_millis(100)) {
