@@ -161,14 +161,17 @@ fn another_local_user_can_neither_read_a_vms_files_nor_use_its_sockets_even_unde
     );
 }
 
-/// `/proc/PID/status` fields.
-fn status(pid: u32) -> std::collections::HashMap<String, String> {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap()
-        .lines()
+/// The fields of a `/proc/.../status` file.
+fn status_fields(text: &str) -> std::collections::HashMap<String, String> {
+    text.lines()
         .filter_map(|l| l.split_once(':'))
         .map(|(k, v)| (k.to_owned(), v.trim().to_owned()))
         .collect()
+}
+
+/// `/proc/PID/status` fields.
+fn status(pid: u32) -> std::collections::HashMap<String, String> {
+    status_fields(&std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap())
 }
 
 /// The real uid of a `/proc/PID/status`.
@@ -280,24 +283,24 @@ fn qemu_and_virtiofsd_run_as_an_unprivileged_identity_of_the_vm_when_vmsight_is_
     );
 }
 
-/// The `Seccomp:` mode of every thread of `pid`, by thread name.
-fn thread_seccomp(pid: u32) -> Vec<(String, String)> {
+/// `/proc/PID/task/*/status` of every thread of `pid`, as `status` gives it.
+fn thread_status(pid: u32) -> Vec<std::collections::HashMap<String, String>> {
     std::fs::read_dir(format!("/proc/{pid}/task"))
         .unwrap()
         .filter_map(|t| {
             let st = std::fs::read_to_string(t.ok()?.path().join("status")).ok()?;
-            let field = |k: &str| {
-                st.lines()
-                    .find_map(|l| l.strip_prefix(k).map(|v| v.trim().to_owned()))
-            };
-            Some((field("Name:")?, field("Seccomp:")?))
+            Some(status_fields(&st))
         })
         .collect()
 }
 
+/// No capability in any of the five sets.
+const NO_CAPS: &str = "0000000000000000";
+
 #[test]
 fn the_threads_that_take_guest_requests_run_under_a_filter_that_refuses_forbidden_calls() {
     let name = vm_name("seccomp");
+    let started = uptime();
     let mut vm = LiveVm::start_with_env(
         &[
             "--name",
@@ -316,33 +319,53 @@ fn the_threads_that_take_guest_requests_run_under_a_filter_that_refuses_forbidde
         &[(vmsight_vhostd::seccomp::PROBE_ENV, "1")],
     );
     vm.wait_line("READY");
-    // The kernel's view: the disk's I/O pool, the disk's and the NIC's vring workers and the
-    // plugin channel's reader (tracing is on) are filtered (mode 2), vmsight's main thread is
-    // not.
-    let threads = thread_seccomp(vm.pid());
-    let mode = |prefix: &str| -> Vec<&str> {
+    // The kernel's view of each thread: the disk's I/O pool, the disk's and the NIC's vring
+    // workers and the plugin channel's reader (tracing is on) are filtered (mode 2) and hold
+    // no capability in any set; the NIC's vhost-user relays and the disk's file-update
+    // stream consumer are filtered (the deny list) and keep them;
+    // vmsight's main thread is neither filtered nor stripped.
+    let vm_pid = vm.pid();
+    let threads = thread_status(vm_pid);
+    let named = |prefix: &str| -> Vec<&std::collections::HashMap<String, String>> {
         threads
             .iter()
-            .filter(|(n, _)| n.starts_with(prefix))
-            .map(|(_, m)| m.as_str())
+            .filter(|t| t["Name"].starts_with(prefix))
             .collect()
     };
-    assert_eq!(
-        mode("vmsight").first(),
-        Some(&"0"),
-        "main thread: {threads:?}"
-    );
-    let io = mode("vmsight-io");
+    let show = |t: &std::collections::HashMap<String, String>| {
+        format!(
+            "{} seccomp {} caps eff {} prm {} bnd {}",
+            t["Name"], t["Seccomp"], t["CapEff"], t["CapPrm"], t["CapBnd"]
+        )
+    };
+    let all: Vec<String> = threads.iter().map(show).collect();
+    let main = named("vmsight");
+    assert_eq!(main[0]["Seccomp"], "0", "main thread: {all:#?}");
+    assert_ne!(main[0]["CapEff"], NO_CAPS, "main thread: {all:#?}");
+    let confined = [("vmsight-io", 1), ("vring_worker", 2), ("vmsight-trace", 1)];
+    for (prefix, at_least) in confined {
+        let ts = named(prefix);
+        assert!(ts.len() >= at_least, "{prefix}: {all:#?}");
+        for t in ts {
+            assert_eq!(t["Seccomp"], "2", "{}", show(t));
+            for set in ["CapEff", "CapPrm", "CapInh", "CapBnd", "CapAmb"] {
+                assert_eq!(t[set], NO_CAPS, "{set} of {}", show(t));
+            }
+        }
+    }
+    // (The kernel keeps 15 bytes of a thread's name.)
+    let services: Vec<_> = ["vmsight-vu-rel", "vmsight-stream"]
+        .iter()
+        .flat_map(|prefix| named(prefix))
+        .collect();
     assert!(
-        !io.is_empty() && io.iter().all(|m| *m == "2"),
-        "{threads:?}"
+        services.len() >= 2,
+        "the NIC's relays, the disk's stream: {all:#?}"
     );
-    let workers = mode("vring_worker");
-    assert!(
-        workers.len() >= 2 && workers.iter().all(|m| *m == "2"),
-        "the disk's and the NIC's: {threads:?}"
-    );
-    assert_eq!(mode("vmsight-trace"), ["2"], "{threads:?}");
+    for t in services {
+        assert_eq!(t["Seccomp"], "2", "{}", show(t));
+        assert_ne!(t["CapEff"], NO_CAPS, "{}", show(t));
+    }
 
     vm.send("go");
     let (code, out, err) = vm.finish();
@@ -356,7 +379,13 @@ fn the_threads_that_take_guest_requests_run_under_a_filter_that_refuses_forbidde
     };
     assert_eq!(field("sum "), field("again "));
     // The test-only probe: each filtered thread tried a forbidden call and was refused.
-    for class in ["vring worker", "I/O pool", "plugin channel reader"] {
+    for class in [
+        "vring worker",
+        "NIC vring worker",
+        "I/O pool",
+        "plugin channel reader",
+        "guest service",
+    ] {
         let want = format!(
             "seccomp probe ({class} thread): a forbidden call (unshare) was refused: \
              Operation not permitted"
@@ -364,4 +393,63 @@ fn the_threads_that_take_guest_requests_run_under_a_filter_that_refuses_forbidde
         assert!(err.contains(&want), "{want:?} in {err}");
     }
     assert!(!err.contains("was allowed"), "{err}");
+    // The kernel's log (audit records of refused calls, an oracle outside vmsight): every
+    // filtered thread's probe is there (unshare, call 272), and no other call of any thread
+    // was refused while the guest wrote and read its disk with tracing on.
+    let log = refused_calls(vm_pid, started - 1.0);
+    for (prefix, _) in confined
+        .iter()
+        .chain(&[("vmsight-vu-rel", 1), ("vmsight-stream", 1)])
+    {
+        assert!(
+            log.iter()
+                .any(|(t, nr)| t.starts_with(prefix) && *nr == libc::SYS_unshare),
+            "the probe of {prefix} in the kernel log: {log:?}"
+        );
+    }
+    let others: Vec<_> = log
+        .iter()
+        .filter(|(_, nr)| *nr != libc::SYS_unshare)
+        .collect();
+    assert!(
+        others.is_empty(),
+        "calls refused besides the probe's: {others:?}"
+    );
+}
+
+/// Seconds since boot, the clock of the kernel log's timestamps.
+fn uptime() -> f64 {
+    std::fs::read_to_string("/proc/uptime")
+        .ok()
+        .and_then(|u| u.split_whitespace().next()?.parse().ok())
+        .expect("/proc/uptime")
+}
+
+/// The calls the kernel logged as refused by a seccomp filter (`audit: type=1326`) in the
+/// process `pid` since `since` (seconds since boot; a pid is reused): (thread name, call
+/// number).
+fn refused_calls(pid: u32, since: f64) -> Vec<(String, i64)> {
+    let o = Command::new("dmesg").output().expect("dmesg");
+    assert!(o.status.success(), "dmesg: {o:?}");
+    let pid = format!("pid={pid}");
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter(|l| l.contains("type=1326"))
+        .filter_map(|l| {
+            let words: Vec<&str> = l.split_whitespace().collect();
+            let field = |k: &str| words.iter().find_map(|w| w.strip_prefix(k));
+            let at: f64 = l
+                .strip_prefix('[')?
+                .split(']')
+                .next()?
+                .trim()
+                .parse()
+                .ok()?;
+            if at < since || !words.contains(&pid.as_str()) {
+                return None;
+            }
+            let comm = field("comm=")?.trim_matches('"').to_owned();
+            Some((comm, field("syscall=")?.parse().ok()?))
+        })
+        .collect()
 }
