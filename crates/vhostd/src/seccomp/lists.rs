@@ -5,9 +5,10 @@
 //! by thread name over the whole guest suite (`cargo test -p vmsight-tests`, 144 guest tests,
 //! every disk, NIC, tracing and service configuration) with bpftrace on the
 //! `raw_syscalls:sys_enter` tracepoint (the script and the counts: docs/security.md). Each list
-//! is that set minus the set-up calls made before the filter goes on (`prctl`, `seccomp`),
-//! plus [`COMMON`]: the calls of code paths the suite does not reach but every thread may take
-//! (a panic's unwinding and abort, a log line, a thread's start and end, memory growth). A
+//! is that set minus the set-up call made before the filters go on (`prctl`; `seccomp` stays,
+//! for the second filter), plus [`COMMON`]: the calls of code paths the suite does not reach
+//! but every thread may take (a panic's unwinding and abort, a log line, a thread's start and
+//! end, memory growth). A
 //! call missing here is refused with `EPERM` and written to the kernel log (audit record
 //! `type=1326`, with the thread's name and the call's number): add it with the path that
 //! makes it.
