@@ -78,11 +78,11 @@ impl ThreadClass {
     }
 
     fn policy(self) -> Policy {
-        let allow = match self {
-            ThreadClass::VringWorker => Some(lists::vring_worker as fn() -> Vec<libc::c_long>),
-            ThreadClass::NetWorker => Some(lists::net_worker as fn() -> Vec<libc::c_long>),
-            ThreadClass::IoPool => Some(lists::io_pool as fn() -> Vec<libc::c_long>),
-            ThreadClass::ChannelReader => Some(lists::channel_reader as fn() -> Vec<libc::c_long>),
+        let allow: Option<fn() -> Vec<libc::c_long>> = match self {
+            ThreadClass::VringWorker => Some(lists::vring_worker),
+            ThreadClass::NetWorker => Some(lists::net_worker),
+            ThreadClass::IoPool => Some(lists::io_pool),
+            ThreadClass::ChannelReader => Some(lists::channel_reader),
             ThreadClass::GuestService => None,
         };
         Policy {
